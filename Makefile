@@ -1,0 +1,24 @@
+# Two commands: `make run` (the main job) and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): requirements.txt requirements-test.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) launch.py $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""kernels package of pipelinerl_jax."""

@@ -1,0 +1,1 @@
+"""plan package of pipelinerl_jax."""

@@ -1,0 +1,1 @@
+"""rewards package of pipelinerl_jax."""

@@ -1,0 +1,1 @@
+"""sampler package of pipelinerl_jax."""
