@@ -1,0 +1,103 @@
+"""Shared helpers for benchmarks: idle check, timing medians, matmul peak, JSON results.
+
+Every benchmark in bench/ compares against a named peer in the same run, reports medians and
+ratios, records the machine load before timing (other processes distorted timings here by up
+to 7x), and writes one JSON file under bench/results/.
+"""
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# The one model shape every benchmark of the project uses (57.9M params, untied head).
+BENCH_MODEL = dict(
+    vocab_size=32000, hidden_size=512, intermediate_size=1536, num_layers=8,
+    num_heads=8, num_kv_heads=4, head_dim=64, tie_word_embeddings=False,
+)
+
+
+def load_average() -> dict:
+    """1-minute load average and core count: a busy machine makes timings meaningless."""
+    one, five, _ = os.getloadavg()
+    return {"loadavg_1m": one, "loadavg_5m": five, "cpus": os.cpu_count()}
+
+
+def warn_if_busy(threshold: float = 0.5) -> dict:
+    """Returns the load record; prints a warning when other work is running."""
+    load = load_average()
+    if load["loadavg_1m"] > threshold:
+        print(f"WARNING: machine not idle (1-min load {load['loadavg_1m']:.2f}); "
+              "timings may be distorted")
+    return load
+
+
+def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall time of fn() in seconds; fn must block until its result is ready."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def f32_matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """This machine's large f32 matmul rate through XLA (GFLOP/s): the roofline we report against."""
+    import jax
+    import jax.numpy as jnp
+
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(key_a, (n, n), jnp.float32)
+    b = jax.random.normal(key_b, (n, n), jnp.float32)
+    mm = jax.jit(lambda x, y: x @ y)
+    med, _ = median_time(lambda: mm(a, b).block_until_ready(), repeats=repeats)
+    return 2 * n**3 / med / 1e9
+
+
+def write_result(name: str, payload: dict) -> Path:
+    """Writes bench/results/<name>.json with machine facts attached; returns the path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    payload = dict(payload)
+    payload.setdefault("machine", {
+        "platform": platform.platform(), "python": platform.python_version(),
+        "processor": platform.processor(),
+    })
+    payload.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat())
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_jsonable))
+    tmp.replace(path)
+    print(f"wrote {path}")
+    return path
+
+
+def _jsonable(obj):
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """Prints rows as a fixed-width table (the same rows go to JSON and README)."""
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return "" if v is None else str(v)
