@@ -1,0 +1,70 @@
+"""Asynchronous weight publication from the trainer mesh to the sampler mesh.
+
+After every optimizer step the trainer calls `publish(params, version)`. The copy onto the
+sampler's shardings is dispatched at once (`jax.device_put` is asynchronous) and never
+aliases the trainer's buffers, because the next train step donates them. The sampler calls
+`take_newer(version)` at each chunk boundary: a reference swap, no recompilation (same
+shardings every version) and no wait, since the decode chunk that consumes the new params
+simply depends on the copy on the device.
+
+Only the newest staged version is kept: if the trainer outruns the sampler, intermediate
+versions are skipped (their tokens would never exist anyway), which bounds the memory held by
+staged copies to one extra params pytree on the sampler devices.
+"""
+
+import dataclasses
+import threading
+import time
+
+import jax
+
+
+@dataclasses.dataclass
+class Staged:
+    """A params pytree already placed (or being placed) on the sampler devices."""
+    params: object
+    version: int
+    staged_at: float  # time.perf_counter() when publication was dispatched
+
+
+class Publisher:
+    """Single-slot mailbox between the trainer thread and the sampler thread."""
+
+    def __init__(self, sampler_shardings, *, publishes=lambda version: True):
+        self._shardings = sampler_shardings
+        self._publishes = publishes
+        self._lock = threading.Lock()
+        self._staged: Staged | None = None
+        self.published = 0
+        self.skipped = 0  # versions replaced before the sampler took them
+
+    def publish(self, params, version: int) -> bool:
+        """Copies `params` to the sampler devices (async) and stages them; False if filtered."""
+        if not self._publishes(version):
+            return False
+        copy = jax.device_put(params, self._shardings, may_alias=False)
+        staged = Staged(params=copy, version=version, staged_at=time.perf_counter())
+        with self._lock:
+            if self._staged is not None:
+                self.skipped += 1
+            self._staged = staged
+            self.published += 1
+        return True
+
+    def take_newer(self, current_version: int) -> Staged | None:
+        """The staged params if they are newer than `current_version`, else None."""
+        with self._lock:
+            staged = self._staged
+            if staged is None or staged.version <= current_version:
+                return None
+            self._staged = None
+            return staged
+
+    def wait_newer(self, current_version: int, timeout: float) -> Staged | None:
+        """Like take_newer, polling up to `timeout` s (used when the sampler has nothing to do)."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            staged = self.take_newer(current_version)
+            if staged is not None or time.perf_counter() >= deadline:
+                return staged
+            time.sleep(0.001)
