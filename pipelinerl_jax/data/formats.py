@@ -1,0 +1,203 @@
+"""Built-in record formats: how a raw dataset record becomes a `Problem` (question, gold answer).
+
+A format names where the question and the answer live in a record (dotted paths, list indices
+allowed, several candidates tried in order) and how the gold answer is extracted from that
+field: GSM8K keeps what follows `####`, MATH takes the last `\\boxed{...}` of the solution
+(nested braces included), AIME/AMC normalise numeric answers ("033", "142.0" -> "33", "142").
+A record that lacks the field or whose answer cannot be extracted is rejected with a reason,
+so the loader can skip it and count it instead of failing the run.
+
+`last_boxed` lives here (not in rewards) so that gold extraction and the reward's prediction
+extraction are one function: a gold answer and a completion are read the same way.
+"""
+
+import dataclasses
+import re
+from typing import Any, Callable
+
+from pipelinerl_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One prompt of a dataset; what the data iterator yields and reward functions receive."""
+    uid: str        # stable id, "<source>/<row>": the same problem has the same uid on resume
+    question: str   # the problem statement (the user message; prompts.py adds the template)
+    answer: str     # the gold answer as text, e.g. "72" or "\\frac{1}{2}"
+    source: str     # dataset or task name, for per-dataset metrics and reward dispatch
+    epoch: int = 0  # set by the iterator: the pass over the data this draw belongs to
+    index: int = -1  # set by the iterator: position in this shard's stream (0, 1, 2, ...)
+
+
+_BOXED_HEADS = ("\\boxed", "\\fbox")
+
+
+def _braced(text: str, open_at: int) -> str | None:
+    """Content of the brace group opening at text[open_at] == "{", or None if unbalanced."""
+    depth = 0
+    i = open_at
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":  # skip the escaped character: \{ and \} (LaTeX set braces) do not nest
+            i += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1:i]
+        i += 1
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, or `\\boxed 5`) in text, else None.
+
+    Braces nest: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`. An unclosed last box gives None
+    (the completion was cut off before the answer ended).
+    """
+    start = max(text.rfind(head) for head in _BOXED_HEADS)
+    if start < 0:
+        return None
+    head = next(h for h in _BOXED_HEADS if text.startswith(h, start))
+    rest = start + len(head)
+    j = rest
+    while j < len(text) and text[j] == " ":
+        j += 1
+    if j < len(text) and text[j] == "{":
+        return _braced(text, j)
+    if head == "\\boxed" and j > rest:  # "\boxed 5": the answer runs to "$" or whitespace
+        match = re.match(r"[^\s$]+", text[j:])
+        return match.group(0) if match else None
+    return None
+
+
+def get_path(record: Any, path: str) -> Any:
+    """record["a"]["b"][0] for path "a.b.0"; raises KeyError when any step is missing."""
+    value = record
+    for part in path.split("."):
+        if isinstance(value, dict):
+            if part not in value:
+                raise KeyError(path)
+            value = value[part]
+        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit():
+            idx = int(part)
+            if not -len(value) <= idx < len(value):
+                raise KeyError(path)
+            value = value[idx]
+        else:
+            raise KeyError(path)
+    return value
+
+
+def first_present(record: Any, paths: tuple[str, ...]) -> Any:
+    """Value at the first of `paths` present in record; KeyError naming them all otherwise."""
+    for path in paths:
+        try:
+            return get_path(record, path)
+        except KeyError:
+            continue
+    raise KeyError(" or ".join(repr(p) for p in paths))
+
+
+def _as_text(value: Any) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return value.strip() or None
+    return None
+
+
+def answer_as_is(value: Any) -> str | None:
+    return _as_text(value)
+
+
+def gsm8k_answer(value: Any) -> str | None:
+    """GSM8K solutions end with "#### 1,234": the gold is what follows, without commas."""
+    text = _as_text(value)
+    if text is None or "####" not in text:
+        return None
+    gold = text.rsplit("####", 1)[1].strip().replace(",", "")
+    return gold or None
+
+
+def boxed_answer(value: Any) -> str | None:
+    """MATH-style solutions: the gold is the content of the last \\boxed{}."""
+    text = _as_text(value)
+    if text is None:
+        return None
+    gold = last_boxed(text)
+    return gold.strip() if gold and gold.strip() else None
+
+
+def numeric_answer(value: Any) -> str | None:
+    """AIME/AMC answers: numbers, stored as int, float ("142.0") or zero-padded text ("033")."""
+    text = _as_text(value)
+    if text is None:
+        return None
+    if re.fullmatch(r"-?\d+", text):
+        return str(int(text))
+    if re.fullmatch(r"-?\d+\.0+", text):
+        return str(int(float(text)))
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """Where a record keeps its question and answer, and how to read the gold from the answer."""
+    name: str
+    question_fields: tuple[str, ...]
+    answer_fields: tuple[str, ...]
+    extract_answer: Callable[[Any], str | None]
+    description: str
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("fields", ("question",), ("answer",), answer_as_is,
+           "generic: question/answer fields (remap them with question_field/answer_field)"),
+    Format("gsm8k", ("question",), ("answer",), gsm8k_answer,
+           "GSM8K: the gold follows '####' in the answer"),
+    Format("math", ("problem",), ("solution",), boxed_answer,
+           "MATH (Hendrycks): the gold is the last \\boxed{} of the solution"),
+    Format("math500", ("problem",), ("answer", "solution"), answer_as_is,
+           "MATH-500: the 'answer' field (LaTeX, no \\boxed)"),
+    Format("orz", ("0.value",), ("1.ground_truth.value",), answer_as_is,
+           "Open-Reasoner-Zero: [{'from': 'human', 'value': Q}, "
+           "{'from': 'assistant', 'ground_truth': {'value': A}}]"),
+    Format("aime", ("problem", "Problem", "question"), ("answer", "Answer"), numeric_answer,
+           "AIME/AMC: problem + numeric answer (zero padding and '.0' removed)"),
+)}
+FORMATS["amc"] = dataclasses.replace(FORMATS["aime"], name="amc")
+
+
+def get_format(name: str) -> Format:
+    if name not in FORMATS:
+        raise ConfigError(f"unknown dataset format {name!r}; choose one of {sorted(FORMATS)}")
+    return FORMATS[name]
+
+
+def to_problem(record: Any, fmt: Format, *, source: str, row: int,
+               question_fields: tuple[str, ...] | None = None,
+               answer_fields: tuple[str, ...] | None = None) -> Problem | str:
+    """The record as a Problem, or a short reason why it must be skipped."""
+    q_paths = question_fields or fmt.question_fields
+    a_paths = answer_fields or fmt.answer_fields
+    try:
+        question = _as_text(first_present(record, q_paths))
+    except KeyError as e:
+        return f"missing question field {e.args[0]}"
+    if question is None:
+        return "empty or non-text question"
+    try:
+        raw_answer = first_present(record, a_paths)
+    except KeyError as e:
+        return f"missing answer field {e.args[0]}"
+    answer = fmt.extract_answer(raw_answer)
+    if answer is None:
+        return f"no gold answer extractable ({fmt.name} format)"
+    return Problem(uid=f"{source}/{row}", question=question, answer=answer, source=source)

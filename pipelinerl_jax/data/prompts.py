@@ -1,0 +1,87 @@
+"""Prompt construction: a problem's question -> the text the sampler continues.
+
+Two templates. `chat` (the paper's): a system message, by default "Please reason step by
+step, and put your final answer within \\boxed{}.", the question as the user message, rendered
+by the tokenizer's own chat template with the generation prompt appended. `plain`: a format
+string over {system} and {question}, for base models without a chat template and for the tiny
+task models (whose tokenizer has no roles).
+
+The tokenizer is anything with `apply_chat_template(messages, add_generation_prompt=True,
+tokenize=False)`: a Hugging Face tokenizer, models/tokenizer.py, or tasks.CharTokenizer.
+"""
+
+import dataclasses
+import string
+
+from pipelinerl_jax.errors import ConfigError
+
+DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+TEMPLATES = ("chat", "plain")
+
+
+def _placeholders(fmt: str, what: str) -> set[str]:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None}
+    except ValueError as e:
+        raise ConfigError(f"prompt {what} {fmt!r} is not a valid format string ({e}); "
+                          "write literal braces as {{ and }}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    """How a question becomes a prompt."""
+    template: str = "chat"                    # "chat" or "plain"
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT  # None or "": no system message
+    user_template: str = "{question}"         # the user message; {question} is the problem
+    plain_template: str | None = None         # plain only; default: system, blank line, question
+    system_in_user: bool = False              # chat only: for templates without a system role
+
+    def __post_init__(self):
+        if self.template not in TEMPLATES:
+            raise ConfigError(f"unknown prompt template {self.template!r}; use one of "
+                              f"{TEMPLATES}")
+        names = _placeholders(self.user_template, "user_template")
+        if names != {"question"}:
+            raise ConfigError(f"prompt user_template {self.user_template!r} must use exactly "
+                              f"the placeholder {{question}} (found {sorted(names)})")
+        if self.plain_template is not None:
+            names = _placeholders(self.plain_template, "plain_template")
+            if "question" not in names or not names <= {"question", "system"}:
+                raise ConfigError(f"prompt plain_template {self.plain_template!r} must use "
+                                  f"{{question}} and may use {{system}} (found {sorted(names)})")
+
+
+def build_messages(question: str, config: PromptConfig = PromptConfig()) -> list[dict]:
+    """Chat messages for one question: [system,] user."""
+    user = config.user_template.format(question=question)
+    if not config.system_prompt:
+        return [{"role": "user", "content": user}]
+    if config.system_in_user:
+        return [{"role": "user", "content": f"{config.system_prompt}\n\n{user}"}]
+    return [{"role": "system", "content": config.system_prompt},
+            {"role": "user", "content": user}]
+
+
+def build_prompt(question: str, tokenizer=None, config: PromptConfig = PromptConfig()) -> str:
+    """The prompt text for one question (tokenize it with the same tokenizer afterwards)."""
+    if config.template == "plain":
+        system = config.system_prompt or ""
+        if config.plain_template is not None:
+            return config.plain_template.format(system=system, question=question)
+        user = config.user_template.format(question=question)
+        return f"{system}\n\n{user}" if system else user
+    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
+        raise ConfigError("prompt template 'chat' needs a tokenizer with apply_chat_template; "
+                          "use template='plain' for tokenizers without a chat template")
+    try:
+        text = tokenizer.apply_chat_template(build_messages(question, config),
+                                             add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # HF raises ValueError (no template) or jinja2 errors (no system role)
+        raise ConfigError(f"the tokenizer's chat template failed ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); set "
+                          "system_in_user=True if it has no system role, or "
+                          "template='plain'") from e
+    if not isinstance(text, str):
+        raise ConfigError(f"tokenizer.apply_chat_template(..., tokenize=False) returned "
+                          f"{type(text).__name__}, expected str")
+    return text
