@@ -1,0 +1,52 @@
+"""Token weights: how one step's per-token losses are aggregated into its scalar loss.
+
+The step's loss is sum_t w_t * loss_t over all completion tokens of the step, so the
+aggregation is fixed on the host once per step and stays exact under packing, micro-batching
+and data parallelism (every shard just sums). Every token of a sequence gets the same weight:
+
+  sequence_sum      w = 1 / N_seq                       sum over a sequence's tokens, mean over
+                                                        sequences (the paper; no length norm.)
+  token_mean        w = 1 / N_tok                       mean over all tokens of the step
+  group_token_mean  w = 1 / (N_groups * N_tok(group))   token mean within a group, mean over groups
+  sequence_mean     w = 1 / (N_seq * len_i)             token mean within a sequence, mean over
+                                                        sequences (GRPO/GSPO style)
+
+Overlong filtering gives weight 0 to samples that ended without EOS; they then also leave the
+counts above (they are treated as absent from the step, not as zero-loss members).
+Letters: N sequences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.rl.config import WEIGHTINGS
+
+
+def sequence_token_weights(completion_lengths_N, group_ids_N, keep_N, mode: str) -> np.ndarray:
+  """float32 [N]: the weight of each token of sequence i (0 where keep_N is False)."""
+  lengths_N = np.asarray(completion_lengths_N, np.float64).reshape(-1)
+  group_ids_N = np.asarray(group_ids_N).reshape(-1)
+  keep_N = np.asarray(keep_N, bool).reshape(-1)
+  if not lengths_N.shape == group_ids_N.shape == keep_N.shape:
+    raise ConfigError(f"sequence_token_weights: lengths {lengths_N.shape}, group_ids "
+                      f"{group_ids_N.shape} and keep {keep_N.shape} must have equal lengths")
+  weights_N = np.zeros_like(lengths_N)
+  kept_lengths = lengths_N[keep_N]
+  num_seq, num_tok = int(keep_N.sum()), float(kept_lengths.sum())
+  if num_seq == 0 or num_tok == 0:
+    return weights_N.astype(np.float32)
+  if mode == "sequence_sum":
+    weights_N[keep_N] = 1.0 / num_seq
+  elif mode == "token_mean":
+    weights_N[keep_N] = 1.0 / num_tok
+  elif mode == "sequence_mean":
+    weights_N[keep_N] = 1.0 / (num_seq * np.maximum(kept_lengths, 1.0))
+  elif mode == "group_token_mean":
+    groups, index = np.unique(group_ids_N[keep_N], return_inverse=True)
+    group_tokens = np.bincount(index.reshape(-1), weights=kept_lengths)
+    weights_N[keep_N] = 1.0 / (len(groups) * np.maximum(group_tokens[index.reshape(-1)], 1.0))
+  else:
+    raise ConfigError(f"weighting={mode!r}; use one of {WEIGHTINGS}")
+  return weights_N.astype(np.float32)
