@@ -47,6 +47,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def _release_forkserver() -> None:
+    """Drop this worker's handle on the fork server's "alive" pipe.
+
+    Fork-server children inherit the write end of that pipe, so the server (our parent) lives
+    as long as any worker does; a worker stuck in a hanging reward would then keep both alive
+    after the run is killed. Without the handle the server exits with the run and
+    PR_SET_PDEATHSIG takes the worker down with it.
+    """
+    from multiprocessing import forkserver
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
 def _call(fn: Callable, args: tuple) -> tuple[Verdict | None, str | None]:
     try:
         return as_verdict(fn(*args)), None
@@ -54,10 +73,12 @@ def _call(fn: Callable, args: tuple) -> tuple[Verdict | None, str | None]:
         return None, f"{type(e).__name__}: {e}"[:300]
 
 
-def _worker_main(conn, fn_ref) -> None:
+def _worker_main(conn, fn_ref, forkserver_child: bool) -> None:
     """Worker process: resolve the function, say ready, then serve tasks until EOF or None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    if forkserver_child:
+        _release_forkserver()
     try:
         fn = resolve_callable(fn_ref) if isinstance(fn_ref, str) else fn_ref
         conn.send((_READY, None, None))
@@ -84,7 +105,9 @@ def _worker_main(conn, fn_ref) -> None:
 class _Worker:
     def __init__(self, ctx, fn_ref):
         self.conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child_conn, fn_ref),
+        forkserver_child = ctx.get_start_method() == "forkserver"
+        self.process = ctx.Process(target=_worker_main,
+                                   args=(child_conn, fn_ref, forkserver_child),
                                    name="reward-worker", daemon=True)
         self.process.start()
         child_conn.close()
