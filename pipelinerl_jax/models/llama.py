@@ -34,7 +34,7 @@ _INIT_STD = 0.02  # Hugging Face's default initializer_range.
 
 def _param(value: jax.Array, names: tuple[str | None, ...]) -> nnx.Param:
   # Eager sharding off: logical names are metadata for pipelinerl_jax.sharding, not a mesh spec.
-  return nnx.Param(value, sharding_names=names, eager_sharding=False)
+  return nnx.Param(value, out_sharding=names, eager_sharding=False)
 
 
 class Llama(nnx.Module):
@@ -98,7 +98,7 @@ def config_of(graphdef: nnx.GraphDef) -> ModelConfig:
 def arrays(params) -> dict:
   """Nested dict of raw arrays from an nnx.State (or a dict already holding arrays)."""
   if isinstance(params, nnx.State):
-    return params.to_pure_dict()
+    return nnx.to_pure_dict(params)
   return jax.tree.map(lambda v: v.get_value() if isinstance(v, nnx.Variable) else v, params,
                       is_leaf=lambda v: isinstance(v, nnx.Variable))
 
