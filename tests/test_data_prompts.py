@@ -84,3 +84,15 @@ def test_bad_prompt_configs(kwargs, match):
 def test_chat_needs_a_chat_tokenizer():
     with pytest.raises(ConfigError, match="needs a tokenizer with apply_chat_template"):
         build_prompt("Q", object())
+
+
+def test_with_the_project_tokenizer():
+    import tokenizers
+
+    from pipelinerl_jax.models.tokenizer import Tokenizer
+    vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok = Tokenizer(backend, chat_template=CHATML, eos_token_ids=[2])
+    assert build_prompt("Q?", tok) == build_prompt("Q?", JinjaTokenizer(CHATML))
+    with pytest.raises(ConfigError, match="no chat template"):
+        build_prompt("Q?", Tokenizer(backend, chat_template=None))

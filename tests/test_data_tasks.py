@@ -13,7 +13,9 @@ from pipelinerl_jax.rewards.tables import get_reward_table, task_reward
 
 def test_tokenizer_round_trip_and_vocab():
     tok = CharTokenizer()
-    assert tok.vocab_size == len(tok) == 16
+    assert tok.vocab_size == len(tok) == tok.max_token_id + 1 == 16
+    assert tok.eos_token_ids == (tok.eos_token_id,) == (tok.token_to_id("<eos>"),)
+    assert tok.token_to_id("=") == 14 and tok.token_to_id("x") is None
     ids = tok.encode("120=")
     assert ids == [tok.bos_token_id, 4, 5, 3, 14]
     assert tok.decode(ids) == "<bos>120="

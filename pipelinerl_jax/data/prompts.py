@@ -76,6 +76,8 @@ def build_prompt(question: str, tokenizer=None, config: PromptConfig = PromptCon
     try:
         text = tokenizer.apply_chat_template(build_messages(question, config),
                                              add_generation_prompt=True, tokenize=False)
+    except ConfigError:
+        raise
     except Exception as e:  # HF raises ValueError (no template) or jinja2 errors (no system role)
         raise ConfigError(f"the tokenizer's chat template failed ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}); set "

@@ -42,6 +42,20 @@ class CharTokenizer:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def max_token_id(self) -> int:
+        return len(self.tokens) - 1
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Stop ids, as models/tokenizer.Tokenizer names them."""
+        return (self.eos_token_id,)
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in SPECIAL_TOKENS:
+            return SPECIAL_TOKENS.index(token)
+        return self._ids.get(token)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of text, preceded by <bos> when add_special_tokens."""
         try:
