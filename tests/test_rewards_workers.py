@@ -9,6 +9,7 @@ import time
 import pytest
 
 from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.math import verify_math
 from pipelinerl_jax.rewards.tables import Verdict, reward_fn_spec
@@ -158,6 +159,10 @@ def test_killed_run_leaves_no_worker_behind(tmp_path):
 
 
 def test_inline_mode():
+    task = make_task("reverse_digits")
+    problem = task.problem(0)
+    inline_task = RewardPool("task", num_workers=0)
+    assert inline_task.submit(problem.answer, problem).result().status == "correct"
     p = RewardPool(moody_reward, num_workers=0)
     assert p.submit("abc", GOLD).result().score == pytest.approx(0.3)
     verdict = p.submit("raise", GOLD).result()

@@ -30,7 +30,7 @@ import time
 from typing import Callable, Iterable
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.rewards.tables import Verdict, as_verdict, resolve_callable
+from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, Verdict, as_verdict, resolve_callable
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class _Worker:
 class RewardPool:
     """Runs `reward_fn(*args) -> Verdict | float` in worker processes, one task per worker.
 
-    reward_fn: a "module.path:callable" string (or built-in name resolved by the caller) or a
+    reward_fn: a built-in name ("math", "task"), a "module.path:callable" string, or a
     picklable top-level function. `submit(*args)` returns a Future of a Verdict that always
     resolves: with the function's verdict, or `timeout` / `error` verdicts with reward 0.
     """
@@ -137,6 +137,8 @@ class RewardPool:
             raise ConfigError(f"reward num_workers={num_workers} must be >= 0")
         if not timeout_s > 0:
             raise ConfigError(f"reward timeout_s={timeout_s} must be > 0")
+        if isinstance(reward_fn, str):
+            reward_fn = BUILTIN_REWARDS.get(reward_fn, reward_fn)
         fn = resolve_callable(reward_fn) if isinstance(reward_fn, str) else reward_fn
         if not callable(fn):
             raise ConfigError(f"reward function {reward_fn!r} is not callable")
