@@ -45,9 +45,23 @@ class Llama(nnx.Module):
     dtype = jnp.dtype(cfg.param_dtype)
     e, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     h, k, n = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
+    # One normal draw sliced into every weight: each separate jax.random call costs about a
+    # second of XLA compile time on CPU, which dominated test time with ~15 calls.
+    shapes = [(cfg.vocab_size, e), (n, e, h, d), (n, e, k, d), (n, e, k, d), (n, h, d, e),
+              (n, e, f), (n, e, f), (n, f, e)]
+    if cfg.attention_bias:
+      shapes += [(n, h, d), (n, k, d), (n, k, d)]
+    if not cfg.tie_word_embeddings:
+      shapes.append((e, cfg.vocab_size))
+    sizes = [math.prod(shape) for shape in shapes]
+    flat = _INIT_STD * jax.random.normal(rngs.params(), (sum(sizes),), jnp.float32)
+    offsets = iter(range(len(shapes)))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
 
     def normal(*shape):
-      return (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+      i = next(offsets)
+      assert shapes[i] == shape, (shapes[i], shape)
+      return flat[starts[i]:starts[i] + sizes[i]].reshape(shape).astype(dtype)
 
     def ones(*shape):
       return jnp.ones(shape, dtype)
@@ -77,9 +91,18 @@ class Llama(nnx.Module):
       self.lm_head = _param(normal(e, cfg.vocab_size), ("embed", "vocab"))
 
 
+def init_params(cfg: ModelConfig, rng: jax.Array) -> nnx.State:
+  """Random params (normal(0, 0.02) weights, unit norms); jittable, e.g. with out_shardings."""
+  return nnx.split(Llama(cfg, rngs=nnx.Rngs(params=rng)))[1]
+
+
+_init_params_jit = jax.jit(init_params, static_argnums=0)
+
+
 def init(cfg: ModelConfig, rng: jax.Array) -> tuple[nnx.GraphDef, nnx.State]:
-  """Random init (normal(0, 0.02) weights, unit norms) -> (graphdef, params)."""
-  return nnx.split(Llama(cfg, rngs=nnx.Rngs(params=rng)))
+  """Random init -> (graphdef, params), computed under jit (one compile per config)."""
+  graphdef, _ = abstract_init(cfg)
+  return graphdef, _init_params_jit(cfg, rng)
 
 
 def abstract_init(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
