@@ -4,6 +4,8 @@ Covers decode and causal chunked prefill, GQA, lengths 0/1/partial/exact/max, Na
 garbage pages and slots, out-of-range garbage table entries, bf16 inputs, jit and no-jit.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -11,7 +13,8 @@ import numpy as np
 import pytest
 
 from pipelinerl_jax.kernels.paged_attention_ref import (
-    PagedAttentionShapeError, paged_decode_attention_ref, paged_prefill_attention_ref)
+    PagedAttentionShapeError, decode_pages_per_step, paged_decode_attention_ref,
+    paged_prefill_attention_ref)
 
 PAGE, PAGES_PER_SEQ = 4, 5
 
@@ -58,16 +61,18 @@ def naive_attention(q_HxD, k_LxKxD, v_LxKxD, scale):
     return out
 
 
-@pytest.mark.parametrize("group", [1, 2, 4])
-@pytest.mark.parametrize("use_jit", [False, True])
-def test_decode_matches_naive(group, use_jit):
+@pytest.mark.parametrize("group, use_jit, pages_per_step", [
+    (1, False, None), (2, True, None), (4, True, None),  # one block: no scan
+    (2, False, 1), (4, True, 2), (1, True, 3),           # scan; 2 and 3 pad the 5-page table
+])
+def test_decode_matches_naive(group, use_jit, pages_per_step):
     rng = np.random.default_rng(group)
     lengths = [0, 1, 7, 8, PAGE * PAGES_PER_SEQ]  # zero, one, partial, exact pages, max
     kv_heads, head_dim = 2, 8
     k, v, tables = make_cache(rng, lengths=lengths, kv_heads=kv_heads, head_dim=head_dim)
     q = rng.standard_normal((len(lengths), kv_heads * group, head_dim))
     scale = 0.37
-    fn = paged_decode_attention_ref
+    fn = functools.partial(paged_decode_attention_ref, pages_per_step=pages_per_step)
     if use_jit:
         fn = jax.jit(fn, static_argnames="scale")
     out = np.asarray(fn(jnp.float32(q), jnp.float32(k), jnp.float32(v), tables,
@@ -77,6 +82,14 @@ def test_decode_matches_naive(group, use_jit):
         want = naive_attention(q[b], *dense_kv(k, v, tables, b, length), scale)
         np.testing.assert_allclose(out[b], want, atol=2e-5, rtol=1e-5)
     assert np.all(out[0] == 0)  # length 0 gives exact zeros
+
+
+def test_pages_per_step_sizes():
+    """The bench model (4 kv heads, head_dim 64, page 16, 10 pages): one block at batch 1,
+    32-token blocks from batch 8 on."""
+    sizes = {b: decode_pages_per_step(b, 16, 10, 4, 64, 4) for b in (1, 8, 32, 64)}
+    assert sizes == {1: 10, 8: 2, 32: 2, 64: 2}
+    assert decode_pages_per_step(1, 16, 128, 8, 128, 2) == 8  # 8B-like, long context: 128 tokens
 
 
 def test_decode_bf16_keeps_dtype_and_accuracy():

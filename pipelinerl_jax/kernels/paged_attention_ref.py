@@ -3,7 +3,8 @@
 The KV cache is a pool of pages shared by all sequences; each sequence owns a list of page
 indices (its block table row). Attention gathers only the pages a sequence's table names,
 reshapes query heads into (kv head, group) so GQA never repeats K/V, computes an f32 softmax
-masked by length, and returns in the query dtype.
+masked by length, and returns in the query dtype. Decode gathers the pages in blocks sized for
+the CPU cache, combined by an online softmax (one block, no scan, at batch 1).
 
 Dimension letters:
   B batch (sequences)       T query tokens per sequence (prefill chunk)
@@ -58,20 +59,36 @@ def check_paged_inputs(q_shape, k_pages, v_pages, block_tables, *, where: str) -
 
 def _gather_pages(pages_PxSxKxD, block_tables_BxM):
     """[P, S, K, D] pages -> [B, M*S, K, D]: each sequence's own pages, in table order."""
-    num_pages = pages_PxSxKxD.shape[0]
-    # Garbage table entries may be out of range; clip so the gather is defined (masked later).
-    idx_BxM = jnp.clip(block_tables_BxM, 0, num_pages - 1)
-    gathered_BxMxSxKxD = jnp.take(pages_PxSxKxD, idx_BxM, axis=0)
+    # Garbage table entries may be out of range: clip so the gather is defined (masked later;
+    # the default "fill" mode would also cost a bounds select per element).
+    gathered_BxMxSxKxD = jnp.take(pages_PxSxKxD, block_tables_BxM, axis=0, mode="clip")
     b, m, s, k, d = gathered_BxMxSxKxD.shape
     return gathered_BxMxSxKxD.reshape(b, m * s, k, d)
 
 
+# Decode gathers the pages in blocks combined by an online softmax, so each gathered block is
+# still in cache when the two matmuls read it. Measured on the bench model (context 160, f32,
+# 2-core EPYC): 32-token blocks beat one big gather by ~1.3x at batch 8 and ~1.5x at batch
+# 32-64; at batch 1 the whole context is one block (no scan) so per-step overhead stays small.
+MIN_STEP_TOKENS = 32
+CPU_STEP_BYTES = 512 << 10
+
+
+def decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads, head_dim, itemsize) -> int:
+    """Pages gathered per online-softmax step of the decode reference (static)."""
+    page_bytes = 2 * batch * page_size * kv_heads * head_dim * itemsize
+    pages = max(-(-MIN_STEP_TOKENS // page_size), CPU_STEP_BYTES // page_bytes)
+    return int(min(pages_per_seq, max(1, pages)))
+
+
 @jax.named_call
 def paged_decode_attention_ref(q_BxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, block_tables_BxM,
-                               lengths_B, *, scale):
+                               lengths_B, *, scale, pages_per_step=None):
     """One query token per sequence attending to its first lengths_B cached positions.
 
-    Returns [B, H, D] in q's dtype; a length of 0 gives zeros.
+    Returns [B, H, D] in q's dtype; a length of 0 gives zeros. Positions past the table's
+    M * S slots do not exist. pages_per_step (default: decode_pages_per_step) only changes how
+    the work is blocked, not the result beyond f32 rounding.
     """
     if q_BxHxD.ndim != 3:
         raise PagedAttentionShapeError(
@@ -80,24 +97,70 @@ def paged_decode_attention_ref(q_BxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, block_
         raise PagedAttentionShapeError(
             f"paged_decode_attention: lengths {tuple(lengths_B.shape)} must be [batch="
             f"{q_BxHxD.shape[0]}]")
-    kv_heads, group, _, head_dim = check_paged_inputs(
+    kv_heads, group, page_size, head_dim = check_paged_inputs(
         q_BxHxD.shape, k_pages_PxSxKxD, v_pages_PxSxKxD, block_tables_BxM,
         where="paged_decode_attention")
-    batch = q_BxHxD.shape[0]
-
-    k_BxLxKxD = _gather_pages(k_pages_PxSxKxD, block_tables_BxM)
-    v_BxLxKxD = _gather_pages(v_pages_PxSxKxD, block_tables_BxM)
-    num_pos = k_BxLxKxD.shape[1]
-    valid_BxL = jnp.arange(num_pos)[None, :] < lengths_B[:, None]
-    # Zero unused V rows so masked probabilities (exact zeros) never meet a NaN.
-    v_BxLxKxD = jnp.where(valid_BxL[:, :, None, None], v_BxLxKxD, 0)
+    batch, pages_per_seq = block_tables_BxM.shape
+    if pages_per_step is None:
+        pages_per_step = decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads,
+                                               head_dim, jnp.dtype(k_pages_PxSxKxD.dtype).itemsize)
+    pages_per_step = max(1, min(int(pages_per_step), pages_per_seq))
+    num_steps = -(-pages_per_seq // pages_per_step)
+    lengths_B = jnp.minimum(lengths_B, pages_per_seq * page_size)
 
     q_BxKxGxD = q_BxHxD.reshape(batch, kv_heads, group, head_dim)
-    s_BxKxGxL = jnp.einsum("bkgd,blkd->bkgl", q_BxKxGxD, k_BxLxKxD,
-                           preferred_element_type=jnp.float32) * jnp.float32(scale)
-    out_BxKxGxD = _masked_softmax_pv(s_BxKxGxL, valid_BxL[:, None, None, :], v_BxLxKxD,
-                                     "bkgl,blkd->bkgd")
+    carry = (jnp.full((batch, kv_heads, group), -jnp.inf, jnp.float32),
+             jnp.zeros((batch, kv_heads, group), jnp.float32),
+             jnp.zeros((batch, kv_heads, group, head_dim), jnp.float32))
+
+    def step(carry, xs):
+        tables_BxC, first_pos = xs
+        return _decode_step(carry, q_BxKxGxD, k_pages_PxSxKxD, v_pages_PxSxKxD, tables_BxC,
+                            first_pos, lengths_B, scale), None
+
+    if num_steps == 1:
+        carry, _ = step(carry, (block_tables_BxM, 0))
+    else:
+        # Pad the table to whole steps; padded positions lie past every length (masked).
+        padded_BxM = jnp.pad(block_tables_BxM, ((0, 0), (0, num_steps * pages_per_step
+                                                         - pages_per_seq)))
+        tables_NxBxC = padded_BxM.reshape(batch, num_steps, pages_per_step).transpose(1, 0, 2)
+        first_pos_N = jnp.arange(num_steps) * pages_per_step * page_size
+        carry, _ = jax.lax.scan(step, carry, (tables_NxBxC, first_pos_N))
+    _, denom_BxKxG, acc_BxKxGxD = carry
+    denom_BxKxGx1 = denom_BxKxG[..., None]
+    out_BxKxGxD = jnp.where(denom_BxKxGx1 > 0,
+                            acc_BxKxGxD / jnp.where(denom_BxKxGx1 > 0, denom_BxKxGx1, 1.0), 0.0)
     return out_BxKxGxD.reshape(batch, kv_heads * group, head_dim).astype(q_BxHxD.dtype)
+
+
+def _decode_step(carry, q_BxKxGxD, k_pages, v_pages, tables_BxC, first_pos, lengths_B, scale):
+    """One online-softmax step over the C pages in tables_BxC (positions first_pos onwards)."""
+    max_BxKxG, denom_BxKxG, acc_BxKxGxD = carry
+    k_BxNxKxD = _gather_pages(k_pages, tables_BxC)
+    v_BxNxKxD = _gather_pages(v_pages, tables_BxC)
+    pos_N = first_pos + jnp.arange(k_BxNxKxD.shape[1])
+    valid_BxN = pos_N[None, :] < lengths_B[:, None]
+    # Zero unused V rows so masked probabilities (exact zeros) never meet a NaN.
+    v_BxNxKxD = jnp.where(valid_BxN[:, :, None, None], v_BxNxKxD, 0)
+    valid_Bx1x1xN = valid_BxN[:, None, None, :]
+    # f32 operands: exact for bf16/f16 inputs, and XLA's CPU f32 dots beat its 16-bit ones
+    # (the convert fuses into the gather).
+    s_BxKxGxN = jnp.einsum("bkgd,bnkd->bkgn", q_BxKxGxD.astype(jnp.float32),
+                           k_BxNxKxD.astype(jnp.float32),
+                           preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s_BxKxGxN = jnp.where(valid_Bx1x1xN, s_BxKxGxN, -jnp.inf)
+    new_max_BxKxG = jnp.maximum(max_BxKxG, jnp.max(s_BxKxGxN, axis=-1))
+    # While nothing is valid yet the max is -inf; shift by 0 instead (every term is masked).
+    shift_BxKxG = jnp.where(jnp.isfinite(new_max_BxKxG), new_max_BxKxG, 0.0)
+    alpha_BxKxG = jnp.exp(max_BxKxG - shift_BxKxG)  # exp(-inf) = 0 on the first valid step
+    p_BxKxGxN = jnp.where(valid_Bx1x1xN, jnp.exp(s_BxKxGxN - shift_BxKxG[..., None]), 0.0)
+    denom_BxKxG = denom_BxKxG * alpha_BxKxG + jnp.sum(p_BxKxGxN, axis=-1)
+    # Probabilities stay f32 (the oracle should not round them); V is promoted.
+    pv_BxKxGxD = jnp.einsum("bkgn,bnkd->bkgd", p_BxKxGxN, v_BxNxKxD.astype(jnp.float32),
+                            preferred_element_type=jnp.float32)
+    acc_BxKxGxD = acc_BxKxGxD * alpha_BxKxG[..., None] + pv_BxKxGxD
+    return new_max_BxKxG, denom_BxKxG, acc_BxKxGxD
 
 
 @jax.named_call
@@ -132,28 +195,17 @@ def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, blo
     q_BxTxKxGxD = q_BxTxHxD.reshape(batch, tokens, kv_heads, group, head_dim)
     s_BxKxGxTxL = jnp.einsum("btkgd,blkd->bkgtl", q_BxTxKxGxD, k_BxLxKxD,
                              preferred_element_type=jnp.float32) * jnp.float32(scale)
-    out_BxTxKxGxD = _masked_softmax_pv(s_BxKxGxTxL, valid_BxTxL[:, None, None, :, :], v_BxLxKxD,
-                                       "bkgtl,blkd->btkgd")
+    # jnp.where (not multiplication) keeps NaN scores of garbage slots out of max, exp and sum.
+    valid_Bx1x1xTxL = valid_BxTxL[:, None, None, :, :]
+    s_BxKxGxTxL = jnp.where(valid_Bx1x1xTxL, s_BxKxGxTxL, -jnp.inf)
+    max_BxKxGxTx1 = jnp.max(s_BxKxGxTxL, axis=-1, keepdims=True)
+    max_BxKxGxTx1 = jnp.where(jnp.isfinite(max_BxKxGxTx1), max_BxKxGxTx1, 0.0)
+    p_BxKxGxTxL = jnp.where(valid_Bx1x1xTxL, jnp.exp(s_BxKxGxTxL - max_BxKxGxTx1), 0.0)
+    denom_BxTxKxGx1 = jnp.moveaxis(jnp.sum(p_BxKxGxTxL, axis=-1), 3, 1)[..., None]
+    out_BxTxKxGxD = jnp.einsum("bkgtl,blkd->btkgd", p_BxKxGxTxL, v_BxLxKxD.astype(jnp.float32),
+                               preferred_element_type=jnp.float32)
+    # Padding queries (nothing valid) have a zero denominator and give zeros.
+    out_BxTxKxGxD = jnp.where(denom_BxTxKxGx1 > 0, out_BxTxKxGxD / jnp.where(
+        denom_BxTxKxGx1 > 0, denom_BxTxKxGx1, 1.0), 0.0)
     return out_BxTxKxGxD.reshape(batch, tokens, kv_heads * group, head_dim).astype(
         q_BxTxHxD.dtype)
-
-
-def _masked_softmax_pv(scores, valid, v_BxLxKxD, pv_spec):
-    """f32 softmax over the last axis restricted to `valid`, then probabilities @ V.
-
-    Rows with nothing valid give zeros. jnp.where (not multiplication) keeps NaN scores from
-    garbage pages out of the max, the exponentials and the sum.
-    """
-    scores = jnp.where(valid, scores, -jnp.inf)
-    row_max = jnp.max(scores, axis=-1, keepdims=True)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-    probs = jnp.where(valid, jnp.exp(scores - row_max), 0.0)
-    denom = jnp.sum(probs, axis=-1)
-    # Probabilities stay f32 (the oracle should not round them); V is promoted.
-    out = jnp.einsum(pv_spec, probs, v_BxLxKxD.astype(jnp.float32),
-                     preferred_element_type=jnp.float32)
-    # denom's axes (b k g [t]) are out's leading axes in decode; prefill's out is b t k g d.
-    if pv_spec.endswith("btkgd"):
-        denom = jnp.moveaxis(denom, 3, 1)
-    denom = denom[..., None]
-    return jnp.where(denom > 0, out / jnp.where(denom > 0, denom, 1.0), 0.0)
