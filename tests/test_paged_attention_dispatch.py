@@ -31,10 +31,10 @@ def _inputs(dtype=jnp.float32, seed=0):
 def test_auto_on_cpu_is_the_reference():
     args = _inputs()
     assert not pa.triton_available()
-    np.testing.assert_array_equal(pa.paged_decode_attention(*args, scale=0.125),
-                                  paged_decode_attention_ref(*args, scale=0.125))
-    np.testing.assert_array_equal(pa.paged_decode_attention(*args, scale=0.125, impl="ref"),
-                                  paged_decode_attention_ref(*args, scale=0.125))
+    want = jax.jit(paged_decode_attention_ref, static_argnames="scale")(*args, scale=0.125)
+    for impl in ("auto", "ref"):
+        got = jax.jit(lambda *a: pa.paged_decode_attention(*a, scale=0.125, impl=impl))(*args)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_unknown_impl_is_rejected():

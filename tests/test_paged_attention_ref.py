@@ -98,8 +98,9 @@ def test_decode_bf16_keeps_dtype_and_accuracy():
     k, v, tables = make_cache(rng, lengths=lengths, kv_heads=2, head_dim=16)
     q = rng.standard_normal((3, 8, 16))
     bf = ml_dtypes.bfloat16
-    out = paged_decode_attention_ref(jnp.asarray(q, bf), jnp.asarray(k, bf), jnp.asarray(v, bf),
-                                     tables, np.asarray(lengths), scale=0.25)
+    out = jax.jit(paged_decode_attention_ref, static_argnames="scale")(
+        jnp.asarray(q, bf), jnp.asarray(k, bf), jnp.asarray(v, bf), tables, np.asarray(lengths),
+        scale=0.25)
     assert out.dtype == jnp.bfloat16
     q32, k32, v32 = (np.asarray(x.astype(bf), np.float64) for x in (q, k, v))
     for b, length in enumerate(lengths):
@@ -135,9 +136,11 @@ def test_prefill_query_equals_decode_at_same_position():
     k, v, tables = make_cache(rng, lengths=[13, 20], kv_heads=1, head_dim=8)
     q = jnp.float32(rng.standard_normal((2, 3, 4, 8)))
     positions = np.array([[10, 11, 12], [17, 18, 19]], np.int32)
-    pre = paged_prefill_attention_ref(q, k, v, tables, positions, scale=0.3)
+    pre = jax.jit(paged_prefill_attention_ref, static_argnames="scale")(
+        q, k, v, tables, positions, scale=0.3)
+    decode = jax.jit(paged_decode_attention_ref, static_argnames="scale")
     for t in range(3):
-        dec = paged_decode_attention_ref(q[:, t], k, v, tables, positions[:, t] + 1, scale=0.3)
+        dec = decode(q[:, t], k, v, tables, positions[:, t] + 1, scale=0.3)
         np.testing.assert_allclose(pre[:, t], dec, atol=1e-6)
 
 
