@@ -25,21 +25,24 @@ from pipelinerl_jax.kernels.paged_attention import (paged_decode_attention,  # n
                                                     triton_available)
 
 
-def make_case(batch, context, *, kv_heads, group, head_dim, page, dtype, seed=0):
-    """Random paged cache with shuffled pages, every sequence at `context` tokens, plus the same
-    data as a dense [B, M*S, K, D] cache."""
-    rng = np.random.default_rng(seed)
+def make_case(batch, context, *, kv_heads, group, head_dim, page, dtype, dense=False, seed=0):
+    """Random paged cache (made on the device) with shuffled pages, every sequence at `context`
+    tokens; with dense=True also the same data as a dense [B, M*S, K, D] cache."""
     pages_per_seq = math.ceil(context / page)
     num_pages = batch * pages_per_seq
-    k = jnp.asarray(rng.standard_normal((num_pages, page, kv_heads, head_dim)), dtype)
-    v = jnp.asarray(rng.standard_normal((num_pages, page, kv_heads, head_dim)), dtype)
-    tables = jnp.asarray(rng.permutation(num_pages).reshape(batch, pages_per_seq), jnp.int32)
-    q = jnp.asarray(rng.standard_normal((batch, kv_heads * group, head_dim)), dtype)
+    key_q, key_k, key_v = jax.random.split(jax.random.key(seed), 3)
+    shape = (num_pages, page, kv_heads, head_dim)
+    k = jax.random.normal(key_k, shape, jnp.float32).astype(dtype)
+    v = jax.random.normal(key_v, shape, jnp.float32).astype(dtype)
+    perm = np.random.default_rng(seed).permutation(num_pages)
+    tables = jnp.asarray(perm.reshape(batch, pages_per_seq), jnp.int32)
+    q = jax.random.normal(key_q, (batch, kv_heads * group, head_dim), jnp.float32).astype(dtype)
     lengths = jnp.full((batch,), context, jnp.int32)
-    dense_k, dense_v = (x[tables].reshape(batch, pages_per_seq * page, kv_heads, head_dim)
-                        for x in (k, v))
-    return dict(q=q, k=k, v=v, tables=tables, lengths=lengths, dense_k=dense_k,
-                dense_v=dense_v)
+    case = dict(q=q, k=k, v=v, tables=tables, lengths=lengths)
+    if dense:
+        case["dense_k"], case["dense_v"] = (
+            x[tables].reshape(batch, pages_per_seq * page, kv_heads, head_dim) for x in (k, v))
+    return case
 
 
 @jax.jit
@@ -70,7 +73,7 @@ def bench_cpu(args):
     rows = []
     for batch in batches:
         c = make_case(batch, context, kv_heads=kv_heads, group=heads // kv_heads,
-                      head_dim=head_dim, page=page, dtype=args.dtype)
+                      head_dim=head_dim, page=page, dtype=args.dtype, dense=True)
         paged_args = (c["q"], c["k"], c["v"], c["tables"], c["lengths"])
         dense_args = (c["q"], c["dense_k"], c["dense_v"], c["lengths"])
         np.testing.assert_allclose(np.asarray(paged(*paged_args), np.float32),
