@@ -68,8 +68,9 @@ def _gather_pages(pages_PxSxKxD, block_tables_BxM):
 
 # Decode gathers the pages in blocks combined by an online softmax, so each gathered block is
 # still in cache when the two matmuls read it. Measured on the bench model (context 160, f32,
-# 2-core EPYC): 32-token blocks beat one big gather by ~1.3x at batch 8 and ~1.5x at batch
-# 32-64; at batch 1 the whole context is one block (no scan) so per-step overhead stays small.
+# 2-core EPYC, best-of-60 on a loaded machine): 32-token blocks beat one big gather by ~1.3x at
+# batch 8 and 1.1-1.6x at batch 32-64; small batches keep the whole context in one block (no
+# scan), so the per-step overhead of the loop is only paid where it is amortised.
 MIN_STEP_TOKENS = 32
 CPU_STEP_BYTES = 512 << 10
 
