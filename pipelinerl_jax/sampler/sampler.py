@@ -1,0 +1,341 @@
+"""Sampler: the host-side driver the pipeline uses (submit, step one chunk, collect samples).
+
+    sampler = Sampler(graphdef, params, SamplerConfig(num_slots=64), eos_token_ids=tok.eos_token_ids)
+    sampler.submit(prompt_ids, n=8, params=SamplingParams(temperature=1.0, max_new_tokens=512))
+    while sampler.has_work():
+        for sample in sampler.step():      # one decode chunk; finished samples come back
+            ...
+    sampler.set_params(new_params, version)   # any thread; swapped at the next chunk boundary
+
+One `step()`: swap staged params (kv policy "keep": the cache stays; "recompute": running
+sequences are re-prefilled with the new params), reserve pages for the chunk (preempting if
+the pool runs out), admit waiting groups (prefill + page copies), run one jitted decode chunk
+of `chunk_steps` steps, and retire finished sequences. Bad requests do not raise: they come back
+as samples with finish_reason "error" and a one-line message, and the rest proceed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+import jax
+import numpy as np
+
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import llama
+from pipelinerl_jax.sampler import pages as pg
+from pipelinerl_jax.sampler.engine import EngineConfig, get_engine, pick_window
+from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
+from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
+
+KV_POLICIES = ("keep", "recompute")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """Sizes and policies of one sampler. Size the pool with num_pages or kv_memory_bytes;
+    with neither, every slot gets room for max_seq_len tokens."""
+    num_slots: int = 8
+    max_seq_len: int = 2048
+    page_size: int = 16
+    num_pages: int | None = None        # including one null page per data shard
+    kv_memory_bytes: int | None = None
+    chunk_steps: int = 16               # decode steps per jitted chunk
+    prefill_chunk: int = 512            # longest prefill piece (tokens); multiple of page_size
+    max_prefill_rows: int = 16          # prefill rows per call and shard
+    max_stop_tokens: int = 8            # EOS + stop ids per request
+    kv_policy: str = "keep"             # "keep" | "recompute"
+    cache_dtype: str | None = None      # default: the model's compute dtype
+    truncated_logprobs: bool = False    # see sampling.py
+    seed: int = 0
+    data_axis: str = "data"             # mesh axis the slots are split over
+
+
+@dataclasses.dataclass
+class Sample:
+    """One finished attempt."""
+    request_id: int
+    attempt: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]               # behaviour logprobs, f32 values
+    versions: list[int]                 # policy version that produced each token
+    start_version: int | None           # version when the attempt was first admitted
+    finish_reason: str                  # "stop" | "length" | "error"
+    error: str | None = None
+    preemptions: int = 0
+
+
+def _mix32(*values: int) -> int:
+    """Deterministic 32-bit hash of integers (splitmix-style), for per-attempt seeds."""
+    h = 0x9E3779B9
+    for v in values:
+        h = (h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0xFFFFFFFF
+
+
+class Sampler:
+    """Continuous-batching generation over a paged KV cache with in-flight param swaps."""
+
+    def __init__(self, graphdef, params, config: SamplerConfig = SamplerConfig(), *,
+                 version: int = 0, eos_token_ids=(), mesh=None):
+        cfg = config
+        model_cfg = llama.config_of(graphdef)
+        if cfg.kv_policy not in KV_POLICIES:
+            raise ConfigError(f"kv_policy={cfg.kv_policy!r}: use one of {KV_POLICIES}")
+        if cfg.prefill_chunk % cfg.page_size or cfg.prefill_chunk < cfg.page_size:
+            raise ConfigError(f"prefill_chunk={cfg.prefill_chunk} must be a positive multiple "
+                              f"of page_size={cfg.page_size}")
+        if cfg.num_slots < 1 or cfg.chunk_steps < 1 or cfg.max_seq_len < 2:
+            raise ConfigError(f"num_slots={cfg.num_slots}, chunk_steps={cfg.chunk_steps} must "
+                              f"be >= 1 and max_seq_len={cfg.max_seq_len} >= 2")
+        self.config, self.model_cfg = cfg, model_cfg
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        cache_dtype = cfg.cache_dtype or model_cfg.compute_dtype
+        shards = 1 if mesh is None else mesh.shape[cfg.data_axis]
+        pages_per_slot = pg.max_pages_per_slot(cfg.max_seq_len, cfg.page_size)
+        num_pages = cfg.num_pages
+        if num_pages is None and cfg.kv_memory_bytes is None:
+            num_pages = cfg.num_slots * pages_per_slot + shards
+        pool = pg.size_pool(
+            num_layers=model_cfg.num_layers, num_kv_heads=model_cfg.num_kv_heads,
+            head_dim=model_cfg.head_dim, itemsize=np.dtype(cache_dtype).itemsize,
+            page_size=cfg.page_size, max_seq_len=cfg.max_seq_len, num_pages=num_pages,
+            memory_bytes=None if num_pages is not None else cfg.kv_memory_bytes)
+        num_pages = pool.num_pages - pool.num_pages % shards
+        if num_pages // shards < 2:
+            raise ConfigError(f"KV pool of {pool.num_pages} pages is too small for {shards} "
+                              "data shards (each needs a null page and one more)")
+        self.pool = dataclasses.replace(pool, num_pages=num_pages)
+        logging.info("%s", pg.describe_pool(self.pool, cfg.num_slots))
+        self.engine = get_engine(graphdef, EngineConfig(
+            num_slots=cfg.num_slots, page_size=cfg.page_size, num_pages=num_pages,
+            pages_per_slot=pages_per_slot, max_stop_tokens=cfg.max_stop_tokens,
+            cache_dtype=cache_dtype, truncated_logprobs=cfg.truncated_logprobs),
+            mesh=mesh, data_axis=cfg.data_axis)
+        self.scheduler = Scheduler(
+            num_slots=cfg.num_slots, num_pages=num_pages, page_size=cfg.page_size,
+            pages_per_slot=pages_per_slot, max_stop_tokens=cfg.max_stop_tokens,
+            num_shards=shards)
+        self.state = init_state(
+            num_layers=model_cfg.num_layers, num_pages=num_pages, page_size=cfg.page_size,
+            num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
+            cache_dtype=cache_dtype, num_slots=cfg.num_slots, pages_per_slot=pages_per_slot,
+            max_stop_tokens=cfg.max_stop_tokens, chunk_steps=cfg.chunk_steps, seed=cfg.seed,
+            shardings=self.engine.shardings)
+        self.params = self._place(params)
+        self.version = int(version)
+        self._staged = None
+        self._lock = threading.Lock()
+        self._errors: list[Sample] = []
+        self._next_request = 0
+        self.stats = dict(chunks=0, decode_tokens=0, prefill_tokens=0, preemptions=0, swaps=0)
+
+    # --- requests -------------------------------------------------------------------------
+
+    def submit(self, prompt_ids, *, n: int = 1, params: SamplingParams = SamplingParams(),
+               request_id: int | None = None) -> int:
+        """Queues n attempts of one prompt; returns the request id.
+
+        Invalid requests come back from the next step() as error samples.
+        """
+        if not 1 <= n <= self.config.num_slots:
+            raise ConfigError(f"n={n} attempts per prompt must be between 1 and num_slots="
+                              f"{self.config.num_slots}: raise num_slots or lower n")
+        rid = self._next_request if request_id is None else int(request_id)
+        self._next_request = max(self._next_request, rid + 1)
+        prompt = [int(t) for t in prompt_ids]
+        stop_ids = tuple(dict.fromkeys(self.eos_token_ids + tuple(params.stop_token_ids)))
+        error = self._request_error(prompt, params, stop_ids)
+        seqs = []
+        for attempt in range(n):
+            seed = _mix32(params.seed, attempt) if params.seed is not None else \
+                _mix32(self.config.seed, rid, attempt)
+            limit = min(len(prompt) + params.max_new_tokens, self.config.max_seq_len,
+                        self.scheduler.capacity_tokens() + 1)
+            seqs.append(Sequence(request_id=rid, attempt=attempt, prompt=prompt, params=params,
+                                 seed=seed, limit=limit, stop_ids=stop_ids))
+        if error:
+            self._errors.extend(self._to_sample(s, error=error) for s in seqs)
+        else:
+            self.scheduler.enqueue(seqs)
+        return rid
+
+    def _request_error(self, prompt, params, stop_ids) -> str | None:
+        cfg = self.config
+        if not prompt:
+            return "empty prompt: give at least one token"
+        bad = [t for t in prompt if not 0 <= t < self.model_cfg.vocab_size]
+        if bad:
+            return f"token id {bad[0]} outside the vocabulary [0, {self.model_cfg.vocab_size})"
+        if len(prompt) >= cfg.max_seq_len:
+            return (f"prompt of {len(prompt)} tokens leaves no room under max_seq_len="
+                    f"{cfg.max_seq_len}: shorten it or raise max_seq_len")
+        if len(prompt) > self.scheduler.capacity_tokens():
+            return (f"prompt of {len(prompt)} tokens exceeds what the KV pool can ever hold "
+                    f"({self.scheduler.capacity_tokens()} tokens): raise num_pages")
+        if len(stop_ids) > cfg.max_stop_tokens:
+            return (f"{len(stop_ids)} stop/EOS ids exceed max_stop_tokens="
+                    f"{cfg.max_stop_tokens}: raise it")
+        return params.error()
+
+    def has_work(self) -> bool:
+        return bool(self._errors) or self.scheduler.has_work()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    # --- params ---------------------------------------------------------------------------
+
+    def _place(self, params):
+        """Replicated on the sampler mesh: the same sharding for every version (no recompile)."""
+        return jax.device_put(params, self.engine.replicated)
+
+    def set_params(self, params, version: int) -> None:
+        """Stages new params (thread-safe); the next step() swaps them in."""
+        placed = self._place(params)
+        with self._lock:
+            self._staged = (placed, int(version))
+
+    def _swap_if_staged(self) -> None:
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is None:
+            return
+        self.params, self.version = staged
+        self.stats["swaps"] += 1
+        if self.config.kv_policy == "recompute":
+            self._run_prefill(self.scheduler.recompute_rows())
+
+    # --- one chunk ------------------------------------------------------------------------
+
+    def step(self) -> list[Sample]:
+        """Runs one chunk boundary + decode chunk; returns the samples that finished."""
+        finished, self._errors = self._errors, []
+        k = self.config.chunk_steps
+        self._swap_if_staged()
+        sched = self.scheduler
+        self.stats["preemptions"] += len(sched.reserve(k))
+        rows, copies = sched.admit(k, self.version)
+        self._run_prefill(rows)
+        self._run_copies(copies)
+        running = sched.running
+        if not running:
+            return finished
+        self._upload()
+        needed = max(pg.pages_for(sched._kv_after_chunk(s, k), self.config.page_size)
+                     for s in running)
+        window = pick_window(needed, sched.pages_per_slot)
+        self.state = self.engine.decode_chunk(self.params, self.state, np.int32(self.version),
+                                              k=k, window=window)
+        st = self.state
+        out = jax.device_get((st.out_tokens, st.out_logprobs, st.out_versions, st.out_valid,
+                              st.active))
+        self.stats["chunks"] += 1
+        self.stats["decode_tokens"] += int(out[3].sum())
+        done = sched.record(*out)
+        finished.extend(self._to_sample(s) for s in done)
+        return finished
+
+    def generate(self, prompts, *, n: int = 1, params: SamplingParams = SamplingParams(),
+                 progress=None) -> list[Sample]:
+        """Submits every prompt, runs to completion; samples ordered by (request, attempt)."""
+        ids = [self.submit(p, n=n, params=params) for p in prompts]
+        wanted, results = set(ids), []
+        while self.has_work():
+            done = [s for s in self.step() if s.request_id in wanted]
+            results.extend(done)
+            if progress is not None and done:
+                progress(len(done))
+        return sorted(results, key=lambda s: (s.request_id, s.attempt))
+
+    # --- device work ----------------------------------------------------------------------
+
+    def _upload(self) -> None:
+        sched = self.scheduler
+        if not sched.dirty:
+            return
+        shardings = self.engine.shardings
+        self.state = self.state.replace(**{
+            name: jax.device_put(sched.mirror[name].astype(dtype), getattr(shardings, name))
+            for name, dtype in SLOT_FIELDS.items()})
+        sched.dirty = False
+
+    def _rows_sharding(self):
+        from jax.sharding import NamedSharding, PartitionSpec as Ps
+        return NamedSharding(self.engine.mesh, Ps(self.config.data_axis))
+
+    def _run_prefill(self, rows: list[PrefillRow]) -> None:
+        """Chunked, batched prefill of rows; each shard's rows fill its share of the batch."""
+        if not rows:
+            return
+        cfg, sched = self.config, self.scheduler
+        by_shard = [sorted((r for r in rows if sched.shard_of(r.slot) == d),
+                           key=lambda r: -len(r.tokens)) for d in range(sched.num_shards)]
+        sharding = self._rows_sharding()
+        while any(by_shard):
+            batch = [lst[:cfg.max_prefill_rows] for lst in by_shard]
+            by_shard = [lst[cfg.max_prefill_rows:] for lst in by_shard]
+            per_shard = _pow2_at_least(max(len(lst) for lst in batch))
+            longest = max(len(r.tokens) for lst in batch for r in lst)
+            start = 0
+            while start < longest:
+                remaining = longest - start
+                t = cfg.prefill_chunk if remaining > cfg.prefill_chunk else \
+                    min(cfg.prefill_chunk, max(cfg.page_size, _pow2_at_least(remaining)))
+                n_rows = per_shard * sched.num_shards
+                tokens = np.zeros((n_rows, t), np.int32)
+                positions = np.full((n_rows, t), -1, np.int32)
+                tables = np.zeros((n_rows, sched.pages_per_slot), np.int32)
+                for d, lst in enumerate(batch):
+                    tables[d * per_shard:(d + 1) * per_shard] = d * sched.pages_per_shard
+                    for i, row in enumerate(lst):
+                        piece = row.tokens[start:start + t]
+                        r = d * per_shard + i
+                        tokens[r, :len(piece)] = piece
+                        positions[r, :len(piece)] = np.arange(start, start + len(piece))
+                        tables[r] = sched.mirror["block_tables"][row.slot]
+                window = 0 if start == 0 else pick_window(
+                    pg.pages_for(start, cfg.page_size), sched.pages_per_slot)
+                put = lambda a: jax.device_put(a, sharding)
+                self.state = self.engine.prefill(self.params, self.state, put(tokens),
+                                                 put(positions), put(tables), window=window)
+                self.stats["prefill_tokens"] += int((positions >= 0).sum())
+                start += t
+
+    def _run_copies(self, copies: list[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        sched = self.scheduler
+        by_shard = [[c for c in copies if c[0] // sched.pages_per_shard == d]
+                    for d in range(sched.num_shards)]
+        per_shard = _pow2_at_least(max(len(lst) for lst in by_shard))
+        src = np.zeros(per_shard * sched.num_shards, np.int32)
+        dst = np.zeros_like(src)
+        for d, lst in enumerate(by_shard):
+            src[d * per_shard:(d + 1) * per_shard] = d * sched.pages_per_shard
+            dst[d * per_shard:(d + 1) * per_shard] = d * sched.pages_per_shard
+            for i, (s, t) in enumerate(lst):
+                src[d * per_shard + i], dst[d * per_shard + i] = s, t
+        sharding = self._rows_sharding()
+        self.state = self.engine.copy_pages(self.state, jax.device_put(src, sharding),
+                                            jax.device_put(dst, sharding))
+
+    def _to_sample(self, seq: Sequence, error: str | None = None) -> Sample:
+        return Sample(request_id=seq.request_id, attempt=seq.attempt, prompt_ids=seq.prompt,
+                      token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
+                      versions=list(seq.versions), start_version=seq.start_version,
+                      finish_reason="error" if error else seq.finish_reason, error=error,
+                      preemptions=seq.preemptions)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

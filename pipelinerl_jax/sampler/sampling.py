@@ -1,0 +1,162 @@
+"""Token sampling from f32 logits: greedy, temperature, top-k, top-p, and behaviour logprobs.
+
+Dimension letters: B rows (slots), V vocabulary, R vocabulary blocks of `_BLOCK` entries.
+
+Behaviour logprob (what the trainer divides by in its importance ratio). The trainer computes
+log_softmax(logits / T) over the full vocabulary, so by default the sampler records exactly
+that for the sampled token ("tempered"): on-policy, the ratio is then exactly 1 whatever
+top-k/top-p were. With `truncated=True` it records the log-probability under the truncated,
+renormalised distribution the token was actually drawn from (differs only when top-k/top-p
+cut something). Greedy rows (temperature 0) record log_softmax(logits) at the argmax, i.e. the
+T = 1 distribution (what transformers' scores give for greedy decoding). Always f32.
+
+CPU cost notes (why no sort and no cumsum over V): on XLA:CPU sorting [64, 32000] takes ~0.6 s
+and a cumsum over V tens of ms, more than a whole decode step. So:
+  * argmax is max + first-index-of-max (two plain reductions);
+  * categorical sampling is a two-level inverse CDF: cumsum over R = V/128 block sums, then
+    over the 128 entries of the chosen block, with one uniform per row;
+  * top-k / top-p thresholds come from a 32-step bisection over the float bit patterns (exact,
+    no sort) and only run when some row asks for them (`lax.cond`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_BLOCK = 128
+_UINT_SIGN = jnp.uint32(0x80000000)
+
+
+def first_argmax(x_BxV):
+    """Index of the first maximum per row (ties -> lowest index, as torch/numpy argmax)."""
+    vocab = x_BxV.shape[-1]
+    max_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
+    iota_V = jnp.arange(vocab, dtype=jnp.int32)
+    return jnp.min(jnp.where(x_BxV == max_Bx1, iota_V, vocab), axis=-1).astype(jnp.int32)
+
+
+def log_softmax_at(x_BxV, tokens_B):
+    """log_softmax(x)[token] per row in f32, without materialising the full log_softmax."""
+    x_BxV = x_BxV.astype(jnp.float32)
+    max_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
+    max_Bx1 = jnp.where(jnp.isfinite(max_Bx1), max_Bx1, 0.0)
+    lse_B = jnp.log(jnp.sum(jnp.exp(x_BxV - max_Bx1), axis=-1)) + max_Bx1[:, 0]
+    picked_B = jnp.take_along_axis(x_BxV, tokens_B[:, None], axis=-1)[:, 0]
+    return picked_B - lse_B
+
+
+def _ordered_key(x):
+    """f32 -> uint32 whose unsigned order is the float order (-inf lowest, +inf highest)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    return jnp.where(bits >= _UINT_SIGN, ~bits, bits | _UINT_SIGN)
+
+
+def _top_k_key_threshold(keys_BxV, k_B):
+    """Largest t with count(keys >= t) >= k, per row: the key of the k-th largest entry."""
+    lo_B = jnp.zeros(k_B.shape, jnp.uint32)
+    hi_B = jnp.full(k_B.shape, 0xFFFFFFFF, jnp.uint32)
+
+    def step(_, carry):
+        lo, hi = carry
+        span = hi - lo
+        mid = lo + span // 2 + (span & 1)   # ceil midpoint without uint32 overflow
+        ok = jnp.sum(keys_BxV >= mid[:, None], axis=-1) >= k_B
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
+
+    lo_B, _ = jax.lax.fori_loop(0, 32, step, (lo_B, hi_B))
+    return lo_B
+
+
+def _top_p_prob_threshold(probs_BxV, top_p_B):
+    """Smallest t with (mass of probs strictly above t) < top_p, as a uint32 float pattern.
+
+    Keeping probs >= t keeps exactly the tokens whose strictly-more-likely mass is below top_p:
+    the nucleus of the sorted definition, ties at the boundary kept together.
+    """
+    bits_BxV = jax.lax.bitcast_convert_type(probs_BxV, jnp.uint32)  # probs >= 0: monotone
+    lo_B = jnp.zeros(top_p_B.shape, jnp.uint32)
+    hi_B = jnp.max(bits_BxV, axis=-1)
+
+    def step(_, carry):
+        lo, hi = carry
+        mid = lo + (hi - lo) // 2
+        above = jnp.sum(jnp.where(bits_BxV > mid[:, None], probs_BxV, 0.0), axis=-1)
+        ok = above < top_p_B
+        return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+
+    _, hi_B = jax.lax.fori_loop(0, 32, step, (lo_B, hi_B))
+    return hi_B
+
+
+def filter_top_k_top_p(scaled_BxV, top_k_B, top_p_B):
+    """Sets entries outside the top-k, then outside the top-p nucleus, to -inf.
+
+    top_k_B: int, 0 = off. top_p_B: f32 in (0, 1], 1 = off. Top-p applies to the distribution
+    renormalised over the top-k set (the order transformers and vLLM use).
+    """
+    vocab = scaled_BxV.shape[-1]
+    k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, vocab), vocab)
+    keys_BxV = _ordered_key(scaled_BxV)
+    kth_B = _top_k_key_threshold(keys_BxV, k_B)
+    masked_BxV = jnp.where(keys_BxV >= kth_B[:, None], scaled_BxV, -jnp.inf)
+    probs_BxV = jax.nn.softmax(masked_BxV, axis=-1)
+    t_B = _top_p_prob_threshold(probs_BxV, top_p_B)
+    keep_BxV = jax.lax.bitcast_convert_type(probs_BxV, jnp.uint32) >= t_B[:, None]
+    keep_BxV = keep_BxV | (top_p_B[:, None] >= 1.0)
+    return jnp.where(keep_BxV, masked_BxV, -jnp.inf)
+
+
+def categorical(masked_BxV, u_B):
+    """Inverse-CDF sample from softmax(masked_BxV) using one uniform u in [0, 1) per row.
+
+    Two levels (block sums, then inside the chosen block) keep every cumsum short. A token
+    with zero probability (-inf) is never returned.
+    """
+    batch, vocab = masked_BxV.shape
+    blocks = -(-vocab // _BLOCK)
+    max_Bx1 = jnp.max(masked_BxV, axis=-1, keepdims=True)
+    probs_BxV = jnp.exp(masked_BxV - max_Bx1)
+    probs_BxRxC = jnp.pad(probs_BxV, ((0, 0), (0, blocks * _BLOCK - vocab))).reshape(
+        batch, blocks, _BLOCK)
+    block_mass_BxR = jnp.sum(probs_BxRxC, axis=-1)
+    block_cdf_BxR = jnp.cumsum(block_mass_BxR, axis=-1)
+    total_B = block_cdf_BxR[:, -1]
+    target_B = jnp.minimum(u_B * total_B, jnp.nextafter(total_B, 0.0))
+    # First block whose cumulative mass exceeds the target: it has positive mass.
+    block_B = jnp.minimum(jnp.sum(block_cdf_BxR <= target_B[:, None], axis=-1), blocks - 1)
+    before_B = jnp.take_along_axis(block_cdf_BxR, block_B[:, None], axis=-1)[:, 0] - \
+        jnp.take_along_axis(block_mass_BxR, block_B[:, None], axis=-1)[:, 0]
+    row_BxC = jnp.take_along_axis(probs_BxRxC, block_B[:, None, None], axis=1)[:, 0]
+    row_cdf_BxC = jnp.cumsum(row_BxC, axis=-1)
+    inner_B = jnp.sum(row_cdf_BxC <= (target_B - before_B)[:, None], axis=-1)
+    # Rounding between the two cumsums may overshoot: fall back to the block's last positive.
+    iota_C = jnp.arange(_BLOCK)
+    last_pos_B = jnp.max(jnp.where(row_BxC > 0, iota_C, 0), axis=-1)
+    inner_B = jnp.minimum(inner_B, last_pos_B)
+    return (block_B * _BLOCK + inner_B).astype(jnp.int32)
+
+
+def sample(logits_BxV, temperature_B, top_k_B, top_p_B, u_B, *, truncated: bool = False):
+    """Returns (tokens_B int32, behaviour logprobs_B f32); see the module docstring.
+
+    temperature_B <= 0 means greedy for that row. u_B: uniforms in [0, 1), one per row.
+    """
+    logits_BxV = logits_BxV.astype(jnp.float32)
+    greedy_B = temperature_B <= 0
+    temp_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
+    scaled_BxV = logits_BxV / temp_B[:, None]
+    sampling_rows_B = ~greedy_B
+    needs_filter = jnp.any(sampling_rows_B & ((top_k_B > 0) | (top_p_B < 1.0)))
+    masked_BxV = jax.lax.cond(needs_filter, filter_top_k_top_p, lambda s, k, p: s,
+                              scaled_BxV, top_k_B, top_p_B)
+    greedy_tokens_B = first_argmax(logits_BxV)
+    # All-greedy batches (evaluation, benchmarks) skip the exponentials of the sampler.
+    sampled_B = jax.lax.cond(jnp.any(sampling_rows_B), categorical,
+                             lambda m, u: greedy_tokens_B, masked_BxV, u_B)
+    tokens_B = jnp.where(greedy_B, greedy_tokens_B, sampled_B)
+    source_BxV = scaled_BxV
+    if truncated:
+        source_BxV = jnp.where(greedy_B[:, None], scaled_BxV, masked_BxV)
+    logprobs_B = log_softmax_at(source_BxV, tokens_B)
+    return tokens_B, logprobs_B

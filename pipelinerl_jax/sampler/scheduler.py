@@ -1,0 +1,330 @@
+"""Continuous batching on the host, between decode chunks (no JAX in here).
+
+At every chunk boundary the driver asks the scheduler to
+  1. `reserve(k)`: give every running sequence the pages its next k steps write, preempting
+     the most recently admitted sequence of the same shard when the pool runs out (its pages
+     are freed, it goes back to the front of the queue keeping its tokens, and is resumed
+     later by re-prefilling prompt + generated tokens);
+  2. `admit(k)`: move waiting groups into free slots while pages last; the n attempts of a
+     prompt admitted together share its prefill: one prefill row writes the prompt's K/V, its
+     full pages are shared by refcount and each other attempt gets a copy of the partially
+     filled last page;
+  3. (the driver runs prefill, page copies and the decode chunk)
+  4. `record(...)`: append the chunk's tokens, retire finished sequences, free their pages.
+
+Page ids are global indices into the pool [L, P, ...]; with D data shards the pool's pages
+are split in D equal ranges and a slot of shard d only gets pages of range d (its local page 0
+is that shard's null page). Slot mirrors (numpy) are what the driver uploads.
+
+Sequence lengths: a sequence of n tokens has K/V cached for its first n-1 tokens; token n-1 is
+`last_token`, fed by the next decode step at position n-1.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+
+import numpy as np
+
+from pipelinerl_jax.sampler.pages import OutOfPages, PageAllocator, pages_for
+from pipelinerl_jax.sampler.state import SLOT_FIELDS
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings."""
+    temperature: float = 1.0        # 0 = greedy
+    top_k: int = 0                  # 0 = off
+    top_p: float = 1.0              # 1 = off
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()   # besides the sampler's EOS ids
+    seed: int | None = None         # None: derived from (sampler seed, request id, attempt)
+
+    def error(self) -> str | None:
+        """A one-line reason why these params are invalid, or None."""
+        if not self.temperature >= 0:
+            return f"temperature={self.temperature} must be >= 0 (0 = greedy)"
+        if self.top_k < 0:
+            return f"top_k={self.top_k} must be >= 0 (0 = off)"
+        if not 0 < self.top_p <= 1:
+            return f"top_p={self.top_p} must be in (0, 1]"
+        if self.max_new_tokens < 1:
+            return f"max_new_tokens={self.max_new_tokens} must be >= 1"
+        return None
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """One attempt of one request, from submission to retirement."""
+    request_id: int
+    attempt: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int                          # uint32 sampling seed of this attempt
+    limit: int                         # total length at which it stops ("length")
+    stop_ids: tuple[int, ...]          # EOS + request stop ids
+    tokens: list[int] = dataclasses.field(default_factory=list)      # generated
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    start_version: int | None = None
+    slot: int | None = None
+    pages: list[int] = dataclasses.field(default_factory=list)       # global ids
+    admitted_at: int = -1              # admission counter (preemption picks the largest)
+    preemptions: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def all_tokens(self) -> list[int]:
+        return self.prompt + self.tokens
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.tokens)
+
+
+@dataclasses.dataclass
+class PrefillRow:
+    """Write K/V of `tokens` (positions 0..len-1) into the pages of `slot`'s block table."""
+    slot: int
+    tokens: list[int]
+
+
+class Scheduler:
+    """Slot table, waiting queue and page allocators (one per data shard)."""
+
+    def __init__(self, *, num_slots: int, num_pages: int, page_size: int, pages_per_slot: int,
+                 max_stop_tokens: int, num_shards: int = 1):
+        if num_slots % num_shards or num_pages % num_shards:
+            raise ValueError(f"num_slots={num_slots} and num_pages={num_pages} must divide by "
+                             f"the {num_shards} data shards")
+        self.num_slots, self.page_size, self.num_shards = num_slots, page_size, num_shards
+        self.pages_per_shard = num_pages // num_shards
+        self.slots_per_shard = num_slots // num_shards
+        self.allocators = [PageAllocator(self.pages_per_shard) for _ in range(num_shards)]
+        self.pages_per_slot = pages_per_slot
+        self.max_stop_tokens = max_stop_tokens
+        self.slots: list[Sequence | None] = [None] * num_slots
+        self.waiting: collections.deque[list[Sequence]] = collections.deque()
+        self._admissions = itertools.count()
+        self.preemptions = 0
+        self.mirror = {name: None for name in SLOT_FIELDS}
+        self.mirror.update(
+            block_tables=np.zeros((num_slots, pages_per_slot), np.int32),
+            last_token=np.zeros(num_slots, np.int32), lengths=np.ones(num_slots, np.int32),
+            limit=np.ones(num_slots, np.int32), active=np.zeros(num_slots, np.bool_),
+            temperature=np.zeros(num_slots, np.float32), top_k=np.zeros(num_slots, np.int32),
+            top_p=np.ones(num_slots, np.float32),
+            stop_tokens=np.full((num_slots, max_stop_tokens), -1, np.int32),
+            seeds=np.zeros(num_slots, np.uint32))
+        for slot in range(num_slots):
+            self.mirror["block_tables"][slot] = self._null(slot)
+        self.dirty = True   # mirrors differ from the device state
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def shard_of(self, slot: int) -> int:
+        return slot // self.slots_per_shard
+
+    def _null(self, slot: int) -> int:
+        return self.shard_of(slot) * self.pages_per_shard
+
+    def _alloc(self, shard: int, n: int) -> list[int]:
+        base = shard * self.pages_per_shard
+        return [base + p for p in self.allocators[shard].alloc(n)]
+
+    def _free(self, seq: Sequence) -> None:
+        if seq.pages:
+            shard = self.shard_of(seq.slot)
+            base = shard * self.pages_per_shard
+            self.allocators[shard].free([p - base for p in seq.pages])
+        seq.pages = []
+
+    def capacity_tokens(self) -> int:
+        """KV positions one sequence can ever hold (a whole shard's pages, or the table)."""
+        return min(self.allocators[0].usable_pages, self.pages_per_slot) * self.page_size
+
+    @property
+    def running(self) -> list[Sequence]:
+        return [s for s in self.slots if s is not None]
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(g) for g in self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.slots)
+
+    def enqueue(self, group: list[Sequence]) -> None:
+        self.waiting.append(group)
+
+    def _kv_after_chunk(self, seq: Sequence, k: int) -> int:
+        """K/V positions this sequence holds after k more steps (never past limit - 1)."""
+        return min(seq.length - 1 + k, seq.limit - 1)
+
+    def _set_table(self, seq: Sequence) -> None:
+        row = self.mirror["block_tables"][seq.slot]
+        row[:] = self._null(seq.slot)
+        row[:len(seq.pages)] = seq.pages
+        self.dirty = True
+
+    # --- 1. reserve pages for the next chunk ----------------------------------------------
+
+    def reserve(self, k: int) -> list[Sequence]:
+        """Gives running sequences pages for k steps; returns the sequences it preempted."""
+        preempted = []
+        for seq in sorted(self.running, key=lambda s: s.admitted_at):
+            if seq.slot is None:      # preempted earlier in this loop
+                continue
+            need = pages_for(self._kv_after_chunk(seq, k), self.page_size) - len(seq.pages)
+            while need > 0:
+                shard = self.shard_of(seq.slot)
+                try:
+                    seq.pages += self._alloc(shard, need)
+                    self._set_table(seq)
+                    need = 0
+                except OutOfPages:
+                    victim = max((s for s in self.running if self.shard_of(s.slot) == shard),
+                                 key=lambda s: s.admitted_at)
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is seq:
+                        break
+        return preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft([seq])
+
+    def _release(self, seq: Sequence) -> None:
+        slot = seq.slot
+        self._free(seq)
+        self.slots[slot] = None
+        self.mirror["active"][slot] = False
+        self.mirror["block_tables"][slot] = self._null(slot)
+        seq.slot = None
+        self.dirty = True
+
+    # --- 2. admission ---------------------------------------------------------------------
+
+    def admit(self, k: int, version: int) -> tuple[list[PrefillRow], list[tuple[int, int]]]:
+        """Admits waiting groups in order while slots and pages last.
+
+        Returns the prefill rows and the (src, dst) page copies the driver must run, in that
+        order, before the next decode chunk.
+        """
+        rows, copies = [], []
+        while self.waiting:
+            group = self.waiting[0]
+            placed = self._place(group, k, version, rows, copies)
+            if placed == 0:
+                break
+            if placed == len(group):
+                self.waiting.popleft()
+            else:
+                self.waiting[0] = group[placed:]
+        return rows, copies
+
+    def _place(self, group, k, version, rows, copies) -> int:
+        """Admits a prefix of `group` into one shard; returns how many were admitted."""
+        lead = group[0]
+        kv_prefill = lead.length - 1
+        shared = kv_prefill // self.page_size
+        partial = kv_prefill % self.page_size > 0
+        for shard in sorted(range(self.num_shards), key=self._free_slots_in, reverse=True):
+            free = [s for s in self._shard_slots(shard) if self.slots[s] is None]
+            # Attempts sharing one prefill must hold identical tokens (fresh attempts do;
+            # a preempted sequence is queued alone).
+            members = list(itertools.takewhile(lambda s: s.all_tokens == lead.all_tokens,
+                                               group[:len(free)]))
+            own = [pages_for(self._kv_after_chunk(s, k), self.page_size) - shared
+                   for s in members]
+            alloc = self.allocators[shard]
+            while members and shared + sum(own) > alloc.num_free:
+                members.pop()
+                own.pop()
+            if not members:
+                continue
+            shared_pages = self._alloc(shard, shared)
+            base = shard * self.pages_per_shard
+            for _ in members[1:]:
+                alloc.share([p - base for p in shared_pages])
+            for seq, slot, n_own in zip(members, free, own):
+                seq.slot = slot
+                seq.pages = shared_pages + self._alloc(shard, n_own)
+                seq.admitted_at = next(self._admissions)
+                if seq.start_version is None:
+                    seq.start_version = version
+                self.slots[slot] = seq
+                self._set_table(seq)
+                self._load_slot(seq)
+            if kv_prefill > 0:
+                rows.append(PrefillRow(slot=members[0].slot, tokens=lead.all_tokens[:-1]))
+            if partial:
+                src = members[0].pages[shared]
+                copies.extend((src, seq.pages[shared]) for seq in members[1:])
+            return len(members)
+        return 0
+
+    def _free_slots_in(self, shard: int) -> int:
+        return sum(self.slots[s] is None for s in self._shard_slots(shard))
+
+    def _shard_slots(self, shard: int) -> range:
+        return range(shard * self.slots_per_shard, (shard + 1) * self.slots_per_shard)
+
+    def _load_slot(self, seq: Sequence) -> None:
+        m, slot, p = self.mirror, seq.slot, seq.params
+        m["last_token"][slot] = seq.all_tokens[-1]
+        m["lengths"][slot] = seq.length
+        m["limit"][slot] = seq.limit
+        m["active"][slot] = True
+        m["temperature"][slot] = p.temperature
+        m["top_k"][slot] = p.top_k
+        m["top_p"][slot] = p.top_p
+        m["stop_tokens"][slot] = -1
+        m["stop_tokens"][slot, :len(seq.stop_ids)] = seq.stop_ids
+        m["seeds"][slot] = seq.seed
+        self.dirty = True
+
+    def recompute_rows(self) -> list[PrefillRow]:
+        """Prefill rows that rewrite every running sequence's K/V (kv policy "recompute")."""
+        return [PrefillRow(slot=s.slot, tokens=s.all_tokens[:-1])
+                for s in self.running if s.length > 1]
+
+    # --- 4. results of a chunk ------------------------------------------------------------
+
+    def record(self, tokens_BxC, logprobs_BxC, versions_BxC, valid_BxC,
+               active_B) -> list[Sequence]:
+        """Appends a chunk's outputs; retires and returns the sequences that finished."""
+        finished = []
+        counts_B = valid_BxC.sum(axis=1)
+        for slot, seq in enumerate(self.slots):
+            if seq is None:
+                continue
+            n = int(counts_B[slot])
+            seq.tokens.extend(int(t) for t in tokens_BxC[slot, :n])
+            seq.logprobs.extend(float(x) for x in logprobs_BxC[slot, :n])
+            seq.versions.extend(int(v) for v in versions_BxC[slot, :n])
+            self.mirror["lengths"][slot] = seq.length
+            self.mirror["last_token"][slot] = seq.all_tokens[-1]
+            if not active_B[slot]:
+                seq.finish_reason = "stop" if seq.tokens and seq.tokens[-1] in seq.stop_ids \
+                    else "length"
+                self._release(seq)
+                finished.append(seq)
+        return finished
+
+    def check(self) -> None:
+        """Invariants for tests: refcounts equal the number of live holders of each page."""
+        for shard, alloc in enumerate(self.allocators):
+            alloc.check()
+            base = shard * self.pages_per_shard
+            holders = collections.Counter(
+                p - base for s in self.running if self.shard_of(s.slot) == shard for p in s.pages)
+            for page in range(1, alloc.num_pages):
+                if alloc.refcount(page) != holders.get(page, 0):
+                    raise AssertionError(f"shard {shard} page {page}: refcount "
+                                         f"{alloc.refcount(page)} != holders {holders.get(page, 0)}")
