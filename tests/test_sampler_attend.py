@@ -1,0 +1,108 @@
+"""The sampler's attention hooks against the kernels' pure-jnp paged attention oracle.
+
+The hooks attend over (pages before the current tokens) + (the current tokens' own K/V, not yet
+in the pages); the oracle attends over pages that already contain them. So the test writes
+the new K/V into a copy of the pool with `write_new_kv` and compares. NaN planted in unused
+pool rows checks that garbage never leaks into live outputs.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipelinerl_jax.kernels.paged_attention_ref import (paged_decode_attention_ref,
+                                                        paged_prefill_attention_ref)
+from pipelinerl_jax.sampler import attend as attn
+
+L, P, S, K, D, H = 3, 24, 8, 2, 16, 6     # GQA group of 3
+SCALE = D ** -0.5
+
+
+def _pool(rng):
+    k = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
+    v = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
+    return k, v
+
+
+def _tables(rng, batch, width):
+    pages = rng.permutation(np.arange(1, P))[:batch * width].reshape(batch, width)
+    return pages.astype(np.int32)
+
+
+def test_decode_attend_matches_oracle():
+    rng = np.random.default_rng(0)
+    batch, width = 4, 5
+    k_pool, v_pool = _pool(rng)
+    tables = _tables(rng, batch, width)
+    positions = np.array([0, 7, 8, 37], np.int32)       # first token, page edges, last slot
+    k_pool[:, 0] = np.nan                                # the null page holds garbage
+    v_pool[:, 0] = np.nan
+    q = jnp.asarray(rng.normal(size=(batch, 1, H, D)).astype(np.float32))
+    k_new = jnp.asarray(rng.normal(size=(batch, 1, K, D)).astype(np.float32))
+    v_new = jnp.asarray(rng.normal(size=(batch, 1, K, D)).astype(np.float32))
+    window = 5
+    tables_w = tables.copy()
+    tables_w[0, 1:] = 0                                  # unused entries -> null page
+    fn = jax.jit(lambda layer: attn.decode_attend(jnp.asarray(k_pool), jnp.asarray(v_pool),
+                                                  jnp.asarray(tables_w[:, :window]),
+                                                  jnp.asarray(positions), scale=SCALE)(
+        q, k_new, v_new, layer))
+    write = jnp.ones((batch, 1), bool)
+    k_full = attn.write_new_kv(jnp.asarray(k_pool), jnp.broadcast_to(k_new, (L,) + k_new.shape),
+                               jnp.asarray(tables_w), jnp.asarray(positions[:, None]), write)
+    v_full = attn.write_new_kv(jnp.asarray(v_pool), jnp.broadcast_to(v_new, (L,) + v_new.shape),
+                               jnp.asarray(tables_w), jnp.asarray(positions[:, None]), write)
+    for layer in range(L):
+        out, (k_out, _) = fn(layer)
+        want = paged_decode_attention_ref(q[:, 0], k_full[layer], v_full[layer],
+                                          jnp.asarray(tables_w), jnp.asarray(positions + 1),
+                                          scale=SCALE)
+        assert np.isfinite(np.asarray(out)).all()
+        np.testing.assert_allclose(np.asarray(out[:, 0]), np.asarray(want), rtol=2e-5, atol=2e-5)
+        np.testing.assert_array_equal(np.asarray(k_out), np.asarray(k_new))
+
+
+def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
+    rng = np.random.default_rng(1)
+    batch, width, tokens = 3, 6, 8
+    k_pool, v_pool = _pool(rng)
+    tables = _tables(rng, batch, width)
+    # Row 0: chunk at positions 16..23 after 16 cached; row 1: 16..20 then padding;
+    # row 2: all padding (a filler row).
+    positions = np.full((batch, tokens), -1, np.int32)
+    positions[0] = np.arange(16, 24)
+    positions[1, :5] = np.arange(16, 21)
+    q = jnp.asarray(rng.normal(size=(batch, tokens, H, D)).astype(np.float32))
+    k_new = jnp.asarray(rng.normal(size=(batch, tokens, K, D)).astype(np.float32))
+    v_new = jnp.asarray(rng.normal(size=(batch, tokens, K, D)).astype(np.float32))
+    window = 2                                            # 16 cached positions = 2 pages
+    layer = 1
+    out, _ = jax.jit(lambda: attn.prefill_attend(
+        jnp.asarray(k_pool), jnp.asarray(v_pool), jnp.asarray(tables[:, :window]),
+        jnp.asarray(positions), scale=SCALE)(q, k_new, v_new, layer))()
+    write = jnp.asarray(positions >= 0)
+    k_full = attn.write_new_kv(jnp.asarray(k_pool), jnp.broadcast_to(k_new, (L,) + k_new.shape),
+                               jnp.asarray(tables), jnp.asarray(positions), write)
+    v_full = attn.write_new_kv(jnp.asarray(v_pool), jnp.broadcast_to(v_new, (L,) + v_new.shape),
+                               jnp.asarray(tables), jnp.asarray(positions), write)
+    want = paged_prefill_attention_ref(q, k_full[layer], v_full[layer], jnp.asarray(tables),
+                                       jnp.asarray(positions), scale=SCALE)
+    valid = positions >= 0
+    assert np.isfinite(np.asarray(out)).all()          # padding queries stay finite too
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid],
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_write_new_kv_targets_pages_and_null_page():
+    pool = jnp.zeros((2, 5, 4, 1, 1))
+    new = jnp.arange(1, 7, dtype=jnp.float32).reshape(1, 2, 3, 1, 1) * jnp.asarray(
+        [1.0, 10.0]).reshape(2, 1, 1, 1, 1)
+    tables = jnp.asarray([[3, 1], [2, 4]], jnp.int32)
+    positions = jnp.asarray([[3, 4, 5], [0, 1, -1]], jnp.int32)
+    out = np.asarray(attn.write_new_kv(pool, new, tables, positions, positions >= 0))[..., 0, 0]
+    for layer, mult in ((0, 1.0), (1, 10.0)):
+        assert out[layer, 3, 3] == 1 * mult and out[layer, 1, 0] == 2 * mult
+        assert out[layer, 1, 1] == 3 * mult
+        assert out[layer, 2, 0] == 4 * mult and out[layer, 2, 1] == 5 * mult
+        assert out[layer, 0, 0] == 6 * mult          # the padding write went to the null page
+        assert np.count_nonzero(out[layer]) == 6
