@@ -51,6 +51,8 @@ class SamplerConfig:
     truncated_logprobs: bool = False    # see sampling.py
     seed: int = 0
     data_axis: str = "data"             # mesh axis the slots are split over
+    min_window_pages: int = 1           # attention reads >= this many pages per slot; set it
+                                        #   to max_seq_len / page_size for a single compile
 
 
 @dataclasses.dataclass
@@ -233,7 +235,7 @@ class Sampler:
         self._upload()
         needed = max(pg.pages_for(sched._kv_after_chunk(s, k), self.config.page_size)
                      for s in running)
-        window = pick_window(needed, sched.pages_per_slot)
+        window = pick_window(max(needed, self.config.min_window_pages), sched.pages_per_slot)
         self.state = self.engine.decode_chunk(self.params, self.state, np.int32(self.version),
                                               k=k, window=window)
         st = self.state

@@ -1,0 +1,223 @@
+"""Sampler end to end on a tiny random Llama checkpoint made here and loaded with load_hf.
+
+* greedy == transformers greedy `generate` token for token (f32), prompts of different lengths
+  (one longer than the prefill chunk) in one continuous batch with more prompts than slots, an
+  EOS that stops some sequences mid-batch; logprobs == log_softmax of transformers' logits;
+* sampling is independent of batching: a batch equals the same requests run one at a time,
+  and group attempts (shared prefill, copied partial page) equal separately submitted ones;
+* in-flight param swap between chunks: tokens after the swap follow the new params while the
+  old K/V stay (a hand-built dense-cache reference), per-token versions, no recompilation;
+  the "recompute" policy equals re-running the new params over the whole prefix.
+
+One sampler shape is shared by all tests (one decode compile); the window is pinned to the
+full table (`min_window_pages`) so that no test waits for a second compile.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from pipelinerl_jax.models import hf_io, llama
+from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+from pipelinerl_jax.sampler.scheduler import SamplingParams
+
+VOCAB, MAX_NEW, MAX_LEN, PAGE = 96, 12, 48, 8
+PROMPT_LENGTHS = (3, 9, 17, 26, 1, 12)       # 26 > prefill_chunk: chunked prefill
+CONFIG = SamplerConfig(num_slots=4, max_seq_len=MAX_LEN, page_size=PAGE, chunk_steps=4,
+                       prefill_chunk=16, max_prefill_rows=4, min_window_pages=MAX_LEN // PAGE)
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
+
+
+def _checkpoint(path, seed):
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=False, initializer_range=0.15, rms_norm_eps=1e-5)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    hf_a = _checkpoint(root / "a", seed=0)
+    _checkpoint(root / "b", seed=1)
+    _, graphdef, params_a = hf_io.load_hf(root / "a")
+    _, _, params_b = hf_io.load_hf(root / "b")
+    return hf_a, graphdef, params_a, params_b
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, VOCAB, size=n).tolist() for n in PROMPT_LENGTHS]
+
+
+def _hf_greedy(model, prompt, eos):
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                             do_sample=False,
+                             eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True,
+                             output_logits=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logits = torch.stack(out.logits)[:, 0].float()
+    logprobs = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens].numpy()
+    top2 = torch.topk(logits, 2).values
+    return tokens, logprobs, float((top2[:, 0] - top2[:, 1]).min())
+
+
+def test_greedy_matches_transformers_with_eos_mid_batch(models, prompts):
+    hf, graphdef, params, _ = models
+    free_run, _, _ = _hf_greedy(hf, prompts[1], eos=None)
+    eos = free_run[4]                      # prompt 1 stops after 5 tokens; others may too
+    refs = [_hf_greedy(hf, p, eos=eos) for p in prompts]
+    assert min(gap for *_, gap in refs) > 1e-4, "near-tied logits: pick another seed"
+    sampler = Sampler(graphdef, params, CONFIG, eos_token_ids=(eos,))
+    samples = sampler.generate(prompts, params=GREEDY)
+    assert sampler.stats["chunks"] > MAX_NEW // CONFIG.chunk_steps   # slots were refilled
+    stopped = 0
+    for sample, (tokens, logprobs, _) in zip(samples, refs):
+        assert sample.token_ids == tokens
+        np.testing.assert_allclose(sample.logprobs, logprobs, rtol=1e-4, atol=1e-5)
+        want = "stop" if tokens[-1] == eos else "length"
+        assert sample.finish_reason == want
+        stopped += want == "stop"
+        assert sample.versions == [0] * len(tokens) and sample.start_version == 0
+    assert 0 < stopped < len(prompts)
+    assert len(samples[1].token_ids) <= 5
+
+
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW)
+
+
+def test_sampling_batch_equals_one_at_a_time(models, prompts):
+    _, graphdef, params, _ = models
+    sampler = Sampler(graphdef, params, CONFIG)
+    seeded = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, seed=100 + i)
+              for i in range(len(prompts))]
+    for p, sp in zip(prompts, seeded):
+        sampler.submit(p, params=sp)
+    batch = {}
+    while sampler.has_work():
+        batch.update({s.request_id: s for s in sampler.step()})
+    for i, (p, sp) in enumerate(zip(prompts, seeded)):
+        alone = sampler.generate([p], params=sp)[0]
+        assert alone.token_ids == batch[i].token_ids
+        np.testing.assert_allclose(alone.logprobs, batch[i].logprobs, rtol=1e-5, atol=1e-6)
+    distinct = {tuple(s.token_ids) for s in batch.values()}
+    assert len(distinct) == len(prompts)
+
+
+def test_group_attempts_share_prefill_and_equal_unshared_admission(models, prompts):
+    _, graphdef, params, _ = models
+    prompt = prompts[2]                    # 17 tokens: 16 cached = 2 full pages shared
+    sp = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=7)
+    sampler = Sampler(graphdef, params, CONFIG)
+    group = sampler.generate([prompt], n=3, params=sp)
+    assert sampler.stats["prefill_tokens"] == len(prompt) - 1        # prefilled once
+    assert len({tuple(s.token_ids) for s in group}) == 3
+    # Same group while 3 of 4 slots are busy: attempt 0 is admitted alone, 1 and 2 later
+    # (their own prefill, sharing with each other): the outputs must not change.
+    sampler = Sampler(graphdef, params, CONFIG)
+    for p in prompts[:3]:
+        sampler.submit(p, params=GREEDY)
+    rid = sampler.submit(prompt, n=3, params=sp)
+    late = sorted((s for s in _drain(sampler) if s.request_id == rid), key=lambda s: s.attempt)
+    assert sampler.stats["prefill_tokens"] > sum(len(p) - 1 for p in prompts[:3]) + 16
+    for a, b in zip(group, late):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-6)
+    greedy = Sampler(graphdef, params, CONFIG).generate([prompt], n=3, params=GREEDY)
+    assert greedy[0].token_ids == greedy[1].token_ids == greedy[2].token_ids
+
+
+def _drain(sampler):
+    out = []
+    while sampler.has_work():
+        out += sampler.step()
+    return out
+
+
+# --- param swap ------------------------------------------------------------------------------
+
+def _dense_step_fn(graphdef):
+    cfg = llama.config_of(graphdef)
+
+    @jax.jit
+    def step(params, cache_k, cache_v, token, pos):
+        """One token through the model with a dense [L, MAX_LEN, K, D] cache."""
+        def attend(q, k, v, layer_cache):
+            ck, cv = layer_cache
+            ck, cv = ck.at[pos].set(k[0, 0]), cv.at[pos].set(v[0, 0])
+            out = llama.masked_attention(q, ck[None], cv[None],
+                                         (jnp.arange(MAX_LEN) <= pos)[None, None, :])
+            return out, (ck, cv)
+        hidden, (ck, cv) = llama.forward_hidden(
+            graphdef, params, jnp.asarray([[token]]), jnp.asarray([[pos]]), attend=attend,
+            cache=(cache_k, cache_v))
+        logits = llama.logits_from_hidden(params, hidden)[0, 0]
+        return ck, cv, jnp.argmax(logits)
+
+    def run(params_at_step, prompt, steps):
+        """Greedy; the token fed at step i (prompt included) uses params_at_step(i)."""
+        shape = (cfg.num_layers, MAX_LEN, cfg.num_kv_heads, cfg.head_dim)
+        ck, cv = jnp.zeros(shape), jnp.zeros(shape)
+        tokens, out = list(prompt), []
+        for i in range(len(prompt) - 1 + steps):
+            ck, cv, nxt = step(params_at_step(i), ck, cv, tokens[i], i)
+            if i >= len(prompt) - 1:
+                tokens.append(int(nxt))
+                out.append(int(nxt))
+        return out
+    return run
+
+
+@pytest.mark.parametrize("policy", ["keep", "recompute"])
+def test_param_swap_between_chunks(models, prompts, policy):
+    _, graphdef, params_a, params_b = models
+    sampler = Sampler(graphdef, params_a, dataclasses.replace(CONFIG, kv_policy=policy))
+    prompt = prompts[1]                                   # 9 tokens
+    sampler.submit(prompt, params=GREEDY)
+    assert sampler.step() == [] and sampler.step() == []  # 2 chunks = 8 tokens with version 0
+    compiles = sampler.engine.decode_chunk._cache_size()
+    sampler.set_params(params_b, version=1)
+    (sample,) = _drain(sampler)
+    assert sampler.engine.decode_chunk._cache_size() == compiles    # the swap did not recompile
+    swap_at = 8
+    assert sample.versions == [0] * swap_at + [1] * (MAX_NEW - swap_at)
+    assert sample.start_version == 0
+    dense = _dense_step_fn(graphdef)
+    unswapped = dense(lambda i: params_a, prompt, MAX_NEW)
+    head = unswapped[:swap_at]
+    fed_before = len(prompt) - 1 + swap_at                # tokens whose K/V the old params made
+    keep = dense(lambda i: params_a if i < fed_before else params_b, prompt, MAX_NEW)
+    recompute = head + dense(lambda i: params_b, prompt + head, MAX_NEW - swap_at)
+    assert keep[:swap_at] == recompute[:swap_at] == head
+    assert keep != recompute and keep != unswapped       # the reference can tell them apart
+    assert sample.token_ids == (keep if policy == "keep" else recompute)
+
+
+def test_bad_requests_become_error_samples(models):
+    _, graphdef, params, _ = models
+    sampler = Sampler(graphdef, params, CONFIG)
+    sampler.submit([], params=GREEDY)
+    sampler.submit([1] * MAX_LEN, params=GREEDY)
+    sampler.submit([VOCAB + 5], params=GREEDY)
+    sampler.submit([1, 2], params=SamplingParams(top_p=0.0))
+    sampler.submit([1, 2], params=GREEDY)
+    samples = sorted(_drain(sampler), key=lambda s: s.request_id)
+    reasons = [s.finish_reason for s in samples]
+    assert reasons[:4] == ["error"] * 4 and reasons[4] == "length"
+    assert "empty prompt" in samples[0].error and "max_seq_len" in samples[1].error
+    assert "vocabulary" in samples[2].error and "top_p" in samples[3].error
+    from pipelinerl_jax.errors import ConfigError
+    with pytest.raises(ConfigError, match="num_slots"):
+        sampler.submit([1], n=CONFIG.num_slots + 1)
