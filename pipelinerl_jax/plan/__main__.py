@@ -1,0 +1,207 @@
+"""Layout planner CLI: how many devices should generate, how many train, at what batch.
+
+  python -m pipelinerl_jax.plan --devices=128 --batch=128 --max_lag=8 --profile=FILE
+  python -m pipelinerl_jax.plan --reproduce_paper            # Appendix A.4, figures 7 and 8
+  python -m pipelinerl_jax.plan measure --out=profile.json   # U(h) on this backend
+
+Prints the recommended split (PipelineRL vs Conventional RL at the same lag) and writes
+utilisation.png and throughput_vs_lag.png to --out_dir. Units follow the profile: with a 'decode'
+section and a training rate the plan is in tokens/s (the talk's form); with only the matmul U(h)
+it is in tokens per flash (the paper's form) and needs tau, flashes per training token.
+Bad requests exit with code 2 and a one-line message saying what would work.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from absl import app, flags
+
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.plan import layout, model, paper
+from pipelinerl_jax.plan import utilisation as util
+from pipelinerl_jax.plan.utilisation import PlanError
+
+SAMPLE_PROFILE = Path(__file__).resolve().parent / "profiles" / "sample.json"
+
+_DEVICES = flags.DEFINE_integer("devices", 128, "Number of accelerators N to split.")
+_BATCH = flags.DEFINE_integer("batch", 128, "Sequences per optimizer step B.")
+_MAX_LAG = flags.DEFINE_integer("max_lag", None, "Staleness bound in optimizer steps.")
+_PROFILE = flags.DEFINE_string("profile", str(SAMPLE_PROFILE), "Profile JSON (plan measure).")
+_UNITS = flags.DEFINE_enum("units", "auto", ["auto", "flash", "seconds"],
+                           "flash: U(h) and tau; seconds: decode latency and train tokens/s.")
+_TAU = flags.DEFINE_float("tau", None, "Flash mode: training flashes per token (paper: 128/26.02).")
+_TRAIN_TPS = flags.DEFINE_float("train_tokens_per_s", None,
+                                "Seconds mode: training tokens/s per device (overrides profile).")
+_MAX_LEN = flags.DEFINE_integer("max_len", 1024, "Max sequence length L (uniform lengths 1..L).")
+_LENGTHS = flags.DEFINE_string("lengths", None, "JSON/JSONL of observed lengths (overrides "
+                               "--max_len): a list, {'lengths': [...]}, {'histogram': {len: n}}, "
+                               "or JSONL lines with 'length' or 'lengths'.")
+_GEN_DEVICES = flags.DEFINE_integer("gen_devices", None, "Fix the generation device count I.")
+_GEN_BATCH = flags.DEFINE_float("gen_batch", None, "Fix the per-device generation batch H.")
+_MAX_GEN_BATCH = flags.DEFINE_float("max_gen_batch", None,
+                                    "KV-cache bound on the per-device batch (overrides profile).")
+_OUT_DIR = flags.DEFINE_string("out_dir", ".", "Where the PNG figures (and plan.json) go.")
+_PLOT_MAX_LAG = flags.DEFINE_integer("plot_max_lag", None, "Right end of the lag figure "
+                                     "(default: 2 x max_lag, at least 16).")
+_REPRODUCE = flags.DEFINE_bool("reproduce_paper", False, "Recompute Appendix A.4 and its figures.")
+# measure
+_OUT = flags.DEFINE_string("out", "profile.json", "measure: where to write the profile JSON.")
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", None, "measure: batch sizes h to time.")
+_MM_M = flags.DEFINE_integer("matmul_m", None, "measure: m of (m,h)x(h,n); 4096 on GPU, 512 on CPU.")
+_MM_N = flags.DEFINE_integer("matmul_n", None, "measure: n; 16384 on GPU, 2048 on CPU.")
+_DTYPE = flags.DEFINE_string("dtype", None, "measure: bfloat16 on GPU, float32 on CPU.")
+_MAX_PAD = flags.DEFINE_integer("max_pad", 64, "measure: consider padding h up to h + max_pad.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "measure: timed repeats per size (median).")
+_PEAK = flags.DEFINE_float("peak_tflops", None, "measure: peak TFLOP/s (default: published or "
+                           "measured).")
+
+
+def load_lengths(path: str) -> model.LengthDistribution:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise PlanError(f"--lengths={path}: no such file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise PlanError(f"--lengths={path}: neither JSON nor JSONL ({e.msg})") from None
+    if isinstance(data, dict) and "histogram" in data:
+        return model.LengthDistribution.from_histogram(data["histogram"])
+    if isinstance(data, dict) and "lengths" in data:
+        return model.LengthDistribution.from_lengths(data["lengths"])
+    if isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
+        lengths = []
+        for rec in data:
+            lengths.extend(rec.get("lengths", []))
+            if "length" in rec:
+                lengths.append(rec["length"])
+        if not lengths:
+            raise PlanError(f"--lengths={path}: no 'length'/'lengths' field in any JSONL record")
+        return model.LengthDistribution.from_lengths(lengths)
+    if isinstance(data, list):
+        return model.LengthDistribution.from_lengths(data)
+    raise PlanError(f"--lengths={path}: expected a list of lengths, {{'lengths': [...]}} or "
+                    "{'histogram': {length: count}}")
+
+
+def device_profile(profile: dict, name: str) -> tuple[layout.DeviceProfile, str]:
+    """The DeviceProfile the flags and profile describe, plus a note on where tau came from."""
+    units = _UNITS.value
+    train = profile.get("train") or {}
+    has_train_rate = _TRAIN_TPS.value is not None or "tokens_per_s_per_device" in train
+    if units == "auto":
+        units = "seconds" if profile.get("decode") and has_train_rate else "flash"
+    kv = _MAX_GEN_BATCH.value
+    if units == "seconds":
+        if not has_train_rate:
+            raise PlanError(f"{name}: seconds mode needs training tokens/s per device; pass "
+                            "--train_tokens_per_s or measure the trainer into the profile")
+        curve = util.decode_curve_from_profile(profile, name=name)
+        tps = _TRAIN_TPS.value or float(train["tokens_per_s_per_device"])
+        kv = kv if kv is not None else (profile.get("decode") or {}).get("kv_max_batch")
+        return layout.DeviceProfile(curve, 1.0 / tps, kv), f"training {tps:.4g} tokens/s/device"
+    curve = util.utilisation_from_profile(profile, name=name)
+    if _TAU.value is not None:
+        tau, note = _TAU.value, f"tau={_TAU.value:g} flashes/token (--tau)"
+    elif "tau_flashes" in train:
+        tau = float(train["tau_flashes"])
+        note = f"tau={tau:.4g} flashes/token (profile)"
+    else:
+        tau = paper.TAU
+        note = f"tau={tau:.4g} flashes/token: the paper's H100 value, pass --tau for yours"
+    return layout.DeviceProfile(curve, tau, kv), note
+
+
+def run_plan() -> None:
+    if _MAX_LAG.value is None:
+        raise PlanError("--max_lag is required: the staleness (optimizer steps) your algorithm "
+                        "tolerates, e.g. --max_lag=8")
+    profile = util.load_profile(_PROFILE.value)
+    prof, note = device_profile(profile, f"--profile={_PROFILE.value}")
+    dist = (load_lengths(_LENGTHS.value) if _LENGTHS.value
+            else model.LengthDistribution.uniform(_MAX_LEN.value))
+    if _DEVICES.value is not None and _GEN_DEVICES.value is not None \
+            and _GEN_DEVICES.value >= _DEVICES.value:
+        raise PlanError(f"--gen_devices={_GEN_DEVICES.value}: only --devices={_DEVICES.value} "
+                        f"exist and one must train; use --gen_devices <= {_DEVICES.value - 1} or "
+                        f"raise --devices above {_GEN_DEVICES.value}")
+    work = layout.Workload(_DEVICES.value, _BATCH.value, dist, _MAX_LAG.value)
+    plan = layout.plan_layout(prof, work, gen_devices=_GEN_DEVICES.value,
+                              gen_batch=_GEN_BATCH.value)
+    print(f"profile: {_PROFILE.value} ({prof.gen_curve.source}); {note}")
+    print(layout.format_plan(plan, work))
+    _write_outputs(prof, work, plan)
+
+
+def _write_outputs(prof: layout.DeviceProfile, work: layout.Workload, plan: layout.Plan) -> None:
+    from pipelinerl_jax.plan import figures  # matplotlib only when figures are drawn
+
+    out = Path(_OUT_DIR.value)
+    hi = _PLOT_MAX_LAG.value or max(2 * work.max_lag, 16)
+    sweep = layout.lag_sweep(prof, work, range(0, hi + 1))
+    covered = layout.conventional_lag_covered(prof, work)
+    sweep["conventional"][sweep["max_lag"] > covered] = float("nan")
+    f1 = figures.plot_utilisation(prof.gen_curve, out / "utilisation.png",
+                                  chosen_batch=plan.gen_batch)
+    f2 = figures.plot_lag_sweep(
+        sweep, out / "throughput_vs_lag.png", unit=plan.unit, chosen=(plan.lag, plan.r),
+        title=f"N={work.devices} B={work.batch_size} L={work.lengths.max_len} "
+              f"mean={work.lengths.mean_len:.0f}")
+    record = {k: v for k, v in vars(plan).items()}
+    (out / "plan.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(f"wrote {f1}, {f2}, {out / 'plan.json'}")
+
+
+def run_reproduce() -> None:
+    cs = paper.case_study()
+    print(paper.format_case_study(cs))
+    prof = layout.DeviceProfile(paper.h100_roofline_curve(), paper.TAU)
+    work = layout.Workload(paper.N, paper.B, model.LengthDistribution.uniform(paper.MAX_LEN),
+                           cs["g_max"])
+    plan = layout.plan_layout(prof, work)
+    print(f"\nsame-lag search on the stand-in curve (lag bound {cs['g_max']}):")
+    print(layout.format_plan(plan, work))
+    _write_outputs(prof, work, plan)
+
+
+def run_measure() -> None:
+    from pipelinerl_jax.plan import measure  # imports jax
+
+    sizes = [int(s) for s in _BATCH_SIZES.value] if _BATCH_SIZES.value else None
+    peak = _PEAK.value * 1e12 if _PEAK.value else None
+    profile = measure.matmul_profile(batch_sizes=sizes, m=_MM_M.value, n=_MM_N.value,
+                                     dtype=_DTYPE.value, max_pad=_MAX_PAD.value,
+                                     repeats=_REPEATS.value, peak_flops=peak)
+    u = profile["utilisation"]
+    print(f"U(h) on {profile['device_kind']} ({u['source']}); peak: {u['peak_source']}")
+    for h, v, k in zip(u["batch_sizes"], u["values"], u["best_padded_batch"]):
+        print(f"  h={h:6g}  U={v:.3f}  (timed at padded size {k})")
+    path = util.save_profile(profile, _OUT.value)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str]) -> None:
+    args = argv[1:]
+    try:
+        if args == ["measure"]:
+            run_measure()
+        elif args:
+            raise PlanError(f"unknown command {' '.join(args)!r}; use `measure` or flags only")
+        elif _REPRODUCE.value:
+            run_reproduce()
+        else:
+            run_plan()
+    except ConfigError as e:  # PlanError and the project's other one-line input errors
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)
