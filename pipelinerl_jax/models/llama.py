@@ -163,13 +163,24 @@ def masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> jax.Array:
   return out.reshape(B, T, H, D)
 
 
+def _dense(x_BxTxI, w: jax.Array, n_in: int) -> jax.Array:
+  """x @ w over the first `n_in` dims of w, as one 2-D matmul on free reshapes.
+
+  Spelling the projections as einsums over split head axes (e.g. "bthd,hde->bte") let XLA
+  CPU pick a contraction order that transposed the weight and the activations on every call.
+  """
+  ins, outs = w.shape[:n_in], w.shape[n_in:]
+  x2 = x_BxTxI.reshape(*x_BxTxI.shape[:x_BxTxI.ndim - n_in], math.prod(ins))
+  return (x2 @ w.reshape(math.prod(ins), math.prod(outs))).reshape(*x2.shape[:-1], *outs)
+
+
 def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, layer_cache):
   """One pre-norm decoder block; `lp` holds this layer's params already in compute dtype."""
   eps = cfg.rms_norm_eps
   h = rms_norm(x_BxTxE, lp["attn_norm"], eps)
-  q_BxTxHxD = jnp.einsum("bte,ehd->bthd", h, lp["q_proj"])
-  k_BxTxKxD = jnp.einsum("bte,ekd->btkd", h, lp["k_proj"])
-  v_BxTxKxD = jnp.einsum("bte,ekd->btkd", h, lp["v_proj"])
+  q_BxTxHxD = _dense(h, lp["q_proj"], 1)
+  k_BxTxKxD = _dense(h, lp["k_proj"], 1)
+  v_BxTxKxD = _dense(h, lp["v_proj"], 1)
   if cfg.attention_bias:
     q_BxTxHxD = q_BxTxHxD + lp["q_bias"]
     k_BxTxKxD = k_BxTxKxD + lp["k_bias"]
@@ -180,7 +191,7 @@ def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, l
   q_BxTxHxD = rope.apply(q_BxTxHxD, cos, sin)
   k_BxTxKxD = rope.apply(k_BxTxKxD, cos, sin)
   attn_BxTxHxD, layer_cache = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache)
-  x_BxTxE = x_BxTxE + jnp.einsum("bthd,hde->bte", attn_BxTxHxD, lp["o_proj"])
+  x_BxTxE = x_BxTxE + _dense(attn_BxTxHxD, lp["o_proj"], 2)
   h = rms_norm(x_BxTxE, lp["mlp_norm"], eps)
   gated_BxTxF = jax.nn.silu(h @ lp["gate_proj"]) * (h @ lp["up_proj"])
   return x_BxTxE + gated_BxTxF @ lp["down_proj"], layer_cache
