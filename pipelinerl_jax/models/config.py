@@ -142,7 +142,8 @@ class ModelConfig:
         "rope_scaling": rope_scaling,
         "max_position_embeddings": self.max_position_embeddings,
         "tie_word_embeddings": self.tie_word_embeddings,
-        "torch_dtype": self.param_dtype,
+        "torch_dtype": self.param_dtype,  # transformers 4.x name
+        "dtype": self.param_dtype,        # transformers 5.x name
         "use_cache": True,
     }
     params = {"rope_type": "default", **(rope_scaling or {}), "rope_theta": self.rope_theta}
