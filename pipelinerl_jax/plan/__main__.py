@@ -13,6 +13,7 @@ Bad requests exit with code 2 and a one-line message saying what would work.
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -57,6 +58,18 @@ _MAX_PAD = flags.DEFINE_integer("max_pad", 64, "measure: consider padding h up t
 _REPEATS = flags.DEFINE_integer("repeats", 5, "measure: timed repeats per size (median).")
 _PEAK = flags.DEFINE_float("peak_tflops", None, "measure: peak TFLOP/s (default: published or "
                            "measured).")
+_MATMUL = flags.DEFINE_bool("matmul", True, "measure: run the U(h) matmul recipe.")
+_ENGINE_MODEL = flags.DEFINE_string("engine_model", None, "measure: also time our sampler and "
+                                    "trainer on this model: 'tiny' (built-in) or a Hugging Face "
+                                    "checkpoint directory.")
+_DECODE_SIZES = flags.DEFINE_list("decode_batch_sizes", ["1", "2", "4", "8", "16", "32"],
+                                  "measure: batch sizes for the decode latency.")
+_CONTEXT = flags.DEFINE_integer("context_len", 128, "measure: context of every decoding sequence.")
+_CHUNK = flags.DEFINE_integer("chunk_steps", 8, "measure: decode steps per timed chunk.")
+_TRAIN_ROWS = flags.DEFINE_integer("train_rows", 4, "measure: packed rows per train step.")
+_TRAIN_SEQ = flags.DEFINE_integer("train_seq_len", 128, "measure: tokens per packed row.")
+_KV_GIB = flags.DEFINE_float("kv_memory_gib", None, "measure: device memory for the KV-cache "
+                             "bound (default: what the accelerator reports; none on CPU).")
 
 
 def load_lengths(path: str) -> model.LengthDistribution:
@@ -106,16 +119,18 @@ def device_profile(profile: dict, name: str) -> tuple[layout.DeviceProfile, str]
         curve = util.decode_curve_from_profile(profile, name=name)
         tps = _TRAIN_TPS.value or float(train["tokens_per_s_per_device"])
         kv = kv if kv is not None else (profile.get("decode") or {}).get("kv_max_batch")
-        return layout.DeviceProfile(curve, 1.0 / tps, kv), f"training {tps:.4g} tokens/s/device"
+        return (layout.DeviceProfile(curve, 1.0 / tps, kv),
+                f"seconds mode: decode latency per batch, training {tps:.4g} tokens/s/device")
     curve = util.utilisation_from_profile(profile, name=name)
     if _TAU.value is not None:
-        tau, note = _TAU.value, f"tau={_TAU.value:g} flashes/token (--tau)"
+        tau, note = _TAU.value, f"flash mode: tau={_TAU.value:g} flashes/token (--tau)"
     elif "tau_flashes" in train:
         tau = float(train["tau_flashes"])
-        note = f"tau={tau:.4g} flashes/token (profile)"
+        note = f"flash mode: tau={tau:.4g} flashes/token (profile)"
     else:
         tau = paper.TAU
-        note = f"tau={tau:.4g} flashes/token: the paper's H100 value, pass --tau for yours"
+        note = (f"flash mode: tau={tau:.4g} flashes/token is the paper's H100 value; pass --tau "
+                "for yours")
     return layout.DeviceProfile(curve, tau, kv), note
 
 
@@ -135,7 +150,7 @@ def run_plan() -> None:
     work = layout.Workload(_DEVICES.value, _BATCH.value, dist, _MAX_LAG.value)
     plan = layout.plan_layout(prof, work, gen_devices=_GEN_DEVICES.value,
                               gen_batch=_GEN_BATCH.value)
-    print(f"profile: {_PROFILE.value} ({prof.gen_curve.source}); {note}")
+    print(f"profile: {_PROFILE.value}; {note}")
     print(layout.format_plan(plan, work))
     _write_outputs(prof, work, plan)
 
@@ -146,8 +161,6 @@ def _write_outputs(prof: layout.DeviceProfile, work: layout.Workload, plan: layo
     out = Path(_OUT_DIR.value)
     hi = _PLOT_MAX_LAG.value or max(2 * work.max_lag, 16)
     sweep = layout.lag_sweep(prof, work, range(0, hi + 1))
-    covered = layout.conventional_lag_covered(prof, work)
-    sweep["conventional"][sweep["max_lag"] > covered] = float("nan")
     f1 = figures.plot_utilisation(prof.gen_curve, out / "utilisation.png",
                                   chosen_batch=plan.gen_batch)
     f2 = figures.plot_lag_sweep(
@@ -172,19 +185,57 @@ def run_reproduce() -> None:
 
 
 def run_measure() -> None:
+    import jax
+
     from pipelinerl_jax.plan import measure  # imports jax
 
-    sizes = [int(s) for s in _BATCH_SIZES.value] if _BATCH_SIZES.value else None
-    peak = _PEAK.value * 1e12 if _PEAK.value else None
-    profile = measure.matmul_profile(batch_sizes=sizes, m=_MM_M.value, n=_MM_N.value,
-                                     dtype=_DTYPE.value, max_pad=_MAX_PAD.value,
-                                     repeats=_REPEATS.value, peak_flops=peak)
-    u = profile["utilisation"]
-    print(f"U(h) on {profile['device_kind']} ({u['source']}); peak: {u['peak_source']}")
-    for h, v, k in zip(u["batch_sizes"], u["values"], u["best_padded_batch"]):
-        print(f"  h={h:6g}  U={v:.3f}  (timed at padded size {k})")
+    if not _MATMUL.value and not _ENGINE_MODEL.value:
+        raise PlanError("measure: nothing to do with --nomatmul and no --engine_model")
+    profile = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+               "device_count": jax.device_count()}
+    if _MATMUL.value:
+        sizes = [int(s) for s in _BATCH_SIZES.value] if _BATCH_SIZES.value else None
+        peak = _PEAK.value * 1e12 if _PEAK.value else None
+        profile |= measure.matmul_profile(batch_sizes=sizes, m=_MM_M.value, n=_MM_N.value,
+                                         dtype=_DTYPE.value, max_pad=_MAX_PAD.value,
+                                         repeats=_REPEATS.value, peak_flops=peak)
+        u = profile["utilisation"]
+        print(f"U(h) on {profile['device_kind']} ({u['source']}); peak: {u['peak_source']}")
+        for h, v, k in zip(u["batch_sizes"], u["values"], u["best_padded_batch"]):
+            print(f"  h={h:6g}  U={v:.3f}  (timed at padded size {k})")
+    if _ENGINE_MODEL.value:
+        profile.update(_engine_sections())
+        d, t = profile["decode"], profile["train"]
+        print(f"decode ({_ENGINE_MODEL.value}, context {d['context_len']}):")
+        for b, s in zip(d["batch_sizes"], d["latency_s"]):
+            print(f"  batch={b:5d}  {s * 1e3:8.3f} ms/step  {b / s:10.1f} tokens/s")
+        if "kv_max_batch" in d:
+            print(f"  KV-cache bound: {d['kv_max_batch']} sequences per device")
+        print(f"train: {t['tokens_per_s_per_device']:.1f} completion tokens/s per device "
+              f"({t['packed_tokens_per_s']:.1f} packed tokens/s)")
     path = util.save_profile(profile, _OUT.value)
     print(f"wrote {path}")
+
+
+def _engine_sections() -> dict:
+    from pipelinerl_jax.plan import engine_probe
+
+    name = _ENGINE_MODEL.value
+    if name == "tiny":
+        graphdef, params = engine_probe.tiny_model()
+    else:
+        from pipelinerl_jax.models import hf_io
+
+        if not Path(name).is_dir():
+            raise PlanError(f"--engine_model={name}: not 'tiny' nor a checkpoint directory")
+        _, graphdef, params = hf_io.load_hf(name, check_tokenizer=False)
+    memory = int(_KV_GIB.value * 2**30) if _KV_GIB.value else None
+    return engine_probe.engine_profile(
+        graphdef, params, decode_batch_sizes=[int(b) for b in _DECODE_SIZES.value],
+        context_len=_CONTEXT.value, chunk_steps=_CHUNK.value, train_rows=_TRAIN_ROWS.value,
+        train_seq_len=_TRAIN_SEQ.value, repeats=min(_REPEATS.value, 3), memory_bytes=memory,
+        source=name)
 
 
 def main(argv: list[str]) -> None:

@@ -157,18 +157,21 @@ def plan_layout(prof: DeviceProfile, workload: Workload, *, gen_devices: int | N
 
 
 def lag_sweep(prof: DeviceProfile, workload: Workload, max_lags) -> dict[str, np.ndarray]:
-    """Best PipelineRL rate and Conventional RL rate for each lag bound (the paper's Figure 8)."""
+    """Best PipelineRL rate and Conventional RL rate for each lag bound (the paper's Figure 8).
+
+    Conventional is NaN beyond the lags whose rounds the profile covers (no extrapolation)."""
     lags = np.asarray(max_lags, dtype=np.int64)
     grid = model.pipeline_grid(prof.gen_curve, workload.lengths, num_devices=workload.devices,
                                batch_size=workload.batch_size, tau=prof.tau,
                                max_gen_batch=prof.max_gen_batch)
     pipe = model.best_rate_by_lag(grid, lags)
-    conv = np.array([
+    covered = conventional_lag_covered(prof, workload)
+    conv = np.array([  # NaN where the profile does not reach the round's per-device batch
         model.conventional_rate_at_lag(prof.gen_curve, workload.lengths,
                                        num_devices=workload.devices,
                                        batch_size=workload.batch_size, tau=prof.tau,
                                        max_lag=int(g), max_batch=prof.max_gen_batch)["r"]
-        for g in lags])
+        if g <= covered else np.nan for g in lags])
     return {"max_lag": lags, "pipeline": pipe, "conventional": conv}
 
 

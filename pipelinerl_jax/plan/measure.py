@@ -131,8 +131,8 @@ def matmul_utilisation(batch_sizes: Sequence[int], *, m: int, n: int, dtype: str
 
 def measure_decode_latency(make_step: Callable[[int], Callable[[], object]],
                            batch_sizes: Sequence[int], *, repeats: int = 5) -> list[float]:
-    """Seconds per decode step at each batch size; make_step(b) returns a blocking zero-arg call
-    that advances b sequences by one token (compiled and warmed by one untimed call)."""
+    """Median seconds per call at each batch size; make_step(b) returns a blocking zero-arg call
+    that advances b sequences (one untimed warm-up call compiles it)."""
     return [time_call(make_step(int(b)), repeats=repeats) for b in batch_sizes]
 
 

@@ -76,12 +76,12 @@ class UtilisationCurve:
         return self.batch_sizes[-1]
 
     def _check_covered(self, h: np.ndarray, what: str) -> None:
-        if h.size and float(np.max(h)) > self.max_batch * (1 + 1e-12):
+        if h.size and float(np.max(h)) > self.max_batch * (1 + 1e-9):  # float noise in h(l)
             raise ProfileCoverageError(
                 f"{what} needs per-device batch {float(np.max(h)):g} but the profile "
                 f"({self.source or 'curve'}) measures only up to {self.max_batch:g}; re-measure "
-                f"with --batch_sizes reaching {int(np.ceil(np.max(h)))} or ask for a smaller "
-                "batch/lag")
+                f"up to batch {int(np.ceil(np.max(h) - 1e-9))} (plan measure --batch_sizes or "
+                "--decode_batch_sizes) or ask for a smaller batch/lag")
 
     def step_time(self, h, *, what: str = "the plan") -> np.ndarray:
         """Time of one decode step at per-device batch h (flashes or seconds), interpolated."""
