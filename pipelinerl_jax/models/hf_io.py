@@ -170,7 +170,7 @@ def _leaf_shardings(shardings, keys: list[str]) -> dict:
     node = pure
     for part in key.split("/"):
       node = node[part]
-    out[key] = getattr(node, "value", node) if isinstance(node, nnx.Variable) else node
+    out[key] = node.get_value() if isinstance(node, nnx.Variable) else node
   return out
 
 
