@@ -1,0 +1,35 @@
+"""Launch a PipelineRL run: absl flags -> config -> pipeline.run.
+
+    python launch.py                                     # the embedded default (configs/default.py)
+    python launch.py --config=configs/default.py --workdir=/tmp/run --config.trainer.learning_rate=1e-3
+
+Bad configuration exits with code 2 and a one-line message before anything compiles.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Python config file (get_config()).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (metrics.jsonl, config.json).")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from pipelinerl_jax import config as config_lib
+    from pipelinerl_jax.errors import ConfigError
+    from pipelinerl_jax.pipeline.run import run
+    try:
+        cfg = config_lib.from_config_dict(_CONFIG.value)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    run(cfg, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,259 @@
+"""The two loops of PipelineRL and their hand-offs: a sampler thread and a trainer thread.
+
+Sampler thread, at every chunk boundary:
+  1. take staged weights if newer ones arrived (a reference swap: the KV cache stays);
+  2. start new groups while admission's lag budget allows (admission.py);
+  3. run one decode chunk; collect finished attempts; a full group goes to the reward pool,
+     whose callback posts it, scored, on the ReadyBoard.
+Trainer thread, per optimizer step s:
+  1. wait for the groups of step s (start order), build the packed batch;
+  2. dispatch train_step, then publish the new params to the sampler (async copy);
+  3. fetch the previous step's metrics (dispatch before fetch) and log them.
+
+Either thread's exception stops both; `run()` re-raises it once, naming the thread it came
+from. Ctrl-C stops both as well. Nothing blocks without a timeout, so shutdown takes at most
+one decode chunk or one train step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+import jax
+import numpy as np
+
+from pipelinerl_jax import metrics as metrics_lib
+from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
+from pipelinerl_jax.rl.batch import build_batch
+from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.trainer import check_skips
+
+
+class PipelineError(RuntimeError):
+    """A pipeline thread failed; the message names the thread and the original error."""
+
+
+class Coordinator:
+    """Runs sampler and trainer concurrently for `cfg.steps` optimizer steps."""
+
+    def __init__(self, cfg, *, sampler, trainer, state, stream, encode_prompt, detokenize,
+                 reward_pool, reward_table, publisher, admission, writer, start_step=0,
+                 on_step_end=None):
+        self.cfg = cfg
+        self.sampler, self.trainer, self.state = sampler, trainer, state
+        self.stream, self.encode_prompt, self.detokenize = stream, encode_prompt, detokenize
+        self.reward_pool, self.reward_table = reward_pool, reward_table
+        self.publisher, self.admission, self.writer = publisher, admission, writer
+        self.step = start_step
+        self.on_step_end = on_step_end
+        self.board = ReadyBoard()
+        self.stop = threading.Event()
+        self._errors: list[tuple[str, BaseException, str]] = []
+        self._errors_lock = threading.Lock()
+        self.open_groups: dict[int, Group] = {}   # started, not yet fully generated
+        self.sampling = SamplingParams(
+            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens)
+        # Timing, for busy fractions and the swap pause.
+        self.t_start = None
+        self.sampler_busy_s = 0.0
+        self.trainer_busy_s = 0.0
+        self.trainer_wait_s = 0.0
+        self.swap_pause_s: list[float] = []    # time the sampler spent swapping, per swap
+        self.swap_latency_s: list[float] = []  # staged -> first chunk with them done
+        self.samples_generated = 0
+        self._pending_swap_t: float | None = None
+        self._handed_version = sampler.version
+
+    # --- threads ------------------------------------------------------------------------
+
+    def _guard(self, name, fn):
+        def target():
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - reported once by run()
+                with self._errors_lock:
+                    self._errors.append((name, e, traceback.format_exc()))
+                self.stop.set()
+        return threading.Thread(target=target, name=name, daemon=True)
+
+    def run(self) -> None:
+        """Runs to completion; raises PipelineError (or KeyboardInterrupt) on failure."""
+        self.t_start = time.perf_counter()
+        threads = [self._guard("sampler", self._sampler_loop),
+                   self._guard("trainer", self._trainer_loop)]
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(0.05)
+                if self._errors:
+                    self.stop.set()
+        except KeyboardInterrupt:
+            self.stop.set()
+            for t in threads:
+                t.join(30)
+            raise
+        self.stop.set()
+        for t in threads:
+            t.join(30)
+        if self._errors:
+            name, exc, tb = self._errors[0]
+            raise PipelineError(f"{name} thread failed: {type(exc).__name__}: {exc}\n{tb}") from exc
+
+    # --- sampler ------------------------------------------------------------------------
+
+    def _sampler_version(self) -> int:
+        """The version the next decode chunk will use (params handed over but not yet swapped
+        count: the sampler swaps them before its next chunk)."""
+        return max(self.sampler.version, self._handed_version)
+
+    def _take_weights(self, wait_s: float = 0.0) -> None:
+        current = self._sampler_version()
+        staged = (self.publisher.wait_newer(current, wait_s) if wait_s
+                  else self.publisher.take_newer(current))
+        if staged is None:
+            return
+        t0 = time.perf_counter()
+        self.sampler.set_params(staged.params, staged.version)
+        self._handed_version = staged.version
+        self.swap_pause_s.append(time.perf_counter() - t0)
+        self._pending_swap_t = staged.staged_at
+
+    def _start_groups(self) -> None:
+        g = self.cfg.group_size
+        # Keep one group queued beyond the slots so a freed slot is refilled at once.
+        while len(self.open_groups) * g < self.cfg.sampler.num_slots + g:
+            index = self.admission.try_start(self._sampler_version())
+            if index is None:
+                return
+            problem = next(self.stream)
+            prompt_ids = self.encode_prompt(problem)
+            self.open_groups[index] = Group(index=index, problem=problem, prompt_ids=prompt_ids)
+            self.sampler.submit(prompt_ids, n=g, params=self.sampling, request_id=index)
+
+    def _sampler_loop(self) -> None:
+        while not self.stop.is_set():
+            self._take_weights()
+            self._start_groups()
+            if not self.sampler.has_work():
+                # Lag budget spent: nothing may start until the trainer publishes.
+                self._take_weights(wait_s=0.05)
+                continue
+            t0 = time.perf_counter()
+            finished = self.sampler.step()
+            t1 = time.perf_counter()
+            self.sampler_busy_s += t1 - t0
+            if self._pending_swap_t is not None:
+                self.swap_latency_s.append(t1 - self._pending_swap_t)
+                self._pending_swap_t = None
+            for sample in finished:
+                self._collect(sample)
+
+    def _collect(self, sample) -> None:
+        if sample.finish_reason == "error":
+            raise RuntimeError(f"sampler rejected group {sample.request_id}: {sample.error}")
+        group = self.open_groups[sample.request_id]
+        group.samples.append(sample)
+        self.samples_generated += 1
+        if len(group.samples) < self.cfg.group_size:
+            return
+        del self.open_groups[group.index]
+        group.samples.sort(key=lambda s: s.attempt)
+        futures = [self.reward_pool.submit(self.detokenize(s.token_ids), group.problem)
+                   for s in group.samples]
+        remaining = [len(futures)]
+        lock = threading.Lock()
+
+        def done(_):
+            with lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            self._score(group, [f.result() for f in futures])
+
+        for f in futures:
+            f.add_done_callback(done)
+
+    def _score(self, group: Group, verdicts) -> None:
+        group.verdicts = list(verdicts)
+        group.rewards = [
+            self.reward_table.compute(
+                v, num_tokens=len(s.token_ids), max_tokens=self.cfg.max_new_tokens,
+                finished=s.finish_reason == "stop").reward
+            for v, s in zip(verdicts, group.samples)]
+        self.board.put(group)
+
+    # --- trainer ------------------------------------------------------------------------
+
+    def _trainer_loop(self) -> None:
+        previous = None  # (step, device metrics, host record) of the last dispatched step
+        while self.step < self.cfg.steps and not self.stop.is_set():
+            t0 = time.perf_counter()
+            groups = self.board.take(self._wait_indices(self.step), self.stop)
+            if groups is None:
+                break
+            t1 = time.perf_counter()
+            self.trainer_wait_s += t1 - t0
+            samples = [s for g in groups for s in g.train_samples()]
+            batch, host_stats = build_batch(samples, self.cfg.batch)
+            self.state, device_metrics = self.trainer.train_step(self.state, batch)
+            version = self.step + 1
+            self.publisher.publish(self.state.params, version)
+            record = self._host_record(self.step, groups, batch, host_stats)
+            if previous is not None:
+                self._log(*previous)
+            previous = (self.step, device_metrics, record)
+            self.trainer_busy_s += time.perf_counter() - t1
+            self.step = version
+            if self.on_step_end is not None:
+                self.on_step_end(self)
+        if previous is not None:
+            self._log(*previous)
+        self.stop.set()  # training is done: the sampler stops at its next chunk boundary
+
+    def _wait_indices(self, step: int):
+        """Pipeline: this step's groups. Conventional: the whole round before its first step."""
+        adm = self.admission
+        if adm.mode == "conventional" and step % adm.round_steps == 0:
+            return range(step * adm.groups_per_step,
+                         (step + adm.round_steps) * adm.groups_per_step)
+        return adm.step_indices(step)
+
+    def _host_record(self, step, groups, batch, host_stats) -> dict:
+        mask = np.asarray(batch.loss_mask) > 0
+        versions = np.asarray(batch.versions)[mask]
+        seq = np.asarray(batch.sequence_index)[mask]
+        rewards = np.array([r for g in groups for r in g.rewards])
+        statuses = [v.status for g in groups for v in g.verdicts]
+        lengths = [len(s.token_ids) for g in groups for s in g.samples]
+        elapsed = time.perf_counter() - self.t_start
+        record = {
+            "step": step, "reward/mean": float(rewards.mean()), "reward/max": float(rewards.max()),
+            "success": float(np.mean([s == "correct" for s in statuses])),
+            "completion/len_mean": float(np.mean(lengths)),
+            "completion/no_eos_frac": float(np.mean(
+                [s.finish_reason != "stop" for g in groups for s in g.samples])),
+            "samples_per_s": self.samples_generated / elapsed,
+            "trainer/wait_s": self.trainer_wait_s, "trainer/busy_frac": self.trainer_busy_s / elapsed,
+            "sampler/busy_frac": self.sampler_busy_s / elapsed,
+            "sampler/swaps": len(self.swap_pause_s),
+            "sampler/swap_pause_ms": 1e3 * float(np.mean(self.swap_pause_s or [0.0])),
+            "sampler/version": self.sampler.version,
+            "queue/ready_groups": len(self.board), "queue/open_groups": len(self.open_groups),
+            "lag/bound": self.admission.lag_bound(),
+            **{f"batch/{k}": v for k, v in host_stats.items() if np.isscalar(v)},
+            **metrics_lib.lag_stats(versions, step, sequence_ids=seq),
+        }
+        return record
+
+    def _log(self, step, device_metrics, record) -> None:
+        fetched = jax.device_get(device_metrics)
+        check_skips(fetched, self.cfg.trainer.max_consecutive_skips)
+        for key, value in fetched.items():
+            if np.ndim(value) == 0 and not key.startswith("lag/"):
+                record.setdefault(key, float(value))
+        self.writer.write("train", record)

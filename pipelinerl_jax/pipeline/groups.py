@@ -1,0 +1,67 @@
+"""Groups in flight: the attempts of one prompt, from submission to a scored training group.
+
+The sampler thread opens a group when admission lets it start, adds each finished attempt,
+and hands the full group to the reward pool. When every verdict is back the group becomes
+`ready` and the trainer thread may take it. A `ReadyBoard` is the hand-off point: a dict of
+ready groups keyed by start index plus a condition variable, so the trainer can wait for
+exactly the groups its next step must train (start order, see admission.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from pipelinerl_jax.rl.batch import Sample as TrainSample
+
+
+@dataclasses.dataclass
+class Group:
+    """One prompt's attempts. `index` is the start index given by admission."""
+    index: int
+    problem: object                       # data.formats.Problem
+    prompt_ids: list[int]
+    samples: list = dataclasses.field(default_factory=list)   # sampler.Sample, by arrival
+    verdicts: list = dataclasses.field(default_factory=list)  # rewards.tables.Verdict
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    started_at: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def train_samples(self) -> list[TrainSample]:
+        """The group as the trainer's batch builder wants it."""
+        return [TrainSample(prompt_tokens=s.prompt_ids, completion_tokens=s.token_ids,
+                            completion_logprobs=s.logprobs, completion_versions=s.versions,
+                            reward=r, group_id=self.index, finished=s.finish_reason == "stop")
+                for s, r in zip(self.samples, self.rewards)]
+
+
+class ReadyBoard:
+    """Scored groups waiting for the trainer, keyed by start index."""
+
+    def __init__(self):
+        self._ready: dict[int, Group] = {}
+        self._cond = threading.Condition()
+
+    def put(self, group: Group) -> None:
+        with self._cond:
+            self._ready[group.index] = group
+            self._cond.notify_all()
+
+    def take(self, indices, stop: threading.Event, poll_s: float = 0.05) -> list[Group] | None:
+        """Blocks until every index is ready (returns them, removed) or `stop` is set (None)."""
+        indices = list(indices)
+        with self._cond:
+            while not all(i in self._ready for i in indices):
+                if stop.is_set():
+                    return None
+                self._cond.wait(poll_s)
+            return [self._ready.pop(i) for i in indices]
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._ready)
+
+    def pending(self) -> list[Group]:
+        """Ready but untrained groups (what a checkpoint must keep)."""
+        with self._cond:
+            return [self._ready[i] for i in sorted(self._ready)]

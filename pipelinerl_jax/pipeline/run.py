@@ -1,0 +1,189 @@
+"""Build a run from a RunConfig and execute it: meshes, model, sampler, trainer, data, rewards.
+
+    from pipelinerl_jax import config as config_lib
+    from pipelinerl_jax.pipeline.run import run
+    summary = run(config_lib.from_config_dict(get_config()), workdir="/tmp/run")
+
+Devices: one device is shared by both roles (JAX serialises their work); with several, the
+first `devices.sampler` (a count, or a fraction of them) form the sampler mesh ("data" axis:
+slots split data-parallel, params replicated) and the rest the trainer mesh (FSDP × TP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.data.datasets import PromptStream, load_dataset
+from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
+from pipelinerl_jax.data.tasks import make_task
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.metrics import MetricsWriter
+from pipelinerl_jax.models import llama
+from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.pipeline.admission import Admission
+from pipelinerl_jax.pipeline.coordinator import Coordinator
+from pipelinerl_jax.pipeline.weights import Publisher
+from pipelinerl_jax.rewards.tables import get_reward_table
+from pipelinerl_jax.rewards.workers import RewardPool
+from pipelinerl_jax.sampler.sampler import Sampler
+from pipelinerl_jax.trainer import Trainer, trainer_mesh
+
+log = logging.getLogger(__name__)
+
+
+def split_devices(devices, spec) -> tuple[list, list]:
+    """(sampler devices, trainer devices); one device serves both roles."""
+    devices = list(devices)
+    n = len(devices)
+    if n == 1:
+        return devices, devices
+    count = int(spec.sampler) if spec.sampler >= 1 else int(round(spec.sampler * n))
+    if spec.sampler >= 1 and count != spec.sampler:
+        raise ConfigError(f"devices.sampler={spec.sampler}: give a whole count or a fraction < 1")
+    if not 1 <= count < n:
+        raise ConfigError(f"devices.sampler={spec.sampler} leaves {count} of {n} devices for the "
+                          f"sampler; it needs between 1 and {n - 1} so the trainer keeps one")
+    trainer_devices = devices[count:]
+    if len(trainer_devices) % spec.trainer_tp:
+        raise ConfigError(f"devices.trainer_tp={spec.trainer_tp} does not divide the "
+                          f"{len(trainer_devices)} trainer devices")
+    return devices[:count], trainer_devices
+
+
+def build_data(cfg):
+    """(tokenizer or None, problem source, prompt encoder) for the config's data section."""
+    data = cfg.data
+    if data.task:
+        task = make_task(data.task, **dict(data.task_options))
+        tokenizer = task.tokenizer
+        source = task.source()
+        encode = lambda problem: tokenizer.encode(problem.question)
+        return tokenizer, source, encode
+    problems = []
+    for spec in data.datasets:
+        problems.extend(load_dataset(spec).problems)
+    from pipelinerl_jax.models.tokenizer import Tokenizer
+    if not cfg.model.hf_dir:
+        raise ConfigError("config.data.datasets needs model.hf_dir (its tokenizer renders prompts)")
+    tokenizer = Tokenizer.from_dir(cfg.model.hf_dir)
+    prompt_cfg = PromptConfig(template=data.prompt_template)
+
+    def encode(problem):
+        text = build_prompt(problem.question, tokenizer, prompt_cfg)
+        return tokenizer.encode(text, add_special_tokens=prompt_cfg.template == "plain")
+    return tokenizer, problems, encode
+
+
+def build_model(cfg, tokenizer, rng):
+    """(graphdef, params) from a Hugging Face directory or a fresh init."""
+    if cfg.model.hf_dir:
+        from pipelinerl_jax.models.hf_io import load_hf
+        _, graphdef, params = load_hf(cfg.model.hf_dir, param_dtype=cfg.model.param_dtype,
+                                      compute_dtype=cfg.model.compute_dtype)
+        return graphdef, params
+    fields = dict(cfg.model.init)
+    fields.update(param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype)
+    model_cfg = ModelConfig(**fields)
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if vocab is not None and vocab > model_cfg.vocab_size:
+        raise ConfigError(f"model.init.vocab_size={model_cfg.vocab_size} is smaller than the "
+                          f"tokenizer's {vocab} tokens; raise it")
+    return llama.init(model_cfg, rng)
+
+
+def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
+        echo=print) -> dict:
+    """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl)."""
+    devices = devices or jax.devices()
+    sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
+    if workdir:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        (Path(workdir) / "config.json").write_text(
+            json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
+    tokenizer, source, encode = build_data(cfg)
+    stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
+    graphdef, params = build_model(cfg, tokenizer, jax.random.key(cfg.seed))
+
+    mesh = trainer_mesh(trainer_devices, tp=cfg.devices.trainer_tp)
+    trainer = Trainer(cfg.trainer, graphdef, jax.eval_shape(lambda: params), mesh)
+    trainer.check_rows(cfg.batch.num_rows)
+    state = trainer.init_state(params)
+
+    sampler_mesh = Mesh(np.asarray(sampler_devices), (cfg.sampler.data_axis,))
+    eos = tuple(getattr(tokenizer, "eos_token_ids", ()))
+    sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed)
+    sampler = Sampler(graphdef, params, sampler_cfg, eos_token_ids=eos, mesh=sampler_mesh)
+    del params  # the trainer and the sampler hold their own copies
+
+    admission = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag,
+                          mode=cfg.mode, round_steps=cfg.conventional_steps)
+    replicated = NamedSharding(sampler_mesh, P())
+    publisher = Publisher(jax.tree.map(lambda _: replicated, state.params),
+                          publishes=admission.publishes)
+    writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo)
+    table = get_reward_table(cfg.reward.table)
+    detok = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    echo(f"pipelinerl_jax: mode={cfg.mode} lag bound={admission.lag_bound()} steps={cfg.steps} "
+         f"batch={cfg.batch_size} ({cfg.groups_per_step} groups x {cfg.group_size}) "
+         f"devices: sampler {len(sampler_devices)}, trainer {len(trainer_devices)}"
+         f"{' (shared)' if len(devices) == 1 else ''}")
+    with RewardPool(cfg.reward.fn, num_workers=cfg.reward.workers,
+                    timeout_s=cfg.reward.timeout_s) as pool:
+        coord = Coordinator(
+            cfg, sampler=sampler, trainer=trainer, state=state, stream=stream,
+            encode_prompt=encode, detokenize=detok, reward_pool=pool, reward_table=table,
+            publisher=publisher, admission=admission, writer=writer)
+        t0 = time.perf_counter()
+        coord.run()
+        wall = time.perf_counter() - t0
+    summary = summarize(writer.of_kind("train"), wall, coord)
+    writer.write("summary", summary)
+    echo(format_summary(summary))
+    return summary
+
+
+def summarize(records: list[dict], wall_s: float, coord) -> dict:
+    """What a run shows: reward early vs late, lag, swaps landing mid-sequence, throughput."""
+    rewards = np.array([r["reward/mean"] for r in records])
+    n = len(rewards)
+    tenth = max(1, math.ceil(n / 10))
+    hist: dict[str, int] = {}
+    for r in records:
+        for k, v in r.get("lag/hist", {}).items():
+            hist[k] = hist.get(k, 0) + v
+    return {
+        "steps": n, "wall_s": wall_s,
+        "reward/first20": float(rewards[:20].mean()) if n else float("nan"),
+        "reward/last_tenth": float(rewards[-tenth:].mean()) if n else float("nan"),
+        "lag/token_max": max((r.get("lag/token_max", 0) for r in records), default=0),
+        "lag/bound": coord.admission.lag_bound(),
+        "lag/hist": hist,
+        "seq/mixed_version_frac": float(np.mean(
+            [r.get("seq/mixed_version_frac", 0.0) for r in records])) if n else 0.0,
+        "sampler/swaps": len(coord.swap_pause_s),
+        "sampler/swap_pause_ms_mean": 1e3 * float(np.mean(coord.swap_pause_s or [0.0])),
+        "sampler/swap_latency_ms_median": 1e3 * float(np.median(coord.swap_latency_s or [0.0])),
+        "sampler/busy_frac": coord.sampler_busy_s / wall_s,
+        "trainer/busy_frac": coord.trainer_busy_s / wall_s,
+        "samples_per_s": coord.samples_generated / wall_s,
+    }
+
+
+def format_summary(s: dict) -> str:
+    hist = " ".join(f"{k}:{v}" for k, v in s["lag/hist"].items() if v)
+    return (f"done: {s['steps']} steps in {s['wall_s']:.0f}s, reward {s['reward/first20']:.3f} "
+            f"(first 20 steps) -> {s['reward/last_tenth']:.3f} (last tenth); "
+            f"{s['samples_per_s']:.0f} samples/s; swaps {s['sampler/swaps']} "
+            f"(pause {s['sampler/swap_pause_ms_mean']:.2f} ms); "
+            f"sequences with >1 version {100 * s['seq/mixed_version_frac']:.0f}%; "
+            f"max lag {s['lag/token_max']} (bound {s['lag/bound']}); lag histogram {hist}")
