@@ -1,0 +1,249 @@
+"""Decode throughput of the pipelinerl_jax sampler against transformers `generate`, same weights.
+
+    .venv/bin/python bench/bench_decode.py            # the timed run (machine must be idle)
+    .venv/bin/python bench/bench_decode.py --quick    # a small check that everything runs
+
+Fixed config (bench/common.BENCH_MODEL, 57.9M params, untied head), prompts of 32 random
+tokens, 128 forced new tokens (no EOS), greedy, batch 1 / 8 / 32 / 64. Tokens/s = generated
+tokens / wall time of the whole generate call (prefill included) for both engines; medians
+over repeats and ratios. Also: the same rates as a fraction of this machine's f32 large-matmul
+rate (2 * matmul params FLOPs per token), a bf16 row against transformers bf16, what XLA does
+with bf16 matmuls under several CPU flags (subprocesses, since XLA_FLAGS is read at start-up),
+and the cost of an in-flight param swap. Writes bench/results/decode.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from bench import common  # noqa: E402
+
+PROMPT_LEN = 32
+
+FLAG_SETS = {
+    "default": "",
+    "ynn_off": "--xla_cpu_experimental_ynn_fusion_type=",
+    "ynn_dots_off": "--xla_cpu_experimental_ynn_fusion_type=-individual_dot",
+    "xnnpack_off": "--xla_cpu_use_xnnpack=false",
+    "onednn": "--xla_cpu_use_onednn=true",
+    "onednn_custom_call": "--xla_cpu_experimental_onednn_custom_call=true",
+}
+
+MATMUL_PROBE = r"""
+import json, time, numpy as np, jax, jax.numpy as jnp
+def rate(m, k, n, dtype, reps):
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((m, k)), dtype)
+    b = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)), dtype)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    f(a, b).block_until_ready()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter(); f(a, b).block_until_ready(); ts.append(time.perf_counter() - t)
+    return 2 * m * k * n / float(np.median(ts)) / 1e9
+reps, n = %d, %d
+out = {}
+for dt in ("float32", "bfloat16"):
+    out[dt + "_%%d" %% n] = rate(n, n, n, dt, reps)
+    out[dt + "_head_b64"] = rate(64, 512, 32000, dt, reps)
+print(json.dumps(out))
+"""
+
+
+def cpu_features() -> dict:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = []
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                  if line.startswith("model name")), "unknown") if os.path.exists(
+        "/proc/cpuinfo") else "unknown"
+    return {"model": model, **{f: f in flags for f in
+                                ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")}}
+
+
+def make_checkpoint(path: Path):
+    """Random BENCH_MODEL weights saved by transformers; both engines load this directory."""
+    import torch
+    import transformers
+    m = common.BENCH_MODEL
+    config = transformers.LlamaConfig(
+        vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
+        intermediate_size=m["intermediate_size"], num_hidden_layers=m["num_layers"],
+        num_attention_heads=m["num_heads"], num_key_value_heads=m["num_kv_heads"],
+        head_dim=m["head_dim"], tie_word_embeddings=m["tie_word_embeddings"],
+        max_position_embeddings=2048, eos_token_id=None, bos_token_id=None)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+
+
+def hf_generate_fn(path: Path, dtype: str, prompts: np.ndarray, new_tokens: int):
+    import torch
+    import transformers
+    torch.set_num_threads(os.cpu_count())
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype)).eval()
+    ids = torch.tensor(prompts)
+
+    def run():
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=torch.ones_like(ids),
+                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                  do_sample=False, eos_token_id=None, pad_token_id=0)
+    return run
+
+
+def our_sampler(path: Path, dtype: str, batch: int, new_tokens: int, chunk_steps: int):
+    from pipelinerl_jax.models import hf_io
+    from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+    _, graphdef, params = hf_io.load_hf(path, param_dtype=dtype)
+    page = 16
+    max_len = -(-(PROMPT_LEN + new_tokens) // page) * page
+    config = SamplerConfig(num_slots=batch, max_seq_len=max_len, page_size=page,
+                           chunk_steps=chunk_steps, max_prefill_rows=min(batch, 64),
+                           prefill_chunk=max(page, min(512, max_len)))
+    return Sampler(graphdef, params, config), params
+
+
+def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parity):
+    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    prompts = np.random.default_rng(batch).integers(0, common.BENCH_MODEL["vocab_size"],
+                                                    (batch, PROMPT_LEN))
+    sampler, _ = our_sampler(path, dtype, batch, new_tokens, chunk_steps)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    ours_out = []
+    ours_fn = lambda: ours_out.append(sampler.generate(list(prompts), params=greedy))
+    ours_s, _ = common.median_time(ours_fn, repeats=repeats, warmup=1)
+    hf_fn = hf_generate_fn(path, dtype, prompts, new_tokens)
+    hf_out = []
+    hf_s, _ = common.median_time(lambda: hf_out.append(hf_fn()), repeats=repeats, warmup=1)
+    row = {"batch": batch, "dtype": dtype, "ours_tok_s": batch * new_tokens / ours_s,
+           "hf_tok_s": batch * new_tokens / hf_s}
+    row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
+    if check_parity:
+        ours_tokens = [s.token_ids for s in ours_out[-1]]
+        hf_tokens = hf_out[-1][:, PROMPT_LEN:].tolist()
+        row["same_tokens_frac"] = float(np.mean([a == b for a, b in zip(ours_tokens, hf_tokens)]))
+    return row, sampler
+
+
+def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
+    """Staged params -> first chunk with them, against chunks without a swap."""
+    import jax
+    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    batch = sampler.config.num_slots
+    new_params = jax.tree.map(lambda x: x * 1.001, params)
+    prompts = np.random.default_rng(1).integers(0, 1000, (batch, PROMPT_LEN))
+    budget = sampler.config.max_seq_len - PROMPT_LEN
+    for p in prompts:
+        sampler.submit(p, params=SamplingParams(temperature=0.0, max_new_tokens=budget))
+    sampler.step()                                    # admission + prefill
+    plain = []
+    for _ in range(max(1, min(repeats + 1, budget // chunk_steps - 2))):
+        t = time.perf_counter()
+        sampler.step()
+        plain.append(time.perf_counter() - t)
+    chunk_s = float(np.median(plain))
+    compiles = sampler.engine.decode_chunk._cache_size()
+    staged = time.perf_counter()
+    sampler.set_params(new_params, version=sampler.version + 1)
+    sampler.step()
+    swap_s = time.perf_counter() - staged
+    recompiled = sampler.engine.decode_chunk._cache_size() != compiles
+    while sampler.has_work():
+        sampler.step()
+    step_s = chunk_s / chunk_steps
+    return {"batch": batch, "chunk_steps": chunk_steps, "chunk_s": chunk_s,
+            "staged_to_first_token_visible_s": swap_s,
+            "extra_cost_in_decode_steps": (swap_s - chunk_s) / step_s,
+            "recompiled": recompiled}
+
+
+def flags_study(quick: bool) -> dict:
+    out = {}
+    names = ["default", "onednn"] if quick else list(FLAG_SETS)
+    for name in names:
+        flags = FLAG_SETS[name]
+        env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+        proc = subprocess.run([sys.executable, "-c", MATMUL_PROBE % ((2, 512) if quick else (5, 2048))],
+                              env=env, capture_output=True, text=True, timeout=600)
+        out[name] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
+                     else {"error": proc.stderr.strip().splitlines()[-1][:200]})
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    n = 512 if quick else 2048
+    for dt in ("float32", "bfloat16"):
+        a = torch.randn(n, n, dtype=getattr(torch, dt))
+        a @ a
+        t = time.perf_counter()
+        for _ in range(3):
+            a @ a
+        out.setdefault("torch", {})[f"{dt}_{n}"] = 3 * 2 * n**3 / (time.perf_counter() - t) / 1e9
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes: checks that it runs")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--new_tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--chunk_steps", type=int, default=16)
+    args = ap.parse_args()
+    batches = [1, 8] if args.quick else [int(b) for b in args.batches.split(",")]
+    new_tokens = 16 if args.quick else args.new_tokens
+    repeats = 1 if args.quick else args.repeats
+    chunk = 4 if args.quick else min(args.chunk_steps, new_tokens)
+
+    load = common.warn_if_busy()
+    from pipelinerl_jax.models.config import ModelConfig
+    flop_per_token = 2 * ModelConfig(
+        model_type="llama", rms_norm_eps=1e-5, rope_theta=1e4, rope_scaling=None,
+        max_position_embeddings=2048, attention_bias=False, qk_norm=False,
+        **common.BENCH_MODEL).matmul_params_per_token()
+    gflops = common.f32_matmul_gflops(n=1024 if args.quick else 2048)
+    rows, swap = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench_model"
+        make_checkpoint(path)
+        for batch in batches:
+            row, sampler = bench_pair(path, "float32", batch, new_tokens, repeats, chunk,
+                                      check_parity=batch <= 8)
+            row["frac_f32_matmul_peak"] = row["ours_tok_s"] * flop_per_token / (gflops * 1e9)
+            row["hf_frac_f32_matmul_peak"] = row["hf_tok_s"] * flop_per_token / (gflops * 1e9)
+            rows.append(row)
+            print(row, flush=True)
+            if batch == (8 if 8 in batches else batches[0]):
+                swap = bench_swap(sampler, sampler.params, chunk, repeats)
+                print("swap", swap, flush=True)
+        for batch in ([8] if args.quick else [8, 64]):
+            row, _ = bench_pair(path, "bfloat16", batch, new_tokens, repeats, chunk, False)
+            rows.append(row)
+            print(row, flush=True)
+    flags = flags_study(args.quick)
+    payload = {"config": {**common.BENCH_MODEL, "prompt_len": PROMPT_LEN,
+                          "new_tokens": new_tokens, "greedy": True, "chunk_steps": chunk,
+                          "quick": args.quick},
+               "load_before": load, "load_after": common.load_average(),
+               "cpu": cpu_features(), "f32_matmul_gflops": gflops,
+               "flop_per_token": flop_per_token, "rows": rows, "param_swap": swap,
+               "xla_bf16_flags": flags}
+    common.print_table(rows, ["batch", "dtype", "ours_tok_s", "hf_tok_s", "ratio",
+                              "frac_f32_matmul_peak", "hf_frac_f32_matmul_peak",
+                              "same_tokens_frac"])
+    print(json.dumps(flags, indent=1))
+    common.write_result("decode_quick" if args.quick else "decode", payload)
+
+
+if __name__ == "__main__":
+    main()
