@@ -1,0 +1,309 @@
+"""RunCheckpointer: bit-exact round trips of a real TrainState, keep-last-K, corrupt steps,
+structure checks, config compatibility, and restoring onto an 8-device mesh (subprocess).
+
+The TrainState comes from pipelinerl_jax.trainer on a tiny Llama; every leaf (params, Adam
+moments, counters) is replaced by random values so that a swapped, zeroed or re-initialised
+leaf cannot pass.
+"""
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from pipelinerl_jax import checkpoint as ck
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import llama
+from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.trainer import Trainer, TrainerConfig, trainer_mesh
+
+CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
+                  rope_theta=1e4, rope_scaling=None, max_position_embeddings=64,
+                  tie_word_embeddings=False, attention_bias=False, qk_norm=False)
+
+
+def randomize(state, seed):
+  """Every leaf replaced by random values of its dtype, on its sharding."""
+  rng = np.random.default_rng(seed)
+
+  def one(x):
+    if np.issubdtype(x.dtype, np.integer):
+      value = rng.integers(1, 1000, x.shape).astype(x.dtype)
+    else:
+      value = rng.standard_normal(x.shape).astype(x.dtype)
+    return jax.device_put(value, x.sharding)
+  return jax.tree.map(one, state)
+
+
+def host(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def assert_bit_identical(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(host(a), host(b)):
+    assert x.dtype == y.dtype and x.shape == y.shape
+    assert x.tobytes() == y.tobytes()
+
+
+@pytest.fixture(scope="module")
+def setup():
+  graphdef, params = llama.init(CFG, jax.random.key(0))
+  abstract_params = jax.eval_shape(lambda: params)
+  trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
+  state = trainer.init_state(params)
+  abstract = ck.abstract_state(trainer, abstract_params)
+  return trainer, state, abstract
+
+
+EXTRA = {"config": {"model": {"hf_dir": ""}, "trainer": {"learning_rate": 1e-3}},
+         "data": {"next_index": 17, "grain": "{\"x\": 1}"}, "admission_started": 9,
+         "pending": [{"index": 8, "rewards": [0.25, 1.0], "logprobs": [-0.123456789012345],
+                      "text": "naïve ∑ \\boxed{1}"}], "rng": [1, 2**40]}
+
+
+def test_round_trip_bit_identical(setup, tmp_path):
+  trainer, state, abstract = setup
+  saved = randomize(state, 1)
+  with ck.RunCheckpointer(tmp_path, model_config=CFG) as ckpt:
+    assert ckpt.save(7, saved, EXTRA)
+    assert not ckpt.save(7, saved, EXTRA)  # already there: nothing written
+  step, restored, extra = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
+  assert step == 7 and extra == EXTRA
+  assert_bit_identical(restored, saved)
+  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(trainer.state_shardings)):
+    assert got.sharding == want
+  meta = ck.RunCheckpointer(tmp_path).read_json(7, "meta")
+  assert ck.model_config_from_json(meta["model_config"]) == CFG
+  # Params alone (what export reads), onto a fresh model's structure.
+  params = ck.RunCheckpointer(tmp_path).restore_params(7, llama.abstract_init(CFG)[1])
+  assert_bit_identical(params, saved.params)
+
+
+def test_async_save_survives_donation(setup, tmp_path):
+  """save() returns once arrays are off the device: deleting them (as donation does) is safe."""
+  _, state, abstract = setup
+  saved = randomize(state, 2)
+  expected = host(saved)
+  ckpt = ck.RunCheckpointer(tmp_path)
+  ckpt.save(1, saved, {})
+  for x in jax.tree.leaves(saved):
+    x.delete()
+  ckpt.close()
+  _, restored, _ = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
+  assert all(a.tobytes() == b.tobytes() for a, b in zip(host(restored), expected))
+
+
+def test_keep_last_k(setup, tmp_path):
+  _, state, abstract = setup
+  with ck.RunCheckpointer(tmp_path, keep=2) as ckpt:
+    for step in (1, 2, 3, 4):
+      ckpt.save(step, randomize(state, step), {"step": step})
+  ckpt = ck.RunCheckpointer(tmp_path, keep=2)
+  assert ckpt.steps() == [3, 4]
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "4"]
+  step, restored, extra = ckpt.restore_latest(abstract)
+  assert (step, extra) == (4, {"step": 4})
+  assert_bit_identical(restored, randomize(state, 4))
+
+
+def _truncate_data(step_dir):
+  files = [f for f in glob.glob(f"{step_dir}/params/**/d/*", recursive=True)]
+  assert files
+  for f in files:
+    with open(f, "r+b") as fh:
+      fh.truncate(os.path.getsize(f) // 2)
+
+
+def _write(path, text):
+  with open(path, "w") as fh:
+    fh.write(text)
+
+
+CORRUPTIONS = {
+    "truncated_arrays": _truncate_data,
+    "deleted_meta": lambda d: os.remove(f"{d}/meta/metadata"),
+    "bad_extra_json": lambda d: _write(f"{d}/extra/metadata", "{\"pending\": [1, 2"),
+    "missing_train_item": lambda d: __import__("shutil").rmtree(f"{d}/train"),
+    "empty_step_dir": lambda d: [__import__("shutil").rmtree(d), os.mkdir(d)],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corrupt_latest_falls_back(setup, tmp_path, caplog, kind):
+  _, state, abstract = setup
+  with ck.RunCheckpointer(tmp_path) as ckpt:
+    for step in (10, 20):
+      ckpt.save(step, randomize(state, step), {"step": step})
+  CORRUPTIONS[kind](str(tmp_path / "checkpoints" / "20"))
+  ckpt = ck.RunCheckpointer(tmp_path)
+  with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
+    step, restored, extra = ckpt.restore_latest(abstract)
+  assert (step, extra) == (10, {"step": 10})
+  assert_bit_identical(restored, randomize(state, 10))
+  text = caplog.text
+  assert "checkpoint step 20 is corrupt" in text and "resuming from checkpoint step 10" in text
+  # The bad step is moved aside, so the run can save step 20 again.
+  assert ckpt.steps() == [10]
+  assert len(os.listdir(tmp_path / ck.CORRUPT_DIR)) == 1
+  assert ckpt.save(20, state, {"step": "again"})
+  ckpt.close()
+  assert ck.RunCheckpointer(tmp_path).restore_latest(abstract)[2] == {"step": "again"}
+
+
+def test_all_corrupt_or_none(setup, tmp_path, caplog):
+  _, state, abstract = setup
+  assert ck.RunCheckpointer(tmp_path / "fresh").restore_latest(abstract) is None
+  with ck.RunCheckpointer(tmp_path) as ckpt:
+    for step in (1, 2):
+      ckpt.save(step, state, {})
+  for step in (1, 2):
+    _truncate_data(str(tmp_path / "checkpoints" / str(step)))
+  with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
+    assert ck.RunCheckpointer(tmp_path).restore_latest(abstract) is None
+  assert "none of the 2 checkpoints" in caplog.text
+  assert ck.RunCheckpointer(tmp_path).steps() == []
+
+
+def test_structure_mismatch_is_a_config_error(setup, tmp_path):
+  """A changed model is not corruption: no fallback, no quarantine, a one-line error."""
+  trainer, state, _ = setup
+  with ck.RunCheckpointer(tmp_path) as ckpt:
+    ckpt.save(5, state, {})
+  wider = dataclasses.replace(CFG, intermediate_size=96)
+  graphdef, abstract_params = llama.abstract_init(wider)
+  other = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
+  with pytest.raises(ConfigError, match=r"down_proj.*float32\(2, 64, 32\).*\(2, 96, 32\).*"
+                                        r"new --workdir") as e:
+    ck.RunCheckpointer(tmp_path).restore_latest(ck.abstract_state(other, abstract_params))
+  assert "\n" not in str(e.value)
+  no_clip = Trainer(TrainerConfig(grad_clip_norm=0.0), trainer.graphdef,
+                    jax.eval_shape(lambda: state.params), trainer_mesh())
+  with pytest.raises(ConfigError, match="opt_state"):
+    ck.RunCheckpointer(tmp_path).restore_latest(
+        ck.abstract_state(no_clip, jax.eval_shape(lambda: state.params)))
+  assert ck.RunCheckpointer(tmp_path).steps() == [5]
+
+
+def test_extra_must_be_json(setup, tmp_path):
+  _, state, _ = setup
+  with ck.RunCheckpointer(tmp_path) as ckpt:
+    with pytest.raises(TypeError, match=r"extra\.pending\[0\]\.problem is a object"):
+      ckpt.save(1, state, {"pending": [{"problem": object()}]})
+    assert ckpt.steps() == []
+
+
+def _config(**changes):
+  cfg = {"seed": 0, "mode": "pipeline", "group_size": 8, "batch_size": 64, "steps": 400,
+         "conventional_steps": 4, "max_lag": 2, "log_every": 20,
+         "model": {"hf_dir": "", "param_dtype": "float32",
+                   "init": [["hidden_size", 128], ["num_layers", 2]]},
+         "data": {"task": "reverse_digits", "task_options": [["max_digits", 5]],
+                  "datasets": [], "shuffle_seed": 0},
+         "trainer": {"learning_rate": 3e-3, "grad_clip_norm": 1.0,
+                     "loss": {"kl_coef": 0.0, "kl_coef_end": None}}}
+  for path, value in changes.items():
+    node = cfg
+    *parents, last = path.split("/")
+    for p in parents:
+      node = node[p]
+    node[last] = value
+  return json.loads(json.dumps(cfg))
+
+
+def test_check_compatible_allows_harmless_changes():
+  assert ck.check_compatible(_config(), _config()) == []
+  changes = ck.check_compatible(
+      _config(), _config(**{"trainer/learning_rate": 1e-3, "steps": 800, "log_every": 5,
+                            "max_lag": 4, "trainer/grad_clip_norm": 0.5}))
+  assert changes == ["log_every: 20 -> 5", "max_lag: 2 -> 4", "steps: 400 -> 800",
+                     "trainer.grad_clip_norm: 1.0 -> 0.5",
+                     "trainer.learning_rate: 0.003 -> 0.001"]
+  # Conventional rounds only matter in conventional mode.
+  assert ck.check_compatible(_config(), _config(conventional_steps=8)) == [
+      "conventional_steps: 4 -> 8"]
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"model/init": [["hidden_size", 256], ["num_layers", 2]]}, "model.init.hidden_size"),
+    ({"model/param_dtype": "bfloat16"}, "model.param_dtype"),
+    ({"model/hf_dir": "/models/qwen"}, "model.hf_dir"),
+    ({"group_size": 4}, "group_size"),
+    ({"batch_size": 32}, "batch_size"),
+    ({"mode": "conventional"}, "mode"),
+    ({"data/task_options": [["max_digits", 6]]}, "data.task_options.max_digits"),
+    ({"data/shuffle_seed": 1}, "data.shuffle_seed"),
+    ({"trainer/grad_clip_norm": 0.0}, "trainer.grad_clip_norm"),
+    ({"trainer/loss/kl_coef": 0.01}, "trainer.loss.kl_coef"),
+])
+def test_check_compatible_refuses_breaking_changes(changes, field):
+  with pytest.raises(ConfigError, match=rf"config\.{field} changed .*new --workdir") as e:
+    ck.check_compatible(_config(), _config(**changes))
+  assert "\n" not in str(e.value)
+  # Both directions.
+  with pytest.raises(ConfigError, match=rf"config\.{field} changed"):
+    ck.check_compatible(_config(**changes), _config())
+
+
+def test_conventional_round_change_refused_in_conventional_mode():
+  with pytest.raises(ConfigError, match="conventional_steps"):
+    ck.check_compatible(_config(mode="conventional"),
+                        _config(mode="conventional", conventional_steps=2))
+
+
+_SHARDED = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, numpy as np
+    sys.path.insert(0, sys.argv[2])
+    from test_checkpoint import CFG, assert_bit_identical, randomize
+    from pipelinerl_jax import checkpoint as ck
+    from pipelinerl_jax.models import llama
+    from pipelinerl_jax.trainer import Trainer, TrainerConfig, trainer_mesh
+    assert len(jax.devices()) == 8
+    graphdef, abstract_params = llama.abstract_init(CFG)
+    trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh(tp=2))
+    step, state, extra = ck.RunCheckpointer(sys.argv[1]).restore_latest(
+        ck.abstract_state(trainer, abstract_params))
+    sharded = 0
+    for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(trainer.state_shardings)):
+        assert got.sharding == want, (got.sharding, want)
+        sharded += len(got.sharding.device_set) == 8 and not got.sharding.is_fully_replicated
+    assert sharded > 10, sharded
+    expected = np.load(os.path.join(sys.argv[1], "expected.npz"))
+    for i, leaf in enumerate(jax.tree.leaves(state)):
+        assert np.asarray(leaf).tobytes() == expected[str(i)].tobytes(), i
+    # And back: save from the 8-device layout, restore it unchanged.
+    ckpt = ck.RunCheckpointer(sys.argv[1])
+    ckpt.save(step + 1, state, extra)
+    ckpt.close()
+    again = ck.RunCheckpointer(sys.argv[1]).restore_latest(ck.abstract_state(trainer,
+                                                                            abstract_params))
+    assert again[0] == step + 1
+    assert_bit_identical(again[1], state)
+    print("OK", step, sharded)
+""")
+
+
+def test_restore_onto_8_device_mesh(setup, tmp_path):
+  """Saved from one device, restored directly onto an fsdp=4 x tp=2 layout (and back)."""
+  _, state, _ = setup
+  saved = randomize(state, 3)
+  with ck.RunCheckpointer(tmp_path) as ckpt:
+    ckpt.save(3, saved, {"k": 1})
+  np.savez(tmp_path / "expected.npz", **{str(i): x for i, x in enumerate(host(saved))})
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _SHARDED, str(tmp_path),
+                        os.path.dirname(__file__)], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "OK 3" in out.stdout
