@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as Ps
 
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.sampler import attend as attn
+from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import sampling
 from pipelinerl_jax.sampler.state import SamplerState, state_shardings
 
@@ -111,6 +112,8 @@ class Engine:
         self.prefill = jax.jit(self._prefill, static_argnames=("window",),
                                donate_argnames=("state",))
         self.copy_pages = jax.jit(self._copy_pages, donate_argnames=("state",))
+        self.prepare_params = jax.jit(functools.partial(fwd.decode_params, self.model_cfg),
+                                      out_shardings=self.replicated)
 
     def _shard_map(self, fn, in_specs, out_specs):
         # check_vma off: every value is per-shard (no collectives), and the checker would
@@ -139,15 +142,14 @@ class Engine:
             out_versions=jnp.where(valid_CxB.T, version, -1))
 
     def _decode_step(self, params, block_tables_BxM, window, state: SamplerState, _):
-        layers = self.model_cfg.num_layers
         positions_B = state.lengths - 1
         active_B = state.active
         attend = attn.decode_attend(state.k_pages, state.v_pages, block_tables_BxM[:, :window],
                                     positions_B, scale=self.scale)
-        hidden_Bx1xE, (k_new, v_new) = llama.forward_hidden(
-            self.graphdef, params, state.last_token[:, None], positions_B[:, None],
-            attend=attend, cache=jnp.arange(layers, dtype=jnp.int32))
-        logits_BxV = llama.logits_from_hidden(params, hidden_Bx1xE)[:, 0]
+        hidden_Bx1xE, kv = fwd.forward_hidden(
+            self.model_cfg, params, state.last_token[:, None], positions_B[:, None], attend)
+        k_new, v_new = _stack_kv(kv)
+        logits_BxV = fwd.logits(params, hidden_Bx1xE)[:, 0]
         write_Bx1 = active_B[:, None]
         k_pages = attn.write_new_kv(state.k_pages, k_new, block_tables_BxM,
                                     positions_B[:, None], write_Bx1)
@@ -178,13 +180,12 @@ class Engine:
 
     def _prefill_local(self, params, state: SamplerState, tokens_RxT, positions_RxT,
                        block_tables_RxM, *, window: int):
-        layers = self.model_cfg.num_layers
         block_tables_RxM = self._to_local(block_tables_RxM)
         attend = attn.prefill_attend(state.k_pages, state.v_pages, block_tables_RxM[:, :window],
                                      positions_RxT, scale=self.scale)
-        _, (k_new, v_new) = llama.forward_hidden(
-            self.graphdef, params, tokens_RxT, jnp.maximum(positions_RxT, 0), attend=attend,
-            cache=jnp.arange(layers, dtype=jnp.int32))
+        _, kv = fwd.forward_hidden(self.model_cfg, params, tokens_RxT,
+                                   jnp.maximum(positions_RxT, 0), attend)
+        k_new, v_new = _stack_kv(kv)
         write_RxT = positions_RxT >= 0
         return state.replace(
             k_pages=attn.write_new_kv(state.k_pages, k_new, block_tables_RxM, positions_RxT,
@@ -204,6 +205,11 @@ class Engine:
         src_N, dst_N = self._to_local(src_N), self._to_local(dst_N)
         return state.replace(k_pages=state.k_pages.at[:, dst_N].set(state.k_pages[:, src_N]),
                              v_pages=state.v_pages.at[:, dst_N].set(state.v_pages[:, src_N]))
+
+
+def _stack_kv(kv):
+    """Per-layer (k, v) -> k [L, ...], v [L, ...]."""
+    return jnp.stack([k for k, _ in kv]), jnp.stack([v for _, v in kv])
 
 
 def _uniforms(rng_key, seeds_B, positions_B):

@@ -198,11 +198,16 @@ class Sampler:
     # --- params ---------------------------------------------------------------------------
 
     def _place(self, params):
-        """Replicated on the sampler mesh: the same sharding for every version (no recompile)."""
-        return jax.device_put(params, self.engine.replicated)
+        """The engine's per-layer view, replicated on the sampler mesh: the same shapes and
+        shardings for every version, so a swap never recompiles."""
+        return self.engine.prepare_params(jax.device_put(params, self.engine.replicated))
 
     def set_params(self, params, version: int) -> None:
-        """Stages new params (thread-safe); the next step() swaps them in."""
+        """Stages new params (thread-safe); the next step() swaps them in.
+
+        The conversion to the engine's per-layer view is dispatched here, in the caller's
+        thread, so the chunk boundary only swaps a reference.
+        """
         placed = self._place(params)
         with self._lock:
             self._staged = (placed, int(version))
