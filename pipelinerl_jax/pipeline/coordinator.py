@@ -193,7 +193,14 @@ class Coordinator:
         previous = None  # (step, device metrics, host record) of the last dispatched step
         while self.step < self.cfg.steps and not self.stop.is_set():
             t0 = time.perf_counter()
-            groups = self.board.take(self._wait_indices(self.step), self.stop)
+            adm = self.admission
+            if adm.mode == "conventional" and self.step % adm.round_steps == 0:
+                # Conventional RL: the whole round is generated before its first step.
+                round_end = (self.step + adm.round_steps) * adm.groups_per_step
+                if not self.board.wait(range(self.step * adm.groups_per_step, round_end),
+                                       self.stop):
+                    break
+            groups = self.board.take(adm.step_indices(self.step), self.stop)
             if groups is None:
                 break
             t1 = time.perf_counter()
@@ -214,14 +221,6 @@ class Coordinator:
         if previous is not None:
             self._log(*previous)
         self.stop.set()  # training is done: the sampler stops at its next chunk boundary
-
-    def _wait_indices(self, step: int):
-        """Pipeline: this step's groups. Conventional: the whole round before its first step."""
-        adm = self.admission
-        if adm.mode == "conventional" and step % adm.round_steps == 0:
-            return range(step * adm.groups_per_step,
-                         (step + adm.round_steps) * adm.groups_per_step)
-        return adm.step_indices(step)
 
     def _host_record(self, step, groups, batch, host_stats) -> dict:
         mask = np.asarray(batch.loss_mask) > 0

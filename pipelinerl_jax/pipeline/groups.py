@@ -47,14 +47,22 @@ class ReadyBoard:
             self._ready[group.index] = group
             self._cond.notify_all()
 
-    def take(self, indices, stop: threading.Event, poll_s: float = 0.05) -> list[Group] | None:
-        """Blocks until every index is ready (returns them, removed) or `stop` is set (None)."""
+    def wait(self, indices, stop: threading.Event, poll_s: float = 0.05) -> bool:
+        """Blocks until every index is ready (True) or `stop` is set (False)."""
         indices = list(indices)
         with self._cond:
             while not all(i in self._ready for i in indices):
                 if stop.is_set():
-                    return None
+                    return False
                 self._cond.wait(poll_s)
+            return True
+
+    def take(self, indices, stop: threading.Event, poll_s: float = 0.05) -> list[Group] | None:
+        """Blocks until every index is ready (returns them, removed) or `stop` is set (None)."""
+        indices = list(indices)
+        if not self.wait(indices, stop, poll_s):
+            return None
+        with self._cond:
             return [self._ready.pop(i) for i in indices]
 
     def __len__(self) -> int:

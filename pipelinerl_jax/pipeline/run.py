@@ -101,15 +101,25 @@ def build_model(cfg, tokenizer, rng):
     return llama.init(model_cfg, rng)
 
 
-def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
-        echo=print) -> dict:
-    """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl)."""
+@dataclasses.dataclass
+class Components:
+    """Everything a run is made of; tests may replace parts (e.g. a scripted trainer)."""
+    sampler: Sampler
+    trainer: object
+    state: object
+    stream: PromptStream
+    tokenizer: object
+    encode_prompt: object
+    admission: Admission
+    publisher: Publisher
+    num_sampler_devices: int
+    num_trainer_devices: int
+
+
+def build(cfg: config_lib.RunConfig, devices=None) -> Components:
+    """Meshes, model, trainer state, sampler, data stream, admission and publisher."""
     devices = devices or jax.devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
-    if workdir:
-        Path(workdir).mkdir(parents=True, exist_ok=True)
-        (Path(workdir) / "config.json").write_text(
-            json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
     tokenizer, source, encode = build_data(cfg)
     stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
     graphdef, params = build_model(cfg, tokenizer, jax.random.key(cfg.seed))
@@ -123,29 +133,44 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
     eos = tuple(getattr(tokenizer, "eos_token_ids", ()))
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed)
     sampler = Sampler(graphdef, params, sampler_cfg, eos_token_ids=eos, mesh=sampler_mesh)
-    del params  # the trainer and the sampler hold their own copies
 
     admission = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag,
                           mode=cfg.mode, round_steps=cfg.conventional_steps)
     replicated = NamedSharding(sampler_mesh, P())
-    publisher = Publisher(jax.tree.map(lambda _: replicated, state.params),
+    publisher = Publisher(jax.tree.map(lambda _: replicated, params),
                           publishes=admission.publishes)
+    return Components(sampler=sampler, trainer=trainer, state=state, stream=stream,
+                      tokenizer=tokenizer, encode_prompt=encode, admission=admission,
+                      publisher=publisher, num_sampler_devices=len(sampler_devices),
+                      num_trainer_devices=len(trainer_devices))
+
+
+def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
+        components: Components | None = None, echo=print) -> dict:
+    """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl)."""
+    if workdir:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        (Path(workdir) / "config.json").write_text(
+            json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
+    c = components or build(cfg, devices)
     writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo)
     table = get_reward_table(cfg.reward.table)
-    detok = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-    echo(f"pipelinerl_jax: mode={cfg.mode} lag bound={admission.lag_bound()} steps={cfg.steps} "
-         f"batch={cfg.batch_size} ({cfg.groups_per_step} groups x {cfg.group_size}) "
-         f"devices: sampler {len(sampler_devices)}, trainer {len(trainer_devices)}"
-         f"{' (shared)' if len(devices) == 1 else ''}")
+    detok = lambda ids: c.tokenizer.decode(ids, skip_special_tokens=True)
+    shared = " (shared)" if c.num_sampler_devices == c.num_trainer_devices == 1 else ""
+    echo(f"pipelinerl_jax: mode={cfg.mode} lag bound={c.admission.lag_bound()} "
+         f"steps={cfg.steps} batch={cfg.batch_size} ({cfg.groups_per_step} groups x "
+         f"{cfg.group_size}) devices: sampler {c.num_sampler_devices}, trainer "
+         f"{c.num_trainer_devices}{shared}")
     with RewardPool(cfg.reward.fn, num_workers=cfg.reward.workers,
                     timeout_s=cfg.reward.timeout_s) as pool:
         coord = Coordinator(
-            cfg, sampler=sampler, trainer=trainer, state=state, stream=stream,
-            encode_prompt=encode, detokenize=detok, reward_pool=pool, reward_table=table,
-            publisher=publisher, admission=admission, writer=writer)
+            cfg, sampler=c.sampler, trainer=c.trainer, state=c.state, stream=c.stream,
+            encode_prompt=c.encode_prompt, detokenize=detok, reward_pool=pool,
+            reward_table=table, publisher=c.publisher, admission=c.admission, writer=writer)
         t0 = time.perf_counter()
         coord.run()
         wall = time.perf_counter() - t0
+    c.state = coord.state
     summary = summarize(writer.of_kind("train"), wall, coord)
     writer.write("summary", summary)
     echo(format_summary(summary))
