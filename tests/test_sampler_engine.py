@@ -203,6 +203,10 @@ def test_param_swap_between_chunks(models, prompts, policy):
     assert keep[:swap_at] == recompute[:swap_at] == head
     assert keep != recompute and keep != unswapped       # the reference can tell them apart
     assert sample.token_ids == (keep if policy == "keep" else recompute)
+    from pipelinerl_jax.errors import ConfigError
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), llama.arrays(params_b))
+    with pytest.raises(ConfigError, match="shapes/dtypes"):
+        sampler.set_params(bf16, version=2)
 
 
 def test_bad_requests_become_error_samples(models):
@@ -221,3 +225,10 @@ def test_bad_requests_become_error_samples(models):
     from pipelinerl_jax.errors import ConfigError
     with pytest.raises(ConfigError, match="num_slots"):
         sampler.submit([1], n=CONFIG.num_slots + 1)
+
+
+def test_window_buckets():
+    from pipelinerl_jax.sampler.engine import pick_window, window_buckets
+    assert window_buckets(20) == (1, 2, 3, 4, 6, 8, 12, 16, 20)
+    assert window_buckets(3) == (1, 2, 3)
+    assert [pick_window(n, 20) for n in (0, 1, 5, 9, 17, 40)] == [1, 1, 6, 12, 20, 20]

@@ -1,18 +1,20 @@
-"""The sampler's attention hooks for `llama.forward_hidden`: paged KV read, new K/V handed out.
+"""The sampler's attention hooks: paged K/V read from the pool, the new K/V handed back.
 
-Why the page pool is closed over instead of being the model's scanned `cache`: the layer scan
-turns a scanned cache into a dynamic-slice per layer (a copy of the layer's whole pool) and a
-stacked output (another copy), i.e. two copies of the entire pool per decode step; measured
-here at ~0.2 s per step for a 134 MB pool. Instead the scanned cache is only the layer index
-[L]; each layer's attend reads its pages with one gather from the closed-over pool (only the
-pages in the slots' block tables, only the first W of them) and returns the new K/V as its
-layer-cache output. The engine scatters all layers' new K/V into the donated pool after the
-forward, in place.
+Why the page pool is closed over instead of travelling through the layers as a per-layer
+cache slice: a cache scanned with the layers becomes a dynamic-slice per layer (a copy of the
+layer's whole pool) and a stacked output (another copy), i.e. two copies of the entire pool per
+decode step, measured here at ~0.2 s per step for a 134 MB pool. Instead each layer's attend
+reads its pages with one gather from the closed-over pool (only the pages named in the slots'
+block tables, only the first W of them) and returns the new K/V; the engine scatters all
+layers' new K/V into the donated pool after the forward, in place.
 
 Consequently the current tokens' K/V are not in the pages while attending: attention is over
 (cached positions before the chunk) + (the chunk itself, causally), merged in one f32 softmax.
 Every query may attend to itself, so padding queries stay finite and never write NaN K/V
-into the null page.
+into the null page; masked V rows are zeroed, not just given zero weight, so a corrupted page
+could not leak NaN into a live row (0 * NaN = NaN).
+
+The layer index arrives as a Python int (the sampler's forward is unrolled, see forward.py).
 
 Dimension letters: B rows, T query tokens, H query heads, K kv heads, G = H / K, D head dim,
 L layers, P pages per layer, S page size, W pages read per row (window), N = W * S.

@@ -1,5 +1,7 @@
 """Pure jitted engine functions over SamplerState: decode_chunk, prefill, copy_pages.
 
+  prepare_params(model_params) -> params
+      the per-layer view the engine runs on (forward.py), replicated on the sampler mesh.
   decode_chunk(params, state, version, k, window) -> state
       k decode steps in one jit (lax.scan), the state donated. Params are an ordinary
       argument: any params pytree with the same shapes/dtypes/shardings reuses the compiled

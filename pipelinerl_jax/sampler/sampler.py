@@ -12,6 +12,10 @@ sequences are re-prefilled with the new params), reserve pages for the chunk (pr
 the pool runs out), admit waiting groups (prefill + page copies), run one jitted decode chunk
 of `chunk_steps` steps, and retire finished sequences. Bad requests do not raise: they come back
 as samples with finish_reason "error" and a one-line message, and the rest proceed.
+
+A preempted sequence keeps its tokens, logprobs and versions; when resumed, its prompt and
+generated tokens are re-prefilled with the params current at that time (its K/V is
+recomputed whatever the kv policy). Only `set_params` may be called from another thread.
 """
 
 from __future__ import annotations
@@ -128,6 +132,7 @@ class Sampler:
             cache_dtype=cache_dtype, num_slots=cfg.num_slots, pages_per_slot=pages_per_slot,
             max_stop_tokens=cfg.max_stop_tokens, chunk_steps=cfg.chunk_steps, seed=cfg.seed,
             shardings=self.engine.shardings)
+        self._signature = _signature(params)
         self.params = self._place(params)
         self.version = int(version)
         self._staged = None
@@ -208,6 +213,10 @@ class Sampler:
         The conversion to the engine's per-layer view is dispatched here, in the caller's
         thread, so the chunk boundary only swaps a reference.
         """
+        if _signature(params) != self._signature:
+            raise ConfigError(f"set_params(version={version}): the new params' shapes/dtypes "
+                              "differ from the sampler's; load them with the same config "
+                              "and param_dtype (a swap must not recompile)")
         placed = self._place(params)
         with self._lock:
             self._staged = (placed, int(version))
@@ -342,6 +351,12 @@ class Sampler:
                       versions=list(seq.versions), start_version=seq.start_version,
                       finish_reason="error" if error else seq.finish_reason, error=error,
                       preemptions=seq.preemptions)
+
+
+def _signature(params):
+    """Tree structure, shapes and dtypes of model params (what a compiled chunk depends on)."""
+    arrays = llama.arrays(params)
+    return jax.tree.structure(arrays), [(x.shape, x.dtype) for x in jax.tree.leaves(arrays)]
 
 
 def _pow2_at_least(n: int) -> int:
