@@ -1,0 +1,255 @@
+"""Evaluate a model on a test set: avg@k, pass@k, answer statuses, lengths, as JSON.
+
+    python -m pipelinerl_jax.evaluate --model_dir=HF_DIR --dataset=math500.jsonl --format=math500 \\
+        [--k=4 --temperature=1.0 --max_new_tokens=1024 | --greedy] [--chat] [--out=results.json]
+    python -m pipelinerl_jax.evaluate --workdir=RUN [--step=N] --dataset=gsm8k_test.jsonl \\
+        --format=gsm8k
+    python -m pipelinerl_jax.evaluate --workdir=RUN --task=reverse_digits --num_problems=200
+
+The model is a Hugging Face directory (--model_dir) or a run's checkpoint (--workdir, newest
+readable step or --step; its tokenizer comes from the run's model.hf_dir or --tokenizer_dir).
+Problems come from dataset files in any supported format (data/formats.py) or from a built-in
+procedural task (its own character tokenizer and partial-credit reward). Each problem gets k
+attempts from the continuous-batching sampler; answers are scored by the reward (default:
+math-verify in worker processes with a per-answer timeout; "task" for tasks; or
+"module:callable"). The summary (see eval_lib.py) is printed to stdout as JSON and written to
+--out; --samples_out writes one JSON line per attempt. Bad input: one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from absl import flags
+
+from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT
+from pipelinerl_jax.errors import ConfigError
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+    d = lambda *a, **k: a[0](*a[1:], flag_values=fv, **k)
+    d(flags.DEFINE_string, "model_dir", None, "Hugging Face model directory.")
+    d(flags.DEFINE_string, "workdir", None, "Run directory: evaluate its checkpoint instead.")
+    d(flags.DEFINE_integer, "step", None, "With --workdir: checkpoint step (default newest).")
+    d(flags.DEFINE_string, "tokenizer_dir", None, "Tokenizer directory (default: the model's, "
+      "or the run's model.hf_dir).")
+    d(flags.DEFINE_string, "dataset", None, "Dataset file, directory or glob (.jsonl/.json/"
+      ".parquet).")
+    d(flags.DEFINE_string, "format", "fields", "Record format: gsm8k, math, math500, orz, aime, "
+      "amc, fields.")
+    d(flags.DEFINE_string, "question_field", None, "Dotted path of the question in a record.")
+    d(flags.DEFINE_string, "answer_field", None, "Dotted path of the answer in a record.")
+    d(flags.DEFINE_string, "task", None, "Built-in procedural task instead of a dataset.")
+    d(flags.DEFINE_integer, "num_problems", 0, "Evaluate the first N problems; 0 = all "
+      "(tasks: 200).")
+    d(flags.DEFINE_integer, "k", 4, "Attempts per problem.")
+    d(flags.DEFINE_bool, "greedy", False, "Greedy decoding (temperature 0, k = 1).")
+    d(flags.DEFINE_float, "temperature", 1.0, "Sampling temperature.")
+    d(flags.DEFINE_float, "top_p", 1.0, "Nucleus sampling mass; 1 = off.")
+    d(flags.DEFINE_integer, "top_k", 0, "Top-k sampling; 0 = off.")
+    d(flags.DEFINE_integer, "max_new_tokens", 512, "Tokens to generate at most per attempt.")
+    d(flags.DEFINE_integer, "seed", 0, "Sampling seed.")
+    d(flags.DEFINE_bool, "chat", None, "Use the chat template (default: the run's template "
+      "with --workdir, else plain).")
+    d(flags.DEFINE_string, "system_prompt", DEFAULT_SYSTEM_PROMPT, "System prompt; '' = none.")
+    d(flags.DEFINE_string, "reward", None, "Reward: math, task or module:callable (default: "
+      "task for --task, else math).")
+    d(flags.DEFINE_integer, "reward_workers", 2, "Reward worker processes; 0 = inline, no "
+      "timeout.")
+    d(flags.DEFINE_float, "reward_timeout_s", 5.0, "Per-answer reward timeout (seconds).")
+    d(flags.DEFINE_integer, "num_slots", 32, "Sequences decoded at once.")
+    d(flags.DEFINE_integer, "max_seq_len", 0, "Context limit; 0 = longest prompt + "
+      "max_new_tokens (capped by the model).")
+    d(flags.DEFINE_integer, "page_size", 16, "KV cache page size (tokens).")
+    d(flags.DEFINE_float, "kv_memory_gb", 0.0, "KV pool budget in GiB; 0 = every slot at "
+      "max_seq_len.")
+    d(flags.DEFINE_integer, "chunk_steps", 16, "Decode steps per jitted chunk.")
+    d(flags.DEFINE_enum, "dtype", "float32", ["float32", "bfloat16"], "Param/compute dtype "
+      "for --model_dir.")
+    d(flags.DEFINE_string, "out", None, "Write the summary JSON here too.")
+    d(flags.DEFINE_string, "samples_out", None, "Write every attempt as a JSON line here.")
+    d(flags.DEFINE_bool, "progress", True, "Show a progress bar on stderr.")
+
+
+def _check_flags(fv) -> None:
+    if bool(fv.model_dir) == bool(fv.workdir):
+        raise ConfigError("give exactly one of --model_dir (a Hugging Face directory) or "
+                          "--workdir (a run's checkpoint)")
+    if bool(fv.dataset) == bool(fv.task):
+        raise ConfigError("give exactly one of --dataset (a file) or --task (a built-in task)")
+    if fv.k < 1 or fv.k > fv.num_slots:
+        raise ConfigError(f"--k={fv.k} must be between 1 and --num_slots={fv.num_slots}")
+    if fv.max_new_tokens < 1 or fv.num_problems < 0:
+        raise ConfigError("--max_new_tokens must be >= 1 and --num_problems >= 0")
+    if fv.model_dir and not Path(fv.model_dir).is_dir():
+        raise ConfigError(f"--model_dir={fv.model_dir}: model directory does not exist")
+
+
+def _problems(fv, run_config: dict | None):
+    """(problems, task or None)."""
+    if fv.task:
+        from pipelinerl_jax.data.tasks import make_task
+        options = {}
+        data = (run_config or {}).get("data") or {}
+        if data.get("task") == fv.task:
+            options = dict(data.get("task_options") or [])
+        task = make_task(fv.task, **options)
+        source = task.source()
+        n = min(fv.num_problems or 200, len(source))
+        return [source[i] for i in range(n)], task
+    from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
+    loaded = load_dataset(DatasetSpec(path=fv.dataset, format=fv.format,
+                                      question_field=fv.question_field,
+                                      answer_field=fv.answer_field))
+    problems = list(loaded.problems)
+    if fv.num_problems:
+        problems = problems[:fv.num_problems]
+    return problems, None
+
+
+def _model(fv):
+    """(ModelConfig, graphdef, params, checkpoint step or None)."""
+    if fv.model_dir:
+        from pipelinerl_jax.models import hf_io
+        cfg, graphdef, params = hf_io.load_hf(fv.model_dir, param_dtype=fv.dtype)
+        return cfg, graphdef, params, None
+    from pipelinerl_jax.checkpoint import load_model
+    step, cfg, graphdef, params = load_model(fv.workdir, fv.step)
+    print(f"evaluating checkpoint step {step} of {fv.workdir}", file=sys.stderr)
+    return cfg, graphdef, params, step
+
+
+def _tokenizer(fv, task, run_config):
+    if task is not None:
+        return task.tokenizer
+    from pipelinerl_jax.models.tokenizer import Tokenizer
+    candidates = [fv.tokenizer_dir, fv.model_dir,
+                  ((run_config or {}).get("model") or {}).get("hf_dir")]
+    for path in candidates:
+        if path and (Path(path) / "tokenizer.json").exists():
+            return Tokenizer.from_dir(path)
+    if fv.tokenizer_dir:
+        raise ConfigError(f"--tokenizer_dir={fv.tokenizer_dir}: no tokenizer.json there")
+    raise ConfigError("no tokenizer found: the model directory / the run's model.hf_dir has no "
+                      "tokenizer.json; pass --tokenizer_dir")
+
+
+def _prompt_config(fv, task, run_config):
+    from pipelinerl_jax.data.prompts import PromptConfig
+    if task is not None:  # task prompts are the bare question, as in training
+        return PromptConfig(template="plain", system_prompt=None)
+    if fv.chat is not None:
+        template = "chat" if fv.chat else "plain"
+    else:
+        template = ((run_config or {}).get("data") or {}).get("prompt_template", "plain")
+    return PromptConfig(template=template, system_prompt=fv.system_prompt or None)
+
+
+def evaluate_cli(fv) -> dict:
+    """Runs the whole evaluation; returns the results. Raises ConfigError on bad input."""
+    _check_flags(fv)
+    run_config = None
+    if fv.workdir:
+        from pipelinerl_jax.checkpoint import read_run_config
+        if not Path(fv.workdir).is_dir():
+            raise ConfigError(f"--workdir={fv.workdir}: directory does not exist")
+        run_config = read_run_config(fv.workdir)
+    problems, task = _problems(fv, run_config)
+    reward = fv.reward or ("task" if task is not None else "math")
+    from pipelinerl_jax.rewards.tables import reward_fn_spec
+    reward_spec = reward_fn_spec(reward)  # one-line error for an unknown callable, early
+    if fv.workdir:
+        from pipelinerl_jax.checkpoint import RunCheckpointer
+        if not RunCheckpointer(fv.workdir, read_only=True).steps():
+            raise ConfigError(f"{fv.workdir}: no checkpoints (a run saves one every "
+                              "checkpoint_every steps and at its end)")
+    tokenizer = _tokenizer(fv, task, run_config)
+    prompt_config = _prompt_config(fv, task, run_config)
+
+    from pipelinerl_jax import eval_lib
+    from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    k = 1 if fv.greedy else fv.k
+    sampling = SamplingParams(temperature=0.0 if fv.greedy else fv.temperature, top_p=fv.top_p,
+                              top_k=fv.top_k, max_new_tokens=fv.max_new_tokens)
+    if sampling.error():
+        raise ConfigError(f"sampling flags: {sampling.error()}")
+    cfg, graphdef, params, step = _model(fv)
+    longest = 1
+    for p in problems:
+        try:
+            longest = max(longest, len(eval_lib.encode_problem(p, tokenizer, prompt_config)))
+        except Exception:  # reported per problem by evaluate_problems
+            pass
+    max_seq_len = fv.max_seq_len or min(cfg.max_position_embeddings,
+                                        longest + fv.max_new_tokens)
+    max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size
+    sampler = Sampler(graphdef, params, SamplerConfig(
+        num_slots=fv.num_slots, max_seq_len=max_seq_len, page_size=fv.page_size,
+        kv_memory_bytes=int(fv.kv_memory_gb * 2**30) if fv.kv_memory_gb > 0 else None,
+        chunk_steps=fv.chunk_steps, prefill_chunk=min(512, max_seq_len), seed=fv.seed),
+        eos_token_ids=getattr(tokenizer, "eos_token_ids", ()))
+    del params
+
+    bar = None
+    if fv.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(problems) * k, desc="attempts", unit="sample", file=sys.stderr)
+    from pipelinerl_jax.rewards.workers import RewardPool
+    with RewardPool(reward_spec, num_workers=fv.reward_workers,
+                    timeout_s=fv.reward_timeout_s) as pool:
+        results = eval_lib.evaluate_problems(
+            sampler, tokenizer, problems, pool, k, sampling, prompt_config,
+            return_samples=bool(fv.samples_out), progress=bar.update if bar else None)
+    if bar is not None:
+        bar.close()
+    samples = results.pop("samples", None)
+    results["config"] = {
+        "model": fv.model_dir or fv.workdir, "step": step, "dataset": fv.dataset or fv.task,
+        "format": None if task is not None else fv.format, "k": k, "greedy": fv.greedy,
+        "temperature": sampling.temperature, "top_p": fv.top_p, "top_k": fv.top_k,
+        "max_new_tokens": fv.max_new_tokens, "template": prompt_config.template,
+        "reward": reward, "seed": fv.seed}
+    if fv.samples_out:
+        _write_atomic(fv.samples_out, "".join(
+            json.dumps(r, ensure_ascii=False) + "\n" for r in samples))
+    if fv.out:
+        _write_atomic(fv.out, json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _write_atomic(path: str, text: str) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+
+
+def run_cli(argv: list[str]) -> int:
+    """Parses argv (argv[0] is the program name) with fresh flags; returns the exit code."""
+    fv = flags.FlagValues()
+    define_flags(fv)
+    try:
+        fv(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        results = evaluate_cli(fv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+def main() -> None:
+    sys.exit(run_cli(sys.argv))
+
+
+if __name__ == "__main__":
+    main()
