@@ -28,7 +28,14 @@ def main(argv):
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
-    run(cfg, _WORKDIR.value)
+    try:
+        run(cfg, _WORKDIR.value)
+    except KeyboardInterrupt:
+        print("interrupted: sampler and trainer stopped, reward workers closed", file=sys.stderr)
+        sys.exit(130)
+    except ConfigError as e:  # found once the devices/model are known (e.g. mesh too large)
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
