@@ -3,6 +3,7 @@
   python -m pipelinerl_jax.plan --devices=128 --batch=128 --max_lag=8 --profile=FILE
   python -m pipelinerl_jax.plan --reproduce_paper            # Appendix A.4, figures 7 and 8
   python -m pipelinerl_jax.plan measure --out=profile.json   # U(h) on this backend
+  python -m pipelinerl_jax.plan measure --engine_model=tiny  # + our decode latency, train rate
 
 Prints the recommended split (PipelineRL vs Conventional RL at the same lag) and writes
 utilisation.png and throughput_vs_lag.png to --out_dir. Units follow the profile: with a 'decode'
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -191,9 +193,14 @@ def run_measure() -> None:
 
     if not _MATMUL.value and not _ENGINE_MODEL.value:
         raise PlanError("measure: nothing to do with --nomatmul and no --engine_model")
+    # Other work on the host distorts CPU timings (several-fold here): record it with the data.
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"WARNING: 1-minute load average {load:.2f}: timings may be distorted")
     profile = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-               "device_count": jax.device_count()}
+               "device_count": jax.device_count(), "host_cpus": os.cpu_count(),
+               "loadavg_1m_at_start": round(load, 2)}
     if _MATMUL.value:
         sizes = [int(s) for s in _BATCH_SIZES.value] if _BATCH_SIZES.value else None
         peak = _PEAK.value * 1e12 if _PEAK.value else None

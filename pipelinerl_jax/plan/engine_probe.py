@@ -81,7 +81,6 @@ def decode_latency(graphdef, params, batch_sizes, *, context_len: int = 128,
     # Room for the warm-up chunk and the timed ones; lengths grow by chunk_steps per call.
     capacity = context_len + (repeats + 2) * chunk_steps + 1
     pages_per_slot = math.ceil(capacity / page_size)
-    params = jax.device_put(params)
 
     def make_chunk(batch: int):
         ecfg = eng.EngineConfig(num_slots=batch, page_size=page_size,
@@ -89,13 +88,15 @@ def decode_latency(graphdef, params, batch_sizes, *, context_len: int = 128,
                                 pages_per_slot=pages_per_slot, max_stop_tokens=1,
                                 cache_dtype=cache_dtype or cfg.compute_dtype)
         engine = eng.get_engine(graphdef, ecfg)
+        # The engine's own view of the params, placed as the Sampler places them.
+        dparams = engine.prepare_params(jax.device_put(params, engine.replicated))
         # out_* fields sized for the chunk: the output state then matches the input and the
         # warm-up call is the only compile.
         box = [_full_state(engine, batch, context_len, capacity, chunk_steps)]
         version = np.int32(0)
 
         def chunk():
-            box[0] = engine.decode_chunk(params, box[0], version, k=chunk_steps,
+            box[0] = engine.decode_chunk(dparams, box[0], version, k=chunk_steps,
                                          window=pages_per_slot)  # state donated
             jax.block_until_ready(box[0].lengths)
 
