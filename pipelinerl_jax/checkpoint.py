@@ -203,7 +203,10 @@ class RunCheckpointer:
       return
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
-        create=not read_only, read_only=read_only, enable_async_checkpointing=async_save)
+        create=not read_only, read_only=read_only, enable_async_checkpointing=async_save,
+        # Writes cut short (a killed run) leave "<step>.orbax-checkpoint-tmp-*" directories:
+        # never listed as steps, and removed when the next run opens the directory.
+        cleanup_tmp_directories=not read_only)
     handlers = {"params": ocp.StandardCheckpointHandler(),
                 "train": ocp.StandardCheckpointHandler(),
                 "extra": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
@@ -482,70 +485,3 @@ def check_compatible(saved_config: dict, new_config: dict) -> list[str]:
     changes.append(f"{field}: {old_s} -> {new_s}")
   return changes
 
-
-# --- a run's model, for export and evaluation ------------------------------------------------
-
-def read_run_config(workdir: str | os.PathLike) -> dict | None:
-  """The run's config.json (written by pipeline/run.py) as a dict, or None if absent."""
-  path = Path(workdir) / "config.json"
-  if not path.exists():
-    return None
-  try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"{path}: invalid JSON ({e})") from None
-
-
-def model_config_from_run(run_config: dict) -> ModelConfig:
-  """ModelConfig from a run config dict's model section (model.hf_dir or model.init)."""
-  model = run_config.get("model") or {}
-  dtypes = {k: model[k] for k in ("param_dtype", "compute_dtype") if model.get(k)}
-  init = model.get("init")
-  if init:
-    fields = dict(init)
-    fields.update(dtypes)
-    return model_config_from_json(fields)
-  if model.get("hf_dir"):
-    from pipelinerl_jax.models.hf_io import read_config
-    return ModelConfig.from_hf(read_config(model["hf_dir"]), **dtypes)
-  raise ConfigError("the run config has neither model.init nor model.hf_dir")
-
-
-def load_model(workdir: str | os.PathLike, step: int | None = None):
-  """(step, ModelConfig, graphdef, params) of a run's checkpoint: the newest readable step,
-  or `step`. One-line ConfigErrors for a missing run, no checkpoint, an unknown or unreadable
-  step, or an unknown model config."""
-  from pipelinerl_jax.models import llama
-  workdir = Path(workdir)
-  if not workdir.is_dir():
-    raise ConfigError(f"--workdir={workdir}: directory does not exist")
-  ckpt = RunCheckpointer(workdir, read_only=True)
-  steps = ckpt.steps()
-  if not steps:
-    raise ConfigError(f"{workdir / CHECKPOINT_DIR}: no checkpoints (a run saves one every "
-                      "checkpoint_every steps and at its end)")
-  if step is not None and step not in steps:
-    raise ConfigError(f"--step={step}: no such checkpoint in {ckpt.directory}; available "
-                      f"steps: {steps}")
-  candidates = [step] if step is not None else list(reversed(steps))
-  run_config = None
-  for s in candidates:
-    try:
-      meta = ckpt.read_json(s, "meta")
-      if meta.get("model_config"):
-        cfg = model_config_from_json(meta["model_config"])
-      else:
-        run_config = run_config or read_run_config(workdir)
-        if run_config is None:
-          raise ConfigError(f"{workdir}: the checkpoint does not record its model and there "
-                            "is no config.json; cannot tell the model's shape")
-        cfg = model_config_from_run(run_config)
-      graphdef, abstract_params = llama.abstract_init(cfg)
-      params = ckpt.restore_params(s, abstract_params)
-      return s, cfg, graphdef, params
-    except CorruptCheckpointError as e:
-      if step is not None:
-        raise ConfigError(f"checkpoint step {s} is unreadable ({e}); pick another --step "
-                          f"of {steps}") from None
-      log.warning("checkpoint step %d is unreadable (%s); trying the previous one", s, e)
-  raise ConfigError(f"none of the checkpoints {steps} in {ckpt.directory} is readable")

@@ -26,6 +26,7 @@ import numpy as np
 
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
+from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import STATUSES, Verdict, as_verdict
 
 FINISH_REASONS = ("stop", "length", "error")
@@ -103,6 +104,8 @@ def evaluate_problems(sampler, tokenizer, problems: Sequence[Problem], reward_fn
     for i, problem in enumerate(problems):
         try:
             ids = encode_problem(problem, tokenizer, prompt_config)
+        except ConfigError:  # the template itself is wrong (e.g. no chat template): stop
+            raise
         except Exception as e:  # e.g. a character outside a task tokenizer's vocabulary
             error = f"cannot encode the prompt: {type(e).__name__}: {e}"[:300]
             rows.extend(_row(i, problem, a, None, Verdict(status="error", detail=error), error)

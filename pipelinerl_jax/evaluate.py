@@ -30,7 +30,9 @@ from pipelinerl_jax.errors import ConfigError
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-    d = lambda *a, **k: a[0](*a[1:], flag_values=fv, **k)
+    def d(define, *args, **kwargs):
+        define(*args, flag_values=fv, **kwargs)
+
     d(flags.DEFINE_string, "model_dir", None, "Hugging Face model directory.")
     d(flags.DEFINE_string, "workdir", None, "Run directory: evaluate its checkpoint instead.")
     d(flags.DEFINE_integer, "step", None, "With --workdir: checkpoint step (default newest).")
@@ -116,7 +118,7 @@ def _model(fv):
         from pipelinerl_jax.models import hf_io
         cfg, graphdef, params = hf_io.load_hf(fv.model_dir, param_dtype=fv.dtype)
         return cfg, graphdef, params, None
-    from pipelinerl_jax.checkpoint import load_model
+    from pipelinerl_jax.export import load_model
     step, cfg, graphdef, params = load_model(fv.workdir, fv.step)
     print(f"evaluating checkpoint step {step} of {fv.workdir}", file=sys.stderr)
     return cfg, graphdef, params, step
@@ -153,7 +155,7 @@ def evaluate_cli(fv) -> dict:
     _check_flags(fv)
     run_config = None
     if fv.workdir:
-        from pipelinerl_jax.checkpoint import read_run_config
+        from pipelinerl_jax.export import read_run_config
         if not Path(fv.workdir).is_dir():
             raise ConfigError(f"--workdir={fv.workdir}: directory does not exist")
         run_config = read_run_config(fv.workdir)
@@ -177,13 +179,15 @@ def evaluate_cli(fv) -> dict:
                               top_k=fv.top_k, max_new_tokens=fv.max_new_tokens)
     if sampling.error():
         raise ConfigError(f"sampling flags: {sampling.error()}")
-    cfg, graphdef, params, step = _model(fv)
     longest = 1
     for p in problems:
         try:
             longest = max(longest, len(eval_lib.encode_problem(p, tokenizer, prompt_config)))
+        except ConfigError:
+            raise
         except Exception:  # reported per problem by evaluate_problems
             pass
+    cfg, graphdef, params, step = _model(fv)
     max_seq_len = fv.max_seq_len or min(cfg.max_position_embeddings,
                                         longest + fv.max_new_tokens)
     max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size

@@ -15,12 +15,18 @@ checkpoint, unknown step) prints a one-line error and exits with code 2.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import os
 import sys
 from pathlib import Path
 
 from absl import flags
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -37,9 +43,77 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_float("max_shard_gb", 4.0, "Largest safetensors shard (GiB).", flag_values=fv)
 
 
+# --- a run's model, for export and evaluation ------------------------------------------------
+
+def read_run_config(workdir: str | os.PathLike) -> dict | None:
+    """The run's config.json (written by pipeline/run.py) as a dict, or None if absent."""
+    path = Path(workdir) / "config.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON ({e})") from None
+
+
+def model_config_from_run(run_config: dict) -> ModelConfig:
+    """ModelConfig from a run config dict's model section (model.hf_dir or model.init)."""
+    model = run_config.get("model") or {}
+    dtypes = {k: model[k] for k in ("param_dtype", "compute_dtype") if model.get(k)}
+    init = model.get("init")
+    if init:
+        fields = dict(init)
+        fields.update(dtypes)
+        from pipelinerl_jax.checkpoint import model_config_from_json
+        return model_config_from_json(fields)
+    if model.get("hf_dir"):
+        from pipelinerl_jax.models.hf_io import read_config
+        return ModelConfig.from_hf(read_config(model["hf_dir"]), **dtypes)
+    raise ConfigError("the run config has neither model.init nor model.hf_dir")
+
+
+def load_model(workdir: str | os.PathLike, step: int | None = None):
+    """(step, ModelConfig, graphdef, params) of a run's checkpoint: the newest readable step,
+    or `step`. Only the params are read. One-line ConfigErrors for a missing run, no
+    checkpoint, an unknown or unreadable step, or an unknown model config."""
+    from pipelinerl_jax.checkpoint import (CHECKPOINT_DIR, CorruptCheckpointError,
+                                           RunCheckpointer, model_config_from_json)
+    from pipelinerl_jax.models import llama
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise ConfigError(f"--workdir={workdir}: directory does not exist")
+    ckpt = RunCheckpointer(workdir, read_only=True)
+    steps = ckpt.steps()
+    if not steps:
+        raise ConfigError(f"{workdir / CHECKPOINT_DIR}: no checkpoints (a run saves one every "
+                          "checkpoint_every steps and at its end)")
+    if step is not None and step not in steps:
+        raise ConfigError(f"--step={step}: no such checkpoint in {ckpt.directory}; available "
+                          f"steps: {steps}")
+    run_config = None
+    for s in [step] if step is not None else list(reversed(steps)):
+        try:
+            meta = ckpt.read_json(s, "meta")
+            if meta.get("model_config"):
+                cfg = model_config_from_json(meta["model_config"])
+            else:
+                run_config = run_config or read_run_config(workdir)
+                if run_config is None:
+                    raise ConfigError(f"{workdir}: the checkpoint does not record its model and "
+                                      "there is no config.json; cannot tell the model's shape")
+                cfg = model_config_from_run(run_config)
+            graphdef, abstract_params = llama.abstract_init(cfg)
+            return s, cfg, graphdef, ckpt.restore_params(s, abstract_params)
+        except CorruptCheckpointError as e:
+            if step is not None:
+                raise ConfigError(f"checkpoint step {s} is unreadable ({e}); pick another "
+                                  f"--step of {steps}") from None
+            log.warning("checkpoint step %d is unreadable (%s); trying the previous one", s, e)
+    raise ConfigError(f"none of the checkpoints {steps} in {ckpt.directory} is readable")
+
+
 def default_tokenizer_dir(workdir) -> str | None:
     """The run's model.hf_dir when it holds a tokenizer (task runs have none to export)."""
-    from pipelinerl_jax.checkpoint import read_run_config
     run_config = read_run_config(workdir) or {}
     hf_dir = (run_config.get("model") or {}).get("hf_dir")
     if hf_dir and (Path(hf_dir) / "tokenizer.json").exists():
@@ -53,7 +127,6 @@ def export(workdir, out, *, step: int | None = None, tokenizer_dir=None,
     import jax
     import jax.numpy as jnp
 
-    from pipelinerl_jax.checkpoint import load_model
     from pipelinerl_jax.models.hf_io import save_hf
 
     if tokenizer_dir is not None and not (Path(tokenizer_dir) / "tokenizer.json").exists():

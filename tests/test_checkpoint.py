@@ -23,7 +23,7 @@ from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.models.config import ModelConfig
-from pipelinerl_jax.trainer import Trainer, TrainerConfig, trainer_mesh
+from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
@@ -307,3 +307,43 @@ def test_restore_onto_8_device_mesh(setup, tmp_path):
                        timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
   assert out.returncode == 0, out.stderr[-3000:]
   assert "OK 3" in out.stdout
+
+
+_KILLED = textwrap.dedent("""
+    import os, sys
+    import jax.numpy as jnp, numpy as np
+    from pipelinerl_jax import checkpoint as ck
+    from pipelinerl_jax.trainer import TrainState
+    def state(step, n):
+        z = jnp.asarray(step, jnp.int32)
+        params = {"w": jnp.asarray(np.full((n, 1024), step, np.float32))}
+        return TrainState(step=z, version=z, params=params, opt_state=(), ref_params=None,
+                          skipped=z, consecutive_skips=z)
+    ckpt = ck.RunCheckpointer(sys.argv[1])
+    ckpt.save(1, state(1, 8), {"step": 1})
+    ckpt.wait()
+    ckpt.save(2, state(2, 16384), {"step": 2})   # 64 MiB, written in the background...
+    print("saved", flush=True)
+    os._exit(9)                                  # ...when the process dies
+""")
+
+
+def test_killed_during_async_write(tmp_path):
+  """A run that dies mid-write leaves no half checkpoint: step 2 is either absent or whole."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", _KILLED, str(tmp_path)], capture_output=True,
+                       text=True, cwd=root, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                       timeout=120)
+  assert out.returncode == 9 and "saved" in out.stdout, out.stderr[-2000:]
+  ckpt = ck.RunCheckpointer(tmp_path)
+  steps = ckpt.steps()
+  assert steps in ([1], [1, 2]), steps
+  n = 16384 if steps == [1, 2] else 8
+  z = np.int32(0)
+  like = TrainState(step=z, version=z, params={"w": np.zeros((n, 1024), np.float32)},
+                    opt_state=(), ref_params=None, skipped=z, consecutive_skips=z)
+  step, state, extra = ckpt.restore_latest(ck.as_abstract(like))
+  assert step == steps[-1] and extra == {"step": step}
+  assert float(np.asarray(state.params["w"]).min()) == step
+  # Unfinished writes are swept when a run opens the directory again.
+  assert not [d for d in os.listdir(tmp_path / "checkpoints") if "tmp" in d]

@@ -248,6 +248,7 @@ def test_bad_inputs(model_dir, tmp_path, capsys):
       ([f"--workdir={tmp_path}", d], "no checkpoints"),
       ([m, "--task=sort_letters"], "unknown task 'sort_letters'"),
       ([m, d, "--top_p=0"], "top_p=0.0 must be in (0, 1]"),
+      ([m, d, "--chat"], "has no chat template"),
   ]
   for argv, message in cases:
     code, stdout, err = _run(argv, capsys)
