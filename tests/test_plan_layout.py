@@ -50,6 +50,7 @@ def test_two_device_plan_by_hand():
     assert c["r_gen"] == pytest.approx(16 * 5 / t)
     assert c["r"] == pytest.approx(1 / (1 / c["r_gen"] + 1 / 600))
     assert plan.speedup == pytest.approx(300 / c["r"])
+    assert c["gen_time_fraction"] + c["train_time_fraction"] == pytest.approx(1.0)
     text = layout.format_plan(plan, work)
     assert "tokens/s" in text and "speedup over Conventional" in text
 

@@ -145,6 +145,7 @@ def plan_layout(prof: DeviceProfile, workload: Workload, *, gen_devices: int | N
             batch_size=workload.batch_size, tau=prof.tau, max_lag=workload.max_lag,
             max_batch=prof.max_gen_batch)
         conv["gen_time_fraction"] = conv["r"] / conv["r_gen"]
+        conv["train_time_fraction"] = conv["r"] / conv["r_train"]
         speedup = choice.r_pipe / conv["r"]
     return Plan(
         unit=prof.unit, devices=workload.devices, gen_devices=choice.gen_devices,
@@ -200,8 +201,9 @@ def format_plan(plan: Plan, workload: Workload) -> str:
         f"{'r_train (' + u + ')':28s}{plan.r_train:>16.4g}{_conv(plan, 'r_train'):>16s}",
         f"{'r predicted (' + u + ')':28s}{plan.r:>16.4g}{_conv(plan, 'r'):>16s}",
         f"{'max lag (optimizer steps)':28s}{plan.lag:>16d}{_conv(plan, 'max_lag'):>16s}",
-        f"{'gen idle fraction':28s}{plan.gen_idle:>16.3f}{'':>16s}",
-        f"{'train idle fraction':28s}{plan.train_idle:>16.3f}{'':>16s}",
+        # Conventional devices alternate: not generating while training, and vice versa.
+        f"{'gen idle fraction':28s}{plan.gen_idle:>16.3f}{_conv(plan, 'train_time_fraction'):>16s}",
+        f"{'train idle fraction':28s}{plan.train_idle:>16.3f}{_conv(plan, 'gen_time_fraction'):>16s}",
         f"{'samples per ' + u.split('/')[1]:28s}{plan.samples_rate:>16.4g}",
         f"{'optimizer steps per ' + u.split('/')[1]:28s}{plan.steps_rate:>16.4g}",
     ]
@@ -216,4 +218,6 @@ def _conv(plan: Plan, key: str) -> str:
     if not c:
         return "-"
     v = c[key]
-    return f"{v:d}" if isinstance(v, (int, np.integer)) else f"{v:.4g}"
+    if isinstance(v, (int, np.integer)):
+        return f"{v:d}"
+    return f"{v:.3f}" if key.endswith("fraction") else f"{v:.4g}"
