@@ -14,7 +14,7 @@ from pipelinerl_jax.kernels.paged_attention_ref import (paged_decode_attention_r
                                                         paged_prefill_attention_ref)
 from pipelinerl_jax.sampler import attend as attn
 
-L, P, S, K, D, H = 3, 24, 8, 2, 16, 6     # GQA group of 3
+L, P, S, K, D, H = 2, 24, 8, 2, 16, 6     # GQA group of 3
 SCALE = D ** -0.5
 
 
@@ -34,32 +34,34 @@ def test_decode_attend_matches_oracle():
     batch, width = 4, 5
     k_pool, v_pool = _pool(rng)
     tables = _tables(rng, batch, width)
+    tables[0, 1:] = 0                                    # unused entries -> null page
     positions = np.array([0, 7, 8, 37], np.int32)       # first token, page edges, last slot
     k_pool[:, 0] = np.nan                                # the null page holds garbage
     v_pool[:, 0] = np.nan
-    q = jnp.asarray(rng.normal(size=(batch, 1, H, D)).astype(np.float32))
-    k_new = jnp.asarray(rng.normal(size=(batch, 1, K, D)).astype(np.float32))
-    v_new = jnp.asarray(rng.normal(size=(batch, 1, K, D)).astype(np.float32))
-    window = 5
-    tables_w = tables.copy()
-    tables_w[0, 1:] = 0                                  # unused entries -> null page
-    fn = jax.jit(lambda layer: attn.decode_attend(jnp.asarray(k_pool), jnp.asarray(v_pool),
-                                                  jnp.asarray(tables_w[:, :window]),
-                                                  jnp.asarray(positions), scale=SCALE)(
-        q, k_new, v_new, layer))
-    write = jnp.ones((batch, 1), bool)
-    k_full = attn.write_new_kv(jnp.asarray(k_pool), jnp.broadcast_to(k_new, (L,) + k_new.shape),
-                               jnp.asarray(tables_w), jnp.asarray(positions[:, None]), write)
-    v_full = attn.write_new_kv(jnp.asarray(v_pool), jnp.broadcast_to(v_new, (L,) + v_new.shape),
-                               jnp.asarray(tables_w), jnp.asarray(positions[:, None]), write)
-    for layer in range(L):
-        out, (k_out, _) = fn(layer)
-        want = paged_decode_attention_ref(q[:, 0], k_full[layer], v_full[layer],
-                                          jnp.asarray(tables_w), jnp.asarray(positions + 1),
-                                          scale=SCALE)
-        assert np.isfinite(np.asarray(out)).all()
-        np.testing.assert_allclose(np.asarray(out[:, 0]), np.asarray(want), rtol=2e-5, atol=2e-5)
-        np.testing.assert_array_equal(np.asarray(k_out), np.asarray(k_new))
+    q = rng.normal(size=(batch, 1, H, D)).astype(np.float32)
+    k_new = rng.normal(size=(batch, 1, K, D)).astype(np.float32)
+    v_new = rng.normal(size=(batch, 1, K, D)).astype(np.float32)
+
+    @jax.jit
+    def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
+        attend = attn.decode_attend(k_pool, v_pool, tables, positions, scale=SCALE)
+        write = jnp.ones((batch, 1), bool)
+        k_full = attn.write_new_kv(k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape),
+                                   tables, positions[:, None], write)
+        v_full = attn.write_new_kv(v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape),
+                                   tables, positions[:, None], write)
+        ours, want = [], []
+        for layer in range(L):
+            out, (k_out, _) = attend(q, k_new, v_new, layer)
+            ours.append(out[:, 0])
+            want.append(paged_decode_attention_ref(q[:, 0], k_full[layer], v_full[layer], tables,
+                                                   positions + 1, scale=SCALE))
+        return jnp.stack(ours), jnp.stack(want), k_out
+
+    ours, want, k_out = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
+    assert np.isfinite(np.asarray(ours)).all()
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(k_out), k_new)
 
 
 def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
@@ -72,21 +74,24 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
     positions = np.full((batch, tokens), -1, np.int32)
     positions[0] = np.arange(16, 24)
     positions[1, :5] = np.arange(16, 21)
-    q = jnp.asarray(rng.normal(size=(batch, tokens, H, D)).astype(np.float32))
-    k_new = jnp.asarray(rng.normal(size=(batch, tokens, K, D)).astype(np.float32))
-    v_new = jnp.asarray(rng.normal(size=(batch, tokens, K, D)).astype(np.float32))
-    window = 2                                            # 16 cached positions = 2 pages
-    layer = 1
-    out, _ = jax.jit(lambda: attn.prefill_attend(
-        jnp.asarray(k_pool), jnp.asarray(v_pool), jnp.asarray(tables[:, :window]),
-        jnp.asarray(positions), scale=SCALE)(q, k_new, v_new, layer))()
-    write = jnp.asarray(positions >= 0)
-    k_full = attn.write_new_kv(jnp.asarray(k_pool), jnp.broadcast_to(k_new, (L,) + k_new.shape),
-                               jnp.asarray(tables), jnp.asarray(positions), write)
-    v_full = attn.write_new_kv(jnp.asarray(v_pool), jnp.broadcast_to(v_new, (L,) + v_new.shape),
-                               jnp.asarray(tables), jnp.asarray(positions), write)
-    want = paged_prefill_attention_ref(q, k_full[layer], v_full[layer], jnp.asarray(tables),
-                                       jnp.asarray(positions), scale=SCALE)
+    q = rng.normal(size=(batch, tokens, H, D)).astype(np.float32)
+    k_new = rng.normal(size=(batch, tokens, K, D)).astype(np.float32)
+    v_new = rng.normal(size=(batch, tokens, K, D)).astype(np.float32)
+    window, layer = 2, 1                                  # 16 cached positions = 2 pages
+
+    @jax.jit
+    def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
+        out, _ = attn.prefill_attend(k_pool, v_pool, tables[:, :window], positions,
+                                     scale=SCALE)(q, k_new, v_new, layer)
+        write = positions >= 0
+        k_full = attn.write_new_kv(k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape),
+                                   tables, positions, write)
+        v_full = attn.write_new_kv(v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape),
+                                   tables, positions, write)
+        return out, paged_prefill_attention_ref(q, k_full[layer], v_full[layer], tables,
+                                                positions, scale=SCALE)
+
+    out, want = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
     valid = positions >= 0
     assert np.isfinite(np.asarray(out)).all()          # padding queries stay finite too
     np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid],
@@ -99,7 +104,8 @@ def test_write_new_kv_targets_pages_and_null_page():
         [1.0, 10.0]).reshape(2, 1, 1, 1, 1)
     tables = jnp.asarray([[3, 1], [2, 4]], jnp.int32)
     positions = jnp.asarray([[3, 4, 5], [0, 1, -1]], jnp.int32)
-    out = np.asarray(attn.write_new_kv(pool, new, tables, positions, positions >= 0))[..., 0, 0]
+    out = jax.jit(attn.write_new_kv)(pool, new, tables, positions, positions >= 0)
+    out = np.asarray(out)[..., 0, 0]
     for layer, mult in ((0, 1.0), (1, 10.0)):
         assert out[layer, 3, 3] == 1 * mult and out[layer, 1, 0] == 2 * mult
         assert out[layer, 1, 1] == 3 * mult

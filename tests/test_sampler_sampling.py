@@ -5,7 +5,6 @@ greedy, and the behaviour-logprob conventions."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from pipelinerl_jax.sampler import sampling
 
@@ -55,67 +54,58 @@ def test_categorical_is_the_inverse_cdf():
         assert np.isfinite(x[i, got[i]])
 
 
-def test_sampled_frequencies_match_softmax_chi_square():
-    vocab, draws, temperature = 6, 20000, 0.7
+def test_frequencies_match_the_sampled_distribution_chi_square():
+    """One call, two halves: plain temperature, and temperature + top-k + top-p.
+
+    Rows without truncation record the same logprob either way, so truncated=True checks both
+    conventions: log_softmax(logits / T) for the first half, the renormalised truncated
+    distribution for the second.
+    """
     logits = np.array([1.0, 0.5, -0.3, 2.0, 0.0, -1.0], np.float32)
-    keys = jax.random.split(jax.random.key(1234), draws)
-    u = jax.vmap(lambda k: jax.random.uniform(k))(keys)
-    tokens, logprobs = sample(jnp.tile(logits, (draws, 1)), jnp.full(draws, temperature),
-                              jnp.zeros(draws, jnp.int32), jnp.ones(draws), u)
-    counts = np.bincount(np.asarray(tokens), minlength=vocab)
-    probs = np.exp(logits / temperature) / np.exp(logits / temperature).sum()
-    chi2 = ((counts - draws * probs) ** 2 / (draws * probs)).sum()
-    assert chi2 < 20.5, (chi2, counts)    # 99.9% quantile of chi-square with 5 dof
-    # Behaviour logprob = log_softmax(logits / T) of the drawn token, f32.
-    np.testing.assert_allclose(np.asarray(logprobs), np.log(probs)[np.asarray(tokens)],
-                               rtol=1e-5)
-    assert logprobs.dtype == jnp.float32
-
-
-def test_top_k_top_p_frequencies_and_truncated_logprobs():
-    logits = np.array([2.0, 1.5, 1.0, 0.0, -1.0, -2.0], np.float32)
-    draws = 12000
-    u = jax.random.uniform(jax.random.key(7), (draws,))
-    row = lambda v, dt: jnp.full(draws, v, dt)
-    tokens, lp_trunc = sample(jnp.tile(logits, (draws, 1)), row(1.0, jnp.float32),
-                              row(4, jnp.int32), row(0.8, jnp.float32), u, truncated=True)
+    half = 12000
+    u = jax.random.uniform(jax.random.key(1234), (2 * half,))
+    temperature = np.r_[np.full(half, 0.7), np.full(half, 1.0)].astype(np.float32)
+    top_k = np.r_[np.zeros(half), np.full(half, 4)].astype(np.int32)
+    top_p = np.r_[np.ones(half), np.full(half, 0.8)].astype(np.float32)
+    tokens, logprobs = sample(jnp.tile(logits, (2 * half, 1)), temperature, top_k, top_p, u,
+                              truncated=True)
+    tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+    assert logprobs.dtype == np.float32
+    plain = np.exp(logits / 0.7) / np.exp(logits / 0.7).sum()
     keep = _np_filter(logits, 4, 0.8)
-    q = np.where(keep, np.exp(logits), 0.0)
-    q /= q.sum()
-    counts = np.bincount(np.asarray(tokens), minlength=6)
-    assert counts[~keep].sum() == 0
-    nz = q > 0
-    chi2 = ((counts[nz] - draws * q[nz]) ** 2 / (draws * q[nz])).sum()
-    assert chi2 < 16.3, (chi2, counts)    # 99.9% quantile, <= 3 dof
-    log_q = np.log(np.where(q > 0, q, 1.0))
-    np.testing.assert_allclose(np.asarray(lp_trunc), log_q[np.asarray(tokens)], rtol=1e-5)
+    trunc = np.where(keep, np.exp(logits), 0.0)
+    trunc /= trunc.sum()
+    # 99.9% chi-square quantiles: 20.5 for 5 dof, 16.3 for <= 3 dof.
+    for rows, probs, bound in ((slice(0, half), plain, 20.5), (slice(half, None), trunc, 16.3)):
+        counts = np.bincount(tokens[rows], minlength=len(logits))
+        assert counts[probs == 0].sum() == 0
+        nz = probs > 0
+        chi2 = ((counts[nz] - half * probs[nz]) ** 2 / (half * probs[nz])).sum()
+        assert chi2 < bound, (chi2, counts)
+        log_p = np.log(np.where(nz, probs, 1.0))
+        np.testing.assert_allclose(logprobs[rows], log_p[tokens[rows]], rtol=1e-5)
 
 
-def test_top1_equals_greedy_and_greedy_logprob():
+def test_top1_equals_greedy_and_rows_are_independent():
+    """Rows 0-31: top-k=1 sampling; 32-63: greedy; 64-95: greedy next to sampling rows."""
     rng = np.random.default_rng(3)
-    x = jnp.asarray(rng.normal(size=(32, 500)).astype(np.float32) * 4)
-    u = jax.random.uniform(jax.random.key(0), (32,))
-    ones, zeros = jnp.ones(32), jnp.zeros(32)
-    top1, _ = sample(x, ones * 1.3, jnp.ones(32, jnp.int32), ones, u)
-    greedy, lp = sample(x, zeros, jnp.zeros(32, jnp.int32), ones, u)
-    np.testing.assert_array_equal(np.asarray(top1), np.argmax(np.asarray(x), -1))
-    np.testing.assert_array_equal(np.asarray(greedy), np.argmax(np.asarray(x), -1))
+    x = np.asarray(rng.normal(size=(96, 500)).astype(np.float32) * 4)
+    u = jax.random.uniform(jax.random.key(0), (96,))
+    temperature = np.r_[np.full(32, 1.3), np.zeros(32), np.tile([0.0, 0.5], 16)]
+    top_k = np.r_[np.ones(32), np.zeros(32), np.tile([0, 5], 16)].astype(np.int32)
+    top_p = np.r_[np.ones(64), np.tile([1.0, 0.5], 16)].astype(np.float32)
+    tokens, lp = sample(jnp.asarray(x), jnp.asarray(temperature, jnp.float32), top_k, top_p, u)
+    tokens, lp = np.asarray(tokens), np.asarray(lp)
+    greedy = np.argmax(x, -1)
+    np.testing.assert_array_equal(tokens[:64], greedy[:64])
+    np.testing.assert_array_equal(tokens[64::2], greedy[64::2])
+    for i in range(65, 96, 2):                     # the sampling rows obey their filter
+        assert _np_filter(x[i] / 0.5, 5, 0.5)[tokens[i]]
     # Greedy records the T = 1 log-probability of the argmax.
-    want = np.asarray(jax.nn.log_softmax(x))[np.arange(32), np.asarray(greedy)]
-    np.testing.assert_allclose(np.asarray(lp), want, rtol=1e-6, atol=1e-6)
+    want = np.asarray(jax.nn.log_softmax(x))[np.arange(32, 64), greedy[32:64]]
+    np.testing.assert_allclose(lp[32:64], want, rtol=1e-6, atol=1e-6)
 
 
 def test_first_argmax_breaks_ties_low_like_numpy():
     x = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0], [-jnp.inf, -2.0, -2.0, -3.0]])
     np.testing.assert_array_equal(np.asarray(sampling.first_argmax(x)), [1, 0, 1])
-
-
-@pytest.mark.parametrize("temperature", [0.5, 2.0])
-def test_mixed_batch_rows_are_independent(temperature):
-    """A greedy row next to a sampling row with top-p is still exactly greedy."""
-    rng = np.random.default_rng(4)
-    x = jnp.asarray(rng.normal(size=(2, 64)).astype(np.float32))
-    tokens, _ = sample(x, jnp.asarray([0.0, temperature]), jnp.asarray([0, 5], jnp.int32),
-                       jnp.asarray([1.0, 0.5]), jnp.asarray([0.3, 0.3]))
-    assert int(tokens[0]) == int(np.argmax(np.asarray(x[0])))
-    assert _np_filter(np.asarray(x[1]) / temperature, 5, 0.5)[int(tokens[1])]
