@@ -155,7 +155,10 @@ def _token_chunk_values(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature):
   """Loss of one token chunk and its (logprobs, entropy), from whole-vocabulary logits."""
   z_NcxV = jnp.dot(h_NcxE, w_ExV, precision=_HIGHEST) / temperature
   lse_Nc = jax.nn.logsumexp(z_NcxV, axis=-1)
-  lp_Nc = jnp.take_along_axis(z_NcxV, t_Nc[:, None], axis=-1)[:, 0] - lse_Nc
+  # A compare-select instead of a gather: its transpose is an elementwise select that fuses
+  # into the softmax gradient, where a gather's would scatter into a fresh [Nc, V] buffer.
+  hit_NcxV = jnp.arange(z_NcxV.shape[-1])[None, :] == t_Nc[:, None]
+  lp_Nc = jnp.sum(jnp.where(hit_NcxV, z_NcxV, 0.0), axis=-1) - lse_Nc
   ent_Nc = lse_Nc - jnp.sum(jnp.exp(z_NcxV - lse_Nc[:, None]) * z_NcxV, axis=-1)
   return loss_fn(lp_Nc, ent_Nc, inputs), (lp_Nc, ent_Nc)
 

@@ -1,0 +1,157 @@
+"""Train-step throughput on CPU: our jitted step vs torch + transformers doing the same step.
+
+Both sides train BENCH_MODEL (57.9M params) from the same weights on the same batch of
+8 sequences x 512 tokens (64 prompt + 448 completion tokens, one sequence per row) with the
+paper's objective (tis_reinforce, c = 5, sequence-sum weights) and AdamW with global-norm
+clipping. Rows: f32 (f32 params and compute on both sides) and bf16 (f32 params, bf16
+compute: torch autocast vs our compute_dtype="bfloat16"). Reports median seconds per step,
+tokens/s and our/torch ratio, checks that both sides start from the same loss, and writes
+bench/results/train_step.json.
+
+  .venv/bin/python bench/bench_train_step.py           # full size (idle machine, minutes)
+  .venv/bin/python bench/bench_train_step.py --quick   # tiny shapes: checks that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench import common  # noqa: E402
+from pipelinerl_jax import trainer as tr  # noqa: E402
+from pipelinerl_jax.models import hf_io, llama  # noqa: E402
+from pipelinerl_jax.models.config import ModelConfig  # noqa: E402
+from pipelinerl_jax.rl.batch import Sample, build_batch  # noqa: E402
+from pipelinerl_jax.rl.config import BatchConfig, LossConfig  # noqa: E402
+
+LR, CLIP_C, GRAD_CLIP, WEIGHT_DECAY = 1e-5, 5.0, 1.0, 0.01
+
+
+def model_config(quick: bool, compute_dtype: str) -> ModelConfig:
+  shape = dict(common.BENCH_MODEL)
+  if quick:
+    shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                 num_heads=4, num_kv_heads=2, head_dim=16)
+  return ModelConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
+                     rope_scaling=None, max_position_embeddings=2048, attention_bias=False,
+                     qk_norm=False, compute_dtype=compute_dtype, **shape)
+
+
+def make_batch(cfg: ModelConfig, num_seq: int, seq_len: int, prompt_len: int):
+  rng = np.random.default_rng(0)
+  samples = []
+  for i in range(num_seq):
+    c = seq_len - prompt_len
+    samples.append(Sample(rng.integers(0, cfg.vocab_size, prompt_len).tolist(),
+                          rng.integers(0, cfg.vocab_size, c).tolist(),
+                          (-rng.random(c) * 4 - 8).tolist(), [0] * c,
+                          float(rng.random() < 0.5), i // 4))
+  batch_cfg = BatchConfig(seq_len=seq_len, num_rows=num_seq, max_sequences=num_seq,
+                          max_sequence_len=seq_len)
+  return build_batch(samples, batch_cfg)[0]
+
+
+def jax_step(cfg: ModelConfig, params, batch, token_chunk: int):
+  tcfg = tr.TrainerConfig(learning_rate=LR, lr_schedule="constant", warmup_steps=0,
+                          weight_decay=WEIGHT_DECAY, grad_clip_norm=GRAD_CLIP,
+                          loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk))
+  trainer = tr.Trainer(tcfg, llama.abstract_init(cfg)[0], llama.abstract_init(cfg)[1],
+                       tr.trainer_mesh(jax.devices()[:1]))
+  graphdef = llama.abstract_init(cfg)[0]
+  assert graphdef is not None
+  box = {"state": trainer.init_state(params)}
+  dev_batch = trainer.put_batch(batch)
+
+  def step():
+    box["state"], metrics = trainer.train_step(box["state"], dev_batch)
+    return float(metrics["loss"])
+
+  return step
+
+
+def torch_step(cfg: ModelConfig, params, batch, autocast: bool):
+  import torch
+  import transformers
+
+  torch.manual_seed(0)
+  hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items()
+                                       if k not in ("architectures", "torch_dtype")})
+  model = transformers.LlamaForCausalLM(hf_cfg).float()
+  state = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in
+           hf_io.hf_tensors(cfg, params)}
+  missing, unexpected = model.load_state_dict(state, strict=False)
+  assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+  opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
+  t = lambda x, dt=None: torch.from_numpy(np.asarray(x)) if dt is None else \
+      torch.from_numpy(np.asarray(x)).to(dt)
+  tokens, targets = t(batch.tokens).long(), t(batch.targets).long()
+  mu, adv, w = t(batch.behaviour_logprobs), t(batch.advantages), t(batch.token_weights)
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+      logits = model(input_ids=tokens).logits
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    lp = logp.gather(-1, targets[..., None])[..., 0]
+    coef = torch.clamp(torch.exp(lp - mu), max=CLIP_C).detach()
+    loss = -(w * coef * adv * lp).sum()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    opt.step()
+    return float(loss)
+
+  return step
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--token-chunk", type=int, default=1024)
+  args = parser.parse_args(argv)
+  import torch
+  torch.set_num_threads(os.cpu_count())
+  load = common.warn_if_busy()
+  num_seq, seq_len, prompt_len = (2, 64, 16) if args.quick else (8, 512, 64)
+  repeats = 2 if args.quick else args.repeats
+  rows = []
+  for dtype in ("float32", "bfloat16"):
+    cfg = model_config(args.quick, dtype)
+    _, params = llama.init(cfg, jax.random.key(0))
+    batch = make_batch(cfg, num_seq, seq_len, prompt_len)
+    ours, theirs = jax_step(cfg, params, batch, args.token_chunk), \
+        torch_step(cfg, params, batch, dtype == "bfloat16")
+    t0 = time.perf_counter()
+    first_ours = ours()  # compiles
+    compile_s = time.perf_counter() - t0
+    first_theirs = theirs()
+    ours_s, _ = common.median_time(ours, repeats=repeats, warmup=1)
+    theirs_s, _ = common.median_time(theirs, repeats=repeats, warmup=1)
+    tokens = num_seq * seq_len
+    rows.append(dict(dtype=dtype, ours_s=ours_s, torch_s=theirs_s,
+                     ours_tok_s=tokens / ours_s, torch_tok_s=tokens / theirs_s,
+                     ratio=theirs_s / ours_s, first_loss_ours=first_ours,
+                     first_loss_torch=first_theirs, compile_s=compile_s))
+  common.print_table(rows, ["dtype", "ours_tok_s", "torch_tok_s", "ratio", "ours_s", "torch_s",
+                            "first_loss_ours", "first_loss_torch", "compile_s"])
+  payload = dict(benchmark="train_step", quick=args.quick, load=load, rows=rows,
+                 config=dict(model=common.BENCH_MODEL if not args.quick else "quick",
+                             sequences=num_seq, seq_len=seq_len, prompt_len=prompt_len,
+                             objective="tis_reinforce", optimizer="adamw",
+                             token_chunk=args.token_chunk, repeats=repeats,
+                             jax=jax.__version__, torch=torch.__version__))
+  common.write_result("train_step_quick" if args.quick else "train_step", payload)
+  return payload
+
+
+if __name__ == "__main__":
+  main()
