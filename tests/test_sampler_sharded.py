@@ -28,11 +28,11 @@ CHILD = textwrap.dedent("""
     assert len(jax.devices()) == 8
     mesh = Mesh(np.asarray(jax.devices()[:2]), ("data",))
     _, graphdef, params = hf_io.load_hf(ckpt)
-    # 2 shards x 5 pages of 8 tokens: 4 usable pages (32 tokens) per shard for its 2 slots,
-    # while a prompt of 17 + 12 new tokens needs 4 pages alone.
-    config = SamplerConfig(num_slots=4, max_seq_len=48, page_size=8, num_pages=10,
+    # 2 shards x 3 pages of 16 tokens: 2 usable pages (32 tokens) per shard for its 2
+    # slots, while a prompt of 17 + 12 new tokens needs both alone.
+    config = SamplerConfig(num_slots=4, max_seq_len=48, page_size=16, num_pages=6,
                            chunk_steps=4, prefill_chunk=16, max_prefill_rows=2,
-                           min_window_pages=6)
+                           min_window_pages=3)
     sampler = Sampler(graphdef, params, config, mesh=mesh)
     assert sampler.state.k_pages.sharding.spec[1] == "data"
     samples = sampler.generate(prompts, params=SamplingParams(temperature=0.0,
