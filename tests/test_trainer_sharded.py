@@ -48,8 +48,10 @@ SCRIPT = textwrap.dedent("""
     assert len(state.params["lm_head"].value.addressable_shards) == 8
     mu = [x for x in jax.tree.leaves(state.opt_state) if x.ndim == 4][0]
     assert mu.sharding.spec == P(None, "fsdp", "tp"), mu.sharding
+    # Adam normalises each update to ~lr = 1e-2, so reduction-order noise in tiny gradients
+    # can move a weight by ~1e-6: 1e-5 is 0.1% of one update.
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
-      np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     for key in m1:
       np.testing.assert_allclose(m1[key], m8[key], rtol=2e-5, atol=1e-6, err_msg=key)
     assert int(m8["version"]) == 1 and np.isfinite(m8["loss"]) and m8["kl_ref"] > 0
