@@ -23,6 +23,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.group_size = 8               # attempts per prompt
     c.batch_size = 64              # sequences per optimizer step
     c.log_every = 20
+    c.checkpoint_every = 100       # optimizer steps between checkpoints (0: never); needs --workdir
+    c.checkpoint_keep = 3
 
     c.model = ml_collections.ConfigDict()
     c.model.hf_dir = ""            # a Hugging Face directory to start from instead of init

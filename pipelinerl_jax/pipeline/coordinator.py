@@ -53,6 +53,9 @@ class Coordinator:
         self._errors: list[tuple[str, BaseException, str]] = []
         self._errors_lock = threading.Lock()
         self.open_groups: dict[int, Group] = {}   # started, not yet fully generated
+        self.pending: dict[int, Group] = {}       # started, not yet trained (what resume keeps)
+        self.requeue: list[Group] = []            # resumed groups to regenerate first
+        self._draw_lock = threading.Lock()        # stream draw + registration are one step
         self.sampling = SamplingParams(
             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             max_new_tokens=cfg.max_new_tokens)
@@ -127,13 +130,20 @@ class Coordinator:
         g = self.cfg.group_size
         # Keep one group queued beyond the slots so a freed slot is refilled at once.
         while len(self.open_groups) * g < self.cfg.sampler.num_slots + g:
-            index = self.admission.try_start(self._sampler_version())
-            if index is None:
-                return
-            problem = next(self.stream)
-            prompt_ids = self.encode_prompt(problem)
-            self.open_groups[index] = Group(index=index, problem=problem, prompt_ids=prompt_ids)
-            self.sampler.submit(prompt_ids, n=g, params=self.sampling, request_id=index)
+            with self._draw_lock:
+                if self.requeue:  # prompts in flight at the checkpoint: regenerated first
+                    group = self.requeue.pop(0)
+                else:
+                    index = self.admission.try_start(self._sampler_version())
+                    if index is None:
+                        return
+                    problem = next(self.stream)
+                    group = Group(index=index, problem=problem,
+                                  prompt_ids=self.encode_prompt(problem))
+                self.open_groups[group.index] = group
+                self.pending[group.index] = group
+            self.sampler.submit(group.prompt_ids, n=g, params=self.sampling,
+                                request_id=group.index)
 
     def _sampler_loop(self) -> None:
         while not self.stop.is_set():
@@ -203,6 +213,9 @@ class Coordinator:
             groups = self.board.take(adm.step_indices(self.step), self.stop)
             if groups is None:
                 break
+            with self._draw_lock:
+                for g in groups:
+                    del self.pending[g.index]
             t1 = time.perf_counter()
             self.trainer_wait_s += t1 - t0
             samples = [s for g in groups for s in g.train_samples()]
@@ -222,6 +235,29 @@ class Coordinator:
             self._log(*previous)
         self.stop.set()  # training is done: the sampler stops at its next chunk boundary
 
+    def snapshot(self) -> dict:
+        """JSON-able bookkeeping for a checkpoint taken after the current step: the data
+        stream position, the admission counter, and every started-but-untrained group
+        (scored ones with their samples; the others as prompts, to be regenerated)."""
+        with self._draw_lock:
+            pending = [g.to_json(with_samples=len(g.rewards) == self.cfg.group_size)
+                       for g in sorted(self.pending.values(), key=lambda g: g.index)]
+            return {"step": self.step, "started": self.admission.started,
+                    "data": self.stream.get_state(), "pending": pending}
+
+    def restore(self, snap: dict) -> None:
+        """Inverse of snapshot(), before run(): scored groups go straight to the board."""
+        self.step = int(snap["step"])
+        self.admission.restore(int(snap["started"]))
+        self.stream.set_state(snap["data"])
+        for item in snap["pending"]:
+            group = Group.from_json(item, self.encode_prompt)
+            self.pending[group.index] = group
+            if group.rewards:
+                self.board.put(group)
+            else:
+                self.requeue.append(group)
+
     def _host_record(self, step, groups, batch, host_stats) -> dict:
         mask = np.asarray(batch.loss_mask) > 0
         versions = np.asarray(batch.versions)[mask]
@@ -232,6 +268,7 @@ class Coordinator:
         elapsed = time.perf_counter() - self.t_start
         record = {
             "step": step, "reward/mean": float(rewards.mean()), "reward/max": float(rewards.max()),
+            "prompts": [g.problem.uid for g in groups],
             "success": float(np.mean([s == "correct" for s in statuses])),
             "completion/len_mean": float(np.mean(lengths)),
             "completion/no_eos_frac": float(np.mean(

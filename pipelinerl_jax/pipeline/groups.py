@@ -27,6 +27,28 @@ class Group:
     rewards: list[float] = dataclasses.field(default_factory=list)
     started_at: float = dataclasses.field(default_factory=time.perf_counter)
 
+    def to_json(self, with_samples: bool) -> dict:
+        """For checkpoints: the prompt always; samples and rewards only when fully scored."""
+        out = {"index": self.index, "problem": dataclasses.asdict(self.problem)}
+        if with_samples:
+            out["samples"] = [dataclasses.asdict(s) for s in self.samples]
+            out["rewards"] = list(self.rewards)
+            out["statuses"] = [v.status for v in self.verdicts]
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict, encode_prompt) -> "Group":
+        from pipelinerl_jax.data.formats import Problem
+        from pipelinerl_jax.rewards.tables import Verdict
+        from pipelinerl_jax.sampler.sampler import Sample
+        problem = Problem(**d["problem"])
+        group = cls(index=int(d["index"]), problem=problem, prompt_ids=encode_prompt(problem))
+        if "samples" in d:
+            group.samples = [Sample(**s) for s in d["samples"]]
+            group.rewards = [float(r) for r in d["rewards"]]
+            group.verdicts = [Verdict(status=st) for st in d["statuses"]]
+        return group
+
     def train_samples(self) -> list[TrainSample]:
         """The group as the trainer's batch builder wants it."""
         return [TrainSample(prompt_tokens=s.prompt_ids, completion_tokens=s.token_ids,

@@ -1,6 +1,7 @@
 """Build a run from a RunConfig and execute it: meshes, model, sampler, trainer, data, rewards.
 
     from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
     from pipelinerl_jax.pipeline.run import run
     summary = run(config_lib.from_config_dict(get_config()), workdir="/tmp/run")
 
@@ -23,6 +24,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
 from pipelinerl_jax.data.datasets import PromptStream, load_dataset
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.data.tasks import make_task
@@ -154,6 +156,10 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
             json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
     c = components or build(cfg, devices)
     writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo)
+    ckpt = None
+    if workdir and cfg.checkpoint_every:
+        ckpt = RunCheckpointer(workdir, keep=cfg.checkpoint_keep,
+                               model_config=llama.config_of(c.sampler.engine.graphdef))
     table = get_reward_table(cfg.reward.table)
     detok = lambda ids: c.tokenizer.decode(ids, skip_special_tokens=True)
     shared = " (shared)" if c.num_sampler_devices == c.num_trainer_devices == 1 else ""
@@ -167,14 +173,59 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
             cfg, sampler=c.sampler, trainer=c.trainer, state=c.state, stream=c.stream,
             encode_prompt=c.encode_prompt, detokenize=detok, reward_pool=pool,
             reward_table=table, publisher=c.publisher, admission=c.admission, writer=writer)
+        if ckpt is not None:
+            _resume(coord, ckpt, cfg, c, echo)
+            coord.on_step_end = lambda co: _maybe_save(co, ckpt, cfg)
         t0 = time.perf_counter()
-        coord.run()
+        try:
+            coord.run()
+            if ckpt is not None:
+                _save(coord, ckpt, cfg)
+        finally:
+            if ckpt is not None:
+                ckpt.close()  # waits for the last asynchronous write
         wall = time.perf_counter() - t0
     c.state = coord.state
     summary = summarize(writer.of_kind("train"), wall, coord)
     writer.write("summary", summary)
     echo(format_summary(summary))
     return summary
+
+
+def _save(coord, ckpt, cfg) -> None:
+    extra = {"config": config_lib.as_dict(cfg), **coord.snapshot()}
+    ckpt.save(coord.step, coord.state, extra)
+
+
+def _maybe_save(coord, ckpt, cfg) -> None:
+    if coord.step % cfg.checkpoint_every == 0 and coord.step < cfg.steps:
+        _save(coord, ckpt, cfg)
+
+
+def _resume(coord, ckpt, cfg, c, echo) -> None:
+    """Continues the workdir's run from its newest good checkpoint, if any."""
+    latest = ckpt.latest_step()
+    if latest is not None:
+        try:  # name the offending field before Orbax meets mismatched arrays
+            saved = ckpt.read_json(latest, "extra")["config"]
+        except Exception:  # noqa: BLE001 - a damaged step: restore_latest falls back below
+            saved = None
+        if saved is not None:
+            check_compatible(saved, config_lib.as_dict(cfg))
+    abstract = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+        c.state, c.trainer.state_shardings)
+    restored = ckpt.restore_latest(abstract)
+    if restored is None:
+        return
+    step, state, extra = restored
+    for change in check_compatible(extra["config"], config_lib.as_dict(cfg)):
+        echo(f"resume: config change allowed: {change}")
+    coord.state = state
+    coord.restore(extra)
+    coord.sampler.set_params(state.params, step)
+    coord._handed_version = step
+    echo(f"resumed from step {step}: {len(extra['pending'])} untrained groups carried over")
 
 
 def summarize(records: list[dict], wall_s: float, coord) -> dict:
