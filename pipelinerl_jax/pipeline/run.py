@@ -237,8 +237,13 @@ def summarize(records: list[dict], wall_s: float, coord) -> dict:
     for r in records:
         for k, v in r.get("lag/hist", {}).items():
             hist[k] = hist.get(k, 0) + v
+    # Throughput over the second half of the run: compilation and warm-up excluded.
+    half = records[n // 2:] if n >= 4 else []
+    steady = ((len(half) - 1) / (half[-1]["time"] - half[0]["time"])
+              if len(half) >= 2 and half[-1]["time"] > half[0]["time"] else float("nan"))
     return {
-        "steps": n, "wall_s": wall_s,
+        "steps": n, "wall_s": wall_s, "steady_steps_per_s": steady,
+        "steady_samples_per_s": steady * coord.cfg.batch_size,
         "reward/first20": float(rewards[:20].mean()) if n else float("nan"),
         "reward/last_tenth": float(rewards[-tenth:].mean()) if n else float("nan"),
         "lag/token_max": max((r.get("lag/token_max", 0) for r in records), default=0),
@@ -259,7 +264,7 @@ def format_summary(s: dict) -> str:
     hist = " ".join(f"{k}:{v}" for k, v in s["lag/hist"].items() if v)
     return (f"done: {s['steps']} steps in {s['wall_s']:.0f}s, reward {s['reward/first20']:.3f} "
             f"(first 20 steps) -> {s['reward/last_tenth']:.3f} (last tenth); "
-            f"{s['samples_per_s']:.0f} samples/s; swaps {s['sampler/swaps']} "
+            f"{s['steady_samples_per_s']:.0f} samples/s after warm-up; swaps {s['sampler/swaps']} "
             f"(pause {s['sampler/swap_pause_ms_mean']:.2f} ms); "
             f"sequences with >1 version {100 * s['seq/mixed_version_frac']:.0f}%; "
             f"max lag {s['lag/token_max']} (bound {s['lag/bound']}); lag histogram {hist}")
