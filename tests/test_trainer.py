@@ -42,9 +42,9 @@ def test_blocked_attention_matches_model_attention():
   kv = jax.random.normal(k[1], (2, 15, 2, 8))
   v = jax.random.normal(k[2], (2, 15, 2, 8))
   seg = jnp.array([[1] * 6 + [2] * 7 + [0] * 2, [1] * 15])
-  blocked, plain = jax.jit(lambda q, kv, v: (
+  blocked, plain = jax.jit(lambda q, kv, v, seg: (
       tr.blocked_causal_attention(seg, 4)(q, kv, v, None)[0],
-      llama.segment_causal_attention(seg)(q, kv, v, None)[0]))(q, kv, v)
+      llama.segment_causal_attention(seg)(q, kv, v, None)[0]))(q, kv, v, seg)
   np.testing.assert_allclose(blocked, plain, rtol=1e-5, atol=1e-6)
 
 
