@@ -81,6 +81,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.batch.filter_zero_std_groups = True
     c.batch.weighting = "sequence_sum"
 
+    c.eval_every = 100             # held-out evaluation every N steps and at the end (0: never)
+    c.eval = ml_collections.ConfigDict()
+    c.eval.num_problems = 64       # held-out problems (a task seed the run never draws from)
+    c.eval.k = 1
+    c.eval.greedy = True
+    c.eval.datasets = []           # held-out files when training on data.datasets
+
     c.devices = ml_collections.ConfigDict()
     c.devices.sampler = 0.5
     c.devices.trainer_tp = 1

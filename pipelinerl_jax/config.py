@@ -54,6 +54,15 @@ class DeviceSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """Periodic evaluation on held-out problems (never trained on; lag accounting untouched)."""
+    num_problems: int = 64            # held-out problems per evaluation
+    k: int = 1                        # attempts per problem (avg@k, pass@k)
+    greedy: bool = True               # greedy decoding; else the run's sampling settings
+    datasets: tuple = ()              # data.datasets.DatasetSpec; default: held-out task problems
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     seed: int
     mode: str                         # "pipeline" | "conventional"
@@ -74,6 +83,7 @@ class RunConfig:
     sampler: SamplerConfig
     trainer: TrainerConfig
     batch: BatchConfig
+    eval: EvalSpec = EvalSpec()
     log_every: int = 10
     eval_every: int = 0
     checkpoint_every: int = 0
@@ -191,6 +201,17 @@ def from_config_dict(cfg) -> RunConfig:
         raise ConfigError(f"config.devices.sampler={dev.sampler} must be > 0 (a count or a "
                           f"fraction) and devices.trainer_tp={dev.trainer_tp} >= 1")
     reward = _build(RewardSpec, _section(cfg, "reward"), "reward")
+    eval_values = _section(cfg, "eval")
+    eval_datasets = _dataset_specs(eval_values.pop("datasets", ()) or ())
+    eval_spec = _build(EvalSpec, eval_values, "eval", datasets=eval_datasets)
+    eval_every = int(top.get("eval_every", 0))
+    if eval_every < 0 or eval_spec.num_problems < 1 or eval_spec.k < 1:
+        raise ConfigError(f"config.eval_every={eval_every} must be >= 0 (0: never), "
+                          f"eval.num_problems={eval_spec.num_problems} and eval.k={eval_spec.k} "
+                          ">= 1")
+    if eval_every and not data_spec.task and not eval_spec.datasets:
+        raise ConfigError("config.eval_every needs eval.datasets (held-out files) when training "
+                          "on data.datasets")
 
     return RunConfig(
         seed=int(top.get("seed", 0)), mode=mode, max_lag=max_lag, steps=steps,
@@ -198,8 +219,8 @@ def from_config_dict(cfg) -> RunConfig:
         max_new_tokens=max_new_tokens, temperature=temperature,
         top_p=float(gen.get("top_p", 1.0)), top_k=int(gen.get("top_k", 0)),
         max_prompt_tokens=max_prompt_tokens, model=model_spec, data=data_spec, reward=reward,
-        devices=dev, sampler=sampler_cfg, trainer=trainer, batch=batch,
-        log_every=int(top.get("log_every", 10)), eval_every=int(top.get("eval_every", 0)),
+        devices=dev, sampler=sampler_cfg, trainer=trainer, batch=batch, eval=eval_spec,
+        log_every=int(top.get("log_every", 10)), eval_every=eval_every,
         checkpoint_every=int(top.get("checkpoint_every", 0)),
         checkpoint_keep=int(top.get("checkpoint_keep", 3)))
 

@@ -76,6 +76,7 @@ class MetricsWriter:
         self._lock = threading.Lock()
         self._echo_every = echo_every
         self._echo = echo
+        self.echo = echo
         self._t0 = time.perf_counter()
         self.records: list[dict] = []
 

@@ -29,6 +29,7 @@ def tiny_config(**overrides):
     c.batch_size = 16
     c.max_lag = 1
     c.log_every = 0
+    c.eval_every = 0
     c.batch.filter_zero_std_groups = False  # keep every sequence: the tests inspect them all
     c.generation.max_new_tokens = 12
     c.sampler.num_slots = 16
@@ -200,7 +201,7 @@ def test_recompute_policy_matches_new_params_over_the_full_prefix():
 
 
 def test_default_config_runs_end_to_end_at_reduced_size(tmp_path):
-    cfg = tiny_config(steps=12, max_lag=2)
+    cfg = tiny_config(steps=12, max_lag=2, eval_every=6, **{"eval.num_problems": 8})
     lines = []
     summary = run_lib.run(cfg, str(tmp_path), echo=lines.append)
     assert summary["steps"] == 12
@@ -208,3 +209,7 @@ def test_default_config_runs_end_to_end_at_reduced_size(tmp_path):
     assert sum(summary["lag/hist"].values()) > 0
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "config.json").exists()
     assert lines[-1].startswith("done: 12 steps")
+    # Held-out evaluation at steps 6 and 12, in the log and in the summary.
+    assert [step for step, _ in summary["eval/avg@k_by_step"]] == [6, 12]
+    assert 0.0 <= summary["eval/last"]["avg@k"] <= 1.0
+    assert any(line.startswith("eval at step 6: avg@1") for line in lines)

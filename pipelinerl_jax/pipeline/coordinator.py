@@ -40,7 +40,7 @@ class Coordinator:
 
     def __init__(self, cfg, *, sampler, trainer, state, stream, encode_prompt, detokenize,
                  reward_pool, reward_table, publisher, admission, writer, start_step=0,
-                 on_step_end=None):
+                 on_step_end=None, evaluator=None):
         self.cfg = cfg
         self.sampler, self.trainer, self.state = sampler, trainer, state
         self.stream, self.encode_prompt, self.detokenize = stream, encode_prompt, detokenize
@@ -48,6 +48,7 @@ class Coordinator:
         self.publisher, self.admission, self.writer = publisher, admission, writer
         self.step = start_step
         self.on_step_end = on_step_end
+        self.evaluator = evaluator
         self.board = ReadyBoard()
         self.stop = threading.Event()
         self._errors: list[tuple[str, BaseException, str]] = []
@@ -231,9 +232,23 @@ class Coordinator:
             self.step = version
             if self.on_step_end is not None:
                 self.on_step_end(self)
+            if self.evaluator is not None and (self.step % self.cfg.eval_every == 0
+                                               or self.step == self.cfg.steps):
+                self._evaluate()
         if previous is not None:
             self._log(*previous)
         self.stop.set()  # training is done: the sampler stops at its next chunk boundary
+
+    def _evaluate(self) -> None:
+        """Held-out evaluation of the current params (the trainer pauses meanwhile)."""
+        t0 = time.perf_counter()
+        result = self.evaluator(self.state.params, self.step)
+        record = {"step": self.step, "eval_s": time.perf_counter() - t0,
+                  **{k: v for k, v in result.items() if k != "samples"}}
+        self.writer.write("eval", record)
+        self.writer.echo(f"eval at step {self.step}: avg@{result['k']} {result['avg@k']:.3f} "
+                         f"pass@{result['k']} {result['pass@k']:.3f} "
+                         f"({result['num_problems']} held-out problems)")
 
     def snapshot(self) -> dict:
         """JSON-able bookkeeping for a checkpoint taken after the current step: the data

@@ -147,6 +147,40 @@ def build(cfg: config_lib.RunConfig, devices=None) -> Components:
                       num_trainer_devices=len(trainer_devices))
 
 
+def build_evaluator(cfg, c: Components, reward_pool):
+    """evaluate(params, version) -> metrics on held-out problems, or None when disabled.
+
+    It runs on its own Sampler (same engine config, so the compiled chunk is shared) with the
+    trainer's latest params, in the trainer thread between two steps: eval samples are never
+    trained and never touch the main sampler, so the lag accounting is unaffected."""
+    if not cfg.eval_every:
+        return None
+    from pipelinerl_jax.eval_lib import evaluate_problems
+    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    if cfg.eval.datasets:
+        problems = [p for spec in cfg.eval.datasets for p in load_dataset(spec).problems]
+        prompt_cfg = PromptConfig(template=cfg.data.prompt_template)
+    else:
+        options = dict(cfg.data.task_options)
+        options["seed"] = options.get("seed", 0) + 7919  # problems the run never draws
+        task = make_task(cfg.data.task, **options)
+        problems = [task.problem(i) for i in range(cfg.eval.num_problems)]
+        prompt_cfg = PromptConfig(template="plain", system_prompt=None)
+    problems = problems[:cfg.eval.num_problems]
+    graphdef = c.sampler.engine.graphdef
+    eval_sampler = Sampler(graphdef, c.state.params, c.sampler.config,
+                           eos_token_ids=c.sampler.eos_token_ids, mesh=c.sampler.engine.mesh)
+    sampling = SamplingParams(
+        temperature=0.0 if cfg.eval.greedy else cfg.temperature,
+        top_k=cfg.top_k, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+
+    def evaluate(params, version):
+        eval_sampler.set_params(params, version)
+        return evaluate_problems(eval_sampler, c.tokenizer, problems, reward_pool,
+                                 cfg.eval.k, sampling, prompt_cfg)
+    return evaluate
+
+
 def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         components: Components | None = None, echo=print) -> dict:
     """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl)."""
@@ -172,7 +206,8 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         coord = Coordinator(
             cfg, sampler=c.sampler, trainer=c.trainer, state=c.state, stream=c.stream,
             encode_prompt=c.encode_prompt, detokenize=detok, reward_pool=pool,
-            reward_table=table, publisher=c.publisher, admission=c.admission, writer=writer)
+            reward_table=table, publisher=c.publisher, admission=c.admission, writer=writer,
+            evaluator=build_evaluator(cfg, c, pool))
         if ckpt is not None:
             _resume(coord, ckpt, cfg, c, echo)
             coord.on_step_end = lambda co: _maybe_save(co, ckpt, cfg)
@@ -187,6 +222,11 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         wall = time.perf_counter() - t0
     c.state = coord.state
     summary = summarize(writer.of_kind("train"), wall, coord)
+    evals = writer.of_kind("eval")
+    if evals:
+        summary["eval/last"] = {k: v for k, v in evals[-1].items()
+                                if k in ("step", "avg@k", "pass@k", "k", "num_problems")}
+        summary["eval/avg@k_by_step"] = [(r["step"], r["avg@k"]) for r in evals]
     writer.write("summary", summary)
     echo(format_summary(summary))
     return summary
