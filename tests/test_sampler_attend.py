@@ -19,9 +19,15 @@ SCALE = D ** -0.5
 
 
 def _pool(rng):
-    k = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
-    v = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
+    """Random pools in the sampler's head-major layout [L, K, P, S, D]."""
+    k = rng.normal(size=(L, K, P, S, D)).astype(np.float32)
+    v = rng.normal(size=(L, K, P, S, D)).astype(np.float32)
     return k, v
+
+
+def _oracle_layout(pages_KxPxSxD):
+    """[K, P, S, D] -> the kernels' [P, S, K, D]."""
+    return jnp.transpose(pages_KxPxSxD, (1, 2, 0, 3))
 
 
 def _tables(rng, batch, width):
@@ -36,8 +42,8 @@ def test_decode_attend_matches_oracle():
     tables = _tables(rng, batch, width)
     tables[0, 1:] = 0                                    # unused entries -> null page
     positions = np.array([0, 7, 8, 37], np.int32)       # first token, page edges, last slot
-    k_pool[:, 0] = np.nan                                # the null page holds garbage
-    v_pool[:, 0] = np.nan
+    k_pool[:, :, 0] = np.nan                             # the null page holds garbage
+    v_pool[:, :, 0] = np.nan
     q = rng.normal(size=(batch, 1, H, D)).astype(np.float32)
     k_new = rng.normal(size=(batch, 1, K, D)).astype(np.float32)
     v_new = rng.normal(size=(batch, 1, K, D)).astype(np.float32)
@@ -54,8 +60,9 @@ def test_decode_attend_matches_oracle():
         for layer in range(L):
             out, (k_out, _) = attend(q, k_new, v_new, layer)
             ours.append(out[:, 0])
-            want.append(paged_decode_attention_ref(q[:, 0], k_full[layer], v_full[layer], tables,
-                                                   positions + 1, scale=SCALE))
+            want.append(paged_decode_attention_ref(
+                q[:, 0], _oracle_layout(k_full[layer]), _oracle_layout(v_full[layer]), tables,
+                positions + 1, scale=SCALE))
         return jnp.stack(ours), jnp.stack(want), k_out
 
     ours, want, k_out = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
@@ -88,8 +95,9 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
                                    tables, positions, write)
         v_full = attn.write_new_kv(v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape),
                                    tables, positions, write)
-        return out, paged_prefill_attention_ref(q, k_full[layer], v_full[layer], tables,
-                                                positions, scale=SCALE)
+        return out, paged_prefill_attention_ref(
+            q, _oracle_layout(k_full[layer]), _oracle_layout(v_full[layer]), tables, positions,
+            scale=SCALE)
 
     out, want = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
     valid = positions >= 0
@@ -99,13 +107,15 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
 
 
 def test_write_new_kv_targets_pages_and_null_page():
-    pool = jnp.zeros((2, 5, 4, 1, 1))
+    pool = jnp.zeros((2, 2, 5, 4, 1))                     # [L, K, P, S, D]
     new = jnp.arange(1, 7, dtype=jnp.float32).reshape(1, 2, 3, 1, 1) * jnp.asarray(
         [1.0, 10.0]).reshape(2, 1, 1, 1, 1)
+    new = jnp.concatenate([new, -new], axis=3)            # [L, B, T, K, D]; head 1 negated
     tables = jnp.asarray([[3, 1], [2, 4]], jnp.int32)
     positions = jnp.asarray([[3, 4, 5], [0, 1, -1]], jnp.int32)
     out = jax.jit(attn.write_new_kv)(pool, new, tables, positions, positions >= 0)
-    out = np.asarray(out)[..., 0, 0]
+    np.testing.assert_array_equal(np.asarray(out)[:, 1], -np.asarray(out)[:, 0])
+    out = np.asarray(out)[:, 0, :, :, 0]                  # head 0: [L, P, S]
     for layer, mult in ((0, 1.0), (1, 10.0)):
         assert out[layer, 3, 3] == 1 * mult and out[layer, 1, 0] == 2 * mult
         assert out[layer, 1, 1] == 3 * mult

@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
                            chunk_steps=4, prefill_chunk=16, max_prefill_rows=2,
                            min_window_pages=3)
     sampler = Sampler(graphdef, params, config, mesh=mesh)
-    assert sampler.state.k_pages.sharding.spec[1] == "data"
+    assert sampler.state.k_pages.sharding.spec[2] == "data"      # [L, K, P, S, D]
     samples = sampler.generate(prompts, params=SamplingParams(temperature=0.0,
                                                               max_new_tokens=%d))
     print(json.dumps({"tokens": [s.token_ids for s in samples],

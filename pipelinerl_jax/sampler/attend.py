@@ -16,25 +16,32 @@ could not leak NaN into a live row (0 * NaN = NaN).
 
 The layer index arrives as a Python int (the sampler's forward is unrolled, see forward.py).
 
+Pool layout [L, K, P, S, D] (kv head outside the page): one gather then yields each row's keys
+head-major, [B, K, N, D], the layout in which the decode score and probability-times-V
+reductions run at close to memory speed on XLA:CPU. Measured for 8 layers at batch 64 and
+N = 160: scores + PV took 67 ms with position-major keys [B, N, K, D] (batched einsums) and
+35 ms head-major (scores as a broadcast-multiply-reduce over D, PV as an einsum), against
+12 ms to merely read K.
+
 Dimension letters: B rows, T query tokens, H query heads, K kv heads, G = H / K, D head dim,
 L layers, P pages per layer, S page size, W pages read per row (window), N = W * S.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 
-def _gather_old(pages_LxPxSxKxD, layer, block_tables_BxW):
-    """This layer's pages named by the block tables -> [B, W*S, K, D]."""
-    num_layers, num_pages, page_size, kv_heads, head_dim = pages_LxPxSxKxD.shape
-    flat = pages_LxPxSxKxD.reshape(num_layers * num_pages, page_size, kv_heads, head_dim)
-    rows_BxW = block_tables_BxW + layer * num_pages
+def _gather_old(pages_LxKxPxSxD, layer: int, block_tables_BxW):
+    """This layer's pages named by the block tables, head-major -> [B, K, W*S, D]."""
+    num_layers, kv_heads, num_pages, page_size, head_dim = pages_LxKxPxSxD.shape
+    flat = pages_LxKxPxSxD.reshape(num_layers * kv_heads * num_pages, page_size, head_dim)
+    heads_K = (layer * kv_heads + jnp.arange(kv_heads)) * num_pages
+    rows_BxKxW = heads_K[None, :, None] + block_tables_BxW[:, None, :]
     batch, window = block_tables_BxW.shape
     # mode="clip": an out-of-range id must never gather NaN fill into a live computation.
-    gathered = jnp.take(flat, rows_BxW, axis=0, mode="clip")
-    return gathered.reshape(batch, window * page_size, kv_heads, head_dim)
+    gathered = jnp.take(flat, rows_BxKxW, axis=0, mode="clip")
+    return gathered.reshape(batch, kv_heads, window * page_size, head_dim)
 
 
 def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
@@ -60,30 +67,34 @@ def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
 def decode_attend(k_pages, v_pages, block_tables_BxW, positions_B, *, scale: float):
     """attend() for one new token per row at `positions_B` (it sees positions < its own + itself).
 
-    Returns attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer) -> (out_Bx1xHxD, (k, v)).
+    k_pages, v_pages: [L, K, P, S, D]. Returns attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer)
+    -> (out_Bx1xHxD, (k, v)).
     """
-    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[2])
+    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[3])
     old_valid_BxN = window_positions_N[None, :] < positions_B[:, None]
 
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer):
         batch, _, heads, head_dim = q_Bx1xHxD.shape
         kv_heads = k_Bx1xKxD.shape[2]
         group = heads // kv_heads
-        k_old_BxNxKxD = _gather_old(k_pages, layer, block_tables_BxW).astype(q_Bx1xHxD.dtype)
-        v_old_BxNxKxD = _gather_old(v_pages, layer, block_tables_BxW).astype(q_Bx1xHxD.dtype)
+        dtype = q_Bx1xHxD.dtype
+        k_old_BxKxNxD = _gather_old(k_pages, layer, block_tables_BxW).astype(dtype)
+        v_old_BxKxNxD = _gather_old(v_pages, layer, block_tables_BxW).astype(dtype)
         # Zeroed, not just given zero weight: 0 * NaN from a corrupted page would leak in.
-        v_old_BxNxKxD = jnp.where(old_valid_BxN[:, :, None, None], v_old_BxNxKxD, 0)
+        v_old_BxKxNxD = jnp.where(old_valid_BxN[:, None, :, None], v_old_BxKxNxD, 0)
         q_BxKxGxD = q_Bx1xHxD.reshape(batch, kv_heads, group, head_dim)
-        s_old = jnp.einsum("bkgd,bnkd->bkgn", q_BxKxGxD, k_old_BxNxKxD,
-                           preferred_element_type=jnp.float32) * scale
+        # Multiply-and-reduce over D rather than a batched matmul of [G, D] x [D, N] blocks:
+        # 2x faster here (module docstring).
+        s_old = jnp.sum(q_BxKxGxD[:, :, :, None, :].astype(jnp.float32)
+                        * k_old_BxKxNxD[:, :, None, :, :], axis=-1) * scale
         s_old = jnp.where(old_valid_BxN[:, None, None, :], s_old, -jnp.inf)
-        s_new = jnp.einsum("bkgd,bkd->bkg", q_BxKxGxD, k_Bx1xKxD[:, 0],
-                           preferred_element_type=jnp.float32)[..., None] * scale
+        s_new = jnp.sum(q_BxKxGxD.astype(jnp.float32)
+                        * k_Bx1xKxD[:, 0, :, None, :], axis=-1)[..., None] * scale
         out_BxKxGxD, denom_BxKxG = _merge_softmax(
-            s_old, s_new, v_old_BxNxKxD, v_Bx1xKxD[:, 0, :, None, :],
-            "bkgn,bnkd->bkgd", "bkgn,bknd->bkgd")
+            s_old, s_new, v_old_BxKxNxD, v_Bx1xKxD[:, 0, :, None, :],
+            "bkgn,bknd->bkgd", "bkgn,bknd->bkgd")
         out_BxKxGxD = out_BxKxGxD / denom_BxKxG[..., None]
-        out = out_BxKxGxD.reshape(batch, 1, heads, head_dim).astype(q_Bx1xHxD.dtype)
+        out = out_BxKxGxD.reshape(batch, 1, heads, head_dim).astype(dtype)
         return out, (k_Bx1xKxD, v_Bx1xKxD)
 
     return attend
@@ -96,7 +107,7 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
     chunk's own tokens at positions <= p. Returns (out_BxTxHxD, (k, v)).
     """
     start_B = positions_BxT[:, 0]   # chunk start; -1 for an all-padding row (sees nothing old)
-    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[2])
+    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[3])
     old_valid_BxN = window_positions_N[None, :] < start_B[:, None]
     valid_BxT = positions_BxT >= 0
     tokens = positions_BxT.shape[1]
@@ -115,12 +126,12 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
         if block_tables_BxW.shape[1]:
             k_old = _gather_old(k_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
             v_old = _gather_old(v_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
-            v_old = jnp.where(old_valid_BxN[:, :, None, None], v_old, 0)
-            s_old = jnp.einsum("btkgd,bnkd->bkgtn", q_BxTxKxGxD, k_old,
+            v_old = jnp.where(old_valid_BxN[:, None, :, None], v_old, 0)
+            s_old = jnp.einsum("btkgd,bknd->bkgtn", q_BxTxKxGxD, k_old,
                                preferred_element_type=jnp.float32) * scale
             s_old = jnp.where(old_valid_BxN[:, None, None, None, :], s_old, -jnp.inf)
         out_BxTxKxGxD, denom_BxKxGxT = _merge_softmax(
-            s_old, s_new, v_old, v_BxTxKxD, "bkgtn,bnkd->btkgd", "bkgts,bskd->btkgd")
+            s_old, s_new, v_old, v_BxTxKxD, "bkgtn,bknd->btkgd", "bkgts,bskd->btkgd")
         denom_BxTxKxG = jnp.moveaxis(denom_BxKxGxT, 3, 1)
         out_BxTxKxGxD = out_BxTxKxGxD / denom_BxTxKxG[..., None]
         out = out_BxTxKxGxD.reshape(batch, tokens, heads, head_dim).astype(q_BxTxHxD.dtype)
@@ -129,17 +140,18 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
     return attend
 
 
-def write_new_kv(pages_LxPxSxKxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT, write_BxT):
+def write_new_kv(pages_LxKxPxSxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT, write_BxT):
     """Scatters every layer's new K (or V) at their positions; unwritten ones go to the null page.
 
     Rows/tokens with write False (inactive slots, padding) target page 0, offset 0: many
     writes of finite garbage to a page nobody reads unmasked.
     """
-    page_size = pages_LxPxSxKxD.shape[2]
+    page_size = pages_LxKxPxSxD.shape[3]
     safe_pos_BxT = jnp.where(write_BxT, positions_BxT, 0)
     block_BxT = jnp.clip(safe_pos_BxT // page_size, 0, block_tables_BxM.shape[1] - 1)
     page_BxT = jnp.take_along_axis(block_tables_BxM, block_BxT, axis=1)
     page_BxT = jnp.where(write_BxT, page_BxT, 0)
     offset_BxT = jnp.where(write_BxT, safe_pos_BxT % page_size, 0)
-    return pages_LxPxSxKxD.at[:, page_BxT, offset_BxT].set(
-        new_LxBxTxKxD.astype(pages_LxPxSxKxD.dtype))
+    new_LxKxBxTxD = jnp.moveaxis(new_LxBxTxKxD, 3, 1)
+    return pages_LxKxPxSxD.at[:, :, page_BxT, offset_BxT].set(
+        new_LxKxBxTxD.astype(pages_LxKxPxSxD.dtype))

@@ -205,8 +205,9 @@ class Engine:
 
     def _copy_pages_local(self, state: SamplerState, src_N, dst_N):
         src_N, dst_N = self._to_local(src_N), self._to_local(dst_N)
-        return state.replace(k_pages=state.k_pages.at[:, dst_N].set(state.k_pages[:, src_N]),
-                             v_pages=state.v_pages.at[:, dst_N].set(state.v_pages[:, src_N]))
+        return state.replace(
+            k_pages=state.k_pages.at[:, :, dst_N].set(state.k_pages[:, :, src_N]),
+            v_pages=state.v_pages.at[:, :, dst_N].set(state.v_pages[:, :, src_N]))
 
 
 def _stack_kv(kv):
