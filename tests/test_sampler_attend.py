@@ -1,9 +1,10 @@
 """The sampler's attention hooks against the kernels' pure-jnp paged attention oracle.
 
-The hooks attend over (pages before the current tokens) + (the current tokens' own K/V, not yet
-in the pages); the oracle attends over pages that already contain them. So the test writes
-the new K/V into a copy of the pool with `write_new_kv` and compares. NaN planted in unused
-pool rows checks that garbage never leaks into live outputs.
+`decode_attend` / `prefill_attend` attend over (pages before the current tokens) + (the current
+tokens' own K/V, not yet in the pages); the oracle attends over pages that already contain
+them. So the test writes the new K/V into a copy of the pool with `write_new_kv` and compares.
+`decode_attend_paged` writes first and calls the dispatcher itself: its pool must equal that
+copy. NaN planted in unused pool rows checks that garbage never leaks into live outputs.
 """
 
 import jax
@@ -19,15 +20,10 @@ SCALE = D ** -0.5
 
 
 def _pool(rng):
-    """Random pools in the sampler's head-major layout [L, K, P, S, D]."""
-    k = rng.normal(size=(L, K, P, S, D)).astype(np.float32)
-    v = rng.normal(size=(L, K, P, S, D)).astype(np.float32)
+    """Random pools in the sampler's layout [L, P, S, K, D]."""
+    k = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
+    v = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
     return k, v
-
-
-def _oracle_layout(pages_KxPxSxD):
-    """[K, P, S, D] -> the kernels' [P, S, K, D]."""
-    return jnp.transpose(pages_KxPxSxD, (1, 2, 0, 3))
 
 
 def _tables(rng, batch, width):
@@ -42,8 +38,8 @@ def test_decode_attend_matches_oracle():
     tables = _tables(rng, batch, width)
     tables[0, 1:] = 0                                    # unused entries -> null page
     positions = np.array([0, 7, 8, 37], np.int32)       # first token, page edges, last slot
-    k_pool[:, :, 0] = np.nan                             # the null page holds garbage
-    v_pool[:, :, 0] = np.nan
+    k_pool[:, 0] = np.nan                                # the null page holds garbage
+    v_pool[:, 0] = np.nan
     q = rng.normal(size=(batch, 1, H, D)).astype(np.float32)
     k_new = rng.normal(size=(batch, 1, K, D)).astype(np.float32)
     v_new = rng.normal(size=(batch, 1, K, D)).astype(np.float32)
@@ -51,24 +47,34 @@ def test_decode_attend_matches_oracle():
     @jax.jit
     def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
         attend = attn.decode_attend(k_pool, v_pool, tables, positions, scale=SCALE)
+        paged = attn.decode_attend_paged(tables, positions, jnp.ones(batch, bool), width,
+                                         scale=SCALE, impl="ref")
         write = jnp.ones((batch, 1), bool)
         k_full = attn.write_new_kv(k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape),
                                    tables, positions[:, None], write)
         v_full = attn.write_new_kv(v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape),
                                    tables, positions[:, None], write)
-        ours, want = [], []
+        ours, via_paged, want = [], [], []
+        pools = (k_pool, v_pool)
         for layer in range(L):
-            out, (k_out, _) = attend(q, k_new, v_new, layer)
+            out, (_, kv) = attend(q, k_new, v_new, (layer, ()))
             ours.append(out[:, 0])
-            want.append(paged_decode_attention_ref(
-                q[:, 0], _oracle_layout(k_full[layer]), _oracle_layout(v_full[layer]), tables,
-                positions + 1, scale=SCALE))
-        return jnp.stack(ours), jnp.stack(want), k_out
+            out, (_, pools) = paged(q, k_new, v_new, (layer, pools))
+            via_paged.append(out[:, 0])
+            want.append(paged_decode_attention_ref(q[:, 0], k_full[layer], v_full[layer], tables,
+                                                   positions + 1, scale=SCALE))
+        return jnp.stack(ours), jnp.stack(via_paged), jnp.stack(want), kv, pools, (k_full, v_full)
 
-    ours, want, k_out = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
+    ours, via_paged, want, kv, pools, full = both(k_pool, v_pool, tables, positions, q, k_new,
+                                                  v_new)
     assert np.isfinite(np.asarray(ours)).all()
     np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=2e-5, atol=2e-5)
-    np.testing.assert_array_equal(np.asarray(k_out), k_new)
+    np.testing.assert_allclose(np.asarray(via_paged), np.asarray(want), rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(kv[0][0]), k_new)
+    for got, expected in zip(pools, full):             # the paged hook wrote the same pool
+        np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(expected)))
+        np.testing.assert_array_equal(np.nan_to_num(np.asarray(got)),
+                                      np.nan_to_num(np.asarray(expected)))
 
 
 def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
@@ -89,15 +95,14 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
     @jax.jit
     def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
         out, _ = attn.prefill_attend(k_pool, v_pool, tables[:, :window], positions,
-                                     scale=SCALE)(q, k_new, v_new, layer)
+                                     scale=SCALE)(q, k_new, v_new, (layer, ()))
         write = positions >= 0
         k_full = attn.write_new_kv(k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape),
                                    tables, positions, write)
         v_full = attn.write_new_kv(v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape),
                                    tables, positions, write)
-        return out, paged_prefill_attention_ref(
-            q, _oracle_layout(k_full[layer]), _oracle_layout(v_full[layer]), tables, positions,
-            scale=SCALE)
+        return out, paged_prefill_attention_ref(q, k_full[layer], v_full[layer], tables,
+                                                positions, scale=SCALE)
 
     out, want = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
     valid = positions >= 0
@@ -107,15 +112,19 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
 
 
 def test_write_new_kv_targets_pages_and_null_page():
-    pool = jnp.zeros((2, 2, 5, 4, 1))                     # [L, K, P, S, D]
+    pool = jnp.zeros((2, 5, 4, 2, 1))                     # [L, P, S, K, D]
     new = jnp.arange(1, 7, dtype=jnp.float32).reshape(1, 2, 3, 1, 1) * jnp.asarray(
         [1.0, 10.0]).reshape(2, 1, 1, 1, 1)
     new = jnp.concatenate([new, -new], axis=3)            # [L, B, T, K, D]; head 1 negated
     tables = jnp.asarray([[3, 1], [2, 4]], jnp.int32)
     positions = jnp.asarray([[3, 4, 5], [0, 1, -1]], jnp.int32)
     out = jax.jit(attn.write_new_kv)(pool, new, tables, positions, positions >= 0)
-    np.testing.assert_array_equal(np.asarray(out)[:, 1], -np.asarray(out)[:, 0])
-    out = np.asarray(out)[:, 0, :, :, 0]                  # head 0: [L, P, S]
+    one = jax.jit(attn.write_layer_kv, static_argnums=1)(pool, 1, new[1], tables, positions,
+                                                         positions >= 0)
+    np.testing.assert_array_equal(np.asarray(one)[1], np.asarray(out)[1])
+    assert not np.asarray(one)[0].any()                   # the other layer is untouched
+    np.testing.assert_array_equal(np.asarray(out)[..., 1, :], -np.asarray(out)[..., 0, :])
+    out = np.asarray(out)[..., 0, 0]                      # head 0: [L, P, S]
     for layer, mult in ((0, 1.0), (1, 10.0)):
         assert out[layer, 3, 3] == 1 * mult and out[layer, 1, 0] == 2 * mult
         assert out[layer, 1, 1] == 3 * mult

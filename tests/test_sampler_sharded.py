@@ -32,9 +32,9 @@ CHILD = textwrap.dedent("""
     # slots, while a prompt of 17 + 12 new tokens needs both alone.
     config = SamplerConfig(num_slots=4, max_seq_len=48, page_size=16, num_pages=6,
                            chunk_steps=4, prefill_chunk=16, max_prefill_rows=2,
-                           min_window_pages=3)
+                           min_window_pages=3, attention="paged")
     sampler = Sampler(graphdef, params, config, mesh=mesh)
-    assert sampler.state.k_pages.sharding.spec[2] == "data"      # [L, K, P, S, D]
+    assert sampler.state.k_pages.sharding.spec[1] == "data"      # [L, P, S, K, D]
     samples = sampler.generate(prompts, params=SamplingParams(temperature=0.0,
                                                               max_new_tokens=%d))
     print(json.dumps({"tokens": [s.token_ids for s in samples],

@@ -16,12 +16,17 @@ could not leak NaN into a live row (0 * NaN = NaN).
 
 The layer index arrives as a Python int (the sampler's forward is unrolled, see forward.py).
 
-Pool layout [L, K, P, S, D] (kv head outside the page): one gather then yields each row's keys
-head-major, [B, K, N, D], the layout in which the decode score and probability-times-V
-reductions run at close to memory speed on XLA:CPU. Measured for 8 layers at batch 64 and
-N = 160: scores + PV took 67 ms with position-major keys [B, N, K, D] (batched einsums) and
-35 ms head-major (scores as a broadcast-multiply-reduce over D, PV as an einsum), against
-12 ms to merely read K.
+Pool layout [L, P, S, K, D]: flattened to [L*P, S, K, D] it is the layout of
+`kernels.paged_attention` with block tables offset by layer * P, so the second decode hook,
+`decode_attend_paged`, can write the step's K/V into the pool first and then call the one paged
+attention dispatcher (the Triton kernel on NVIDIA GPUs, its jnp reference elsewhere) without
+copying anything. That hook threads the pool through the unrolled layers as its carry (an
+in-place scatter per layer); `decode_attend` keeps the pool closed over and merges the new
+token itself. The engine's `attention` option picks one.
+
+Decode scores are a broadcast-multiply-reduce over D rather than a batched einsum: XLA:CPU ran
+the [G, D] x [D, N] blocks of the einsum ~2x slower (40 vs 22 ms for 8 layers at batch 64,
+N = 160, against 12 ms to merely read K).
 
 Dimension letters: B rows, T query tokens, H query heads, K kv heads, G = H / K, D head dim,
 L layers, P pages per layer, S page size, W pages read per row (window), N = W * S.
@@ -31,17 +36,17 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from pipelinerl_jax.kernels.paged_attention import paged_decode_attention
 
-def _gather_old(pages_LxKxPxSxD, layer: int, block_tables_BxW):
-    """This layer's pages named by the block tables, head-major -> [B, K, W*S, D]."""
-    num_layers, kv_heads, num_pages, page_size, head_dim = pages_LxKxPxSxD.shape
-    flat = pages_LxKxPxSxD.reshape(num_layers * kv_heads * num_pages, page_size, head_dim)
-    heads_K = (layer * kv_heads + jnp.arange(kv_heads)) * num_pages
-    rows_BxKxW = heads_K[None, :, None] + block_tables_BxW[:, None, :]
+
+def _gather_old(pages_LxPxSxKxD, layer: int, block_tables_BxW):
+    """This layer's pages named by the block tables -> [B, W*S, K, D]."""
+    num_layers, num_pages, page_size, kv_heads, head_dim = pages_LxPxSxKxD.shape
+    flat = pages_LxPxSxKxD.reshape(num_layers * num_pages, page_size, kv_heads, head_dim)
     batch, window = block_tables_BxW.shape
     # mode="clip": an out-of-range id must never gather NaN fill into a live computation.
-    gathered = jnp.take(flat, rows_BxKxW, axis=0, mode="clip")
-    return gathered.reshape(batch, kv_heads, window * page_size, head_dim)
+    gathered = jnp.take(flat, block_tables_BxW + layer * num_pages, axis=0, mode="clip")
+    return gathered.reshape(batch, window * page_size, kv_heads, head_dim)
 
 
 def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
@@ -67,35 +72,60 @@ def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
 def decode_attend(k_pages, v_pages, block_tables_BxW, positions_B, *, scale: float):
     """attend() for one new token per row at `positions_B` (it sees positions < its own + itself).
 
-    k_pages, v_pages: [L, K, P, S, D]. Returns attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer)
-    -> (out_Bx1xHxD, (k, v)).
+    k_pages, v_pages: [L, P, S, K, D], closed over (read only). Returns
+    attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, (layer, kv)) -> (out_Bx1xHxD, (layer, kv + ((k, v),)))
+    collecting each layer's new K/V for the engine to scatter after the forward.
     """
-    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[3])
+    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[2])
     old_valid_BxN = window_positions_N[None, :] < positions_B[:, None]
 
-    def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer):
+    def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_kv):
+        layer, kv = layer_and_kv
         batch, _, heads, head_dim = q_Bx1xHxD.shape
         kv_heads = k_Bx1xKxD.shape[2]
         group = heads // kv_heads
-        dtype = q_Bx1xHxD.dtype
-        k_old_BxKxNxD = _gather_old(k_pages, layer, block_tables_BxW).astype(dtype)
-        v_old_BxKxNxD = _gather_old(v_pages, layer, block_tables_BxW).astype(dtype)
+        f32 = jnp.float32
+        k_old_BxNxKxD = _gather_old(k_pages, layer, block_tables_BxW)
+        v_old_BxNxKxD = _gather_old(v_pages, layer, block_tables_BxW)
         # Zeroed, not just given zero weight: 0 * NaN from a corrupted page would leak in.
-        v_old_BxKxNxD = jnp.where(old_valid_BxN[:, None, :, None], v_old_BxKxNxD, 0)
-        q_BxKxGxD = q_Bx1xHxD.reshape(batch, kv_heads, group, head_dim)
-        # Multiply-and-reduce over D rather than a batched matmul of [G, D] x [D, N] blocks:
-        # 2x faster here (module docstring).
-        s_old = jnp.sum(q_BxKxGxD[:, :, :, None, :].astype(jnp.float32)
-                        * k_old_BxKxNxD[:, :, None, :, :], axis=-1) * scale
-        s_old = jnp.where(old_valid_BxN[:, None, None, :], s_old, -jnp.inf)
-        s_new = jnp.sum(q_BxKxGxD.astype(jnp.float32)
-                        * k_Bx1xKxD[:, 0, :, None, :], axis=-1)[..., None] * scale
+        v_old_BxNxKxD = jnp.where(old_valid_BxN[:, :, None, None], v_old_BxNxKxD, 0)
+        q_BxKxGxD = q_Bx1xHxD.reshape(batch, kv_heads, group, head_dim).astype(f32)
+        s_old_BxNxKxG = jnp.sum(k_old_BxNxKxD[:, :, :, None, :].astype(f32)
+                                * q_BxKxGxD[:, None], axis=-1) * scale
+        s_old = jnp.where(old_valid_BxN[:, None, None, :],
+                          jnp.transpose(s_old_BxNxKxG, (0, 2, 3, 1)), -jnp.inf)
+        s_new = jnp.sum(q_BxKxGxD * k_Bx1xKxD[:, 0, :, None, :].astype(f32),
+                        axis=-1)[..., None] * scale
         out_BxKxGxD, denom_BxKxG = _merge_softmax(
-            s_old, s_new, v_old_BxKxNxD, v_Bx1xKxD[:, 0, :, None, :],
-            "bkgn,bknd->bkgd", "bkgn,bknd->bkgd")
+            s_old, s_new, v_old_BxNxKxD, v_Bx1xKxD[:, 0, :, None, :],
+            "bkgn,bnkd->bkgd", "bkgn,bknd->bkgd")
         out_BxKxGxD = out_BxKxGxD / denom_BxKxG[..., None]
-        out = out_BxKxGxD.reshape(batch, 1, heads, head_dim).astype(dtype)
-        return out, (k_Bx1xKxD, v_Bx1xKxD)
+        out = out_BxKxGxD.reshape(batch, 1, heads, head_dim).astype(q_Bx1xHxD.dtype)
+        return out, (layer, kv + ((k_Bx1xKxD, v_Bx1xKxD),))
+
+    return attend
+
+
+def decode_attend_paged(block_tables_BxM, positions_B, write_B, window: int, *, scale: float,
+                        impl: str = "auto"):
+    """attend() that writes the token's K/V into the pool, then runs paged decode attention.
+
+    Carry: (layer, (k_pages, v_pages)) with pages [L, P, S, K, D]; the updated pool comes back
+    in the carry. Rows with write False (inactive slots) write to the null page.
+    """
+    def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_pages):
+        layer, (k_pages, v_pages) = layer_and_pages
+        num_layers, num_pages = k_pages.shape[:2]
+        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, block_tables_BxM,
+                                 positions_B[:, None], write_B[:, None])
+        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, block_tables_BxM,
+                                 positions_B[:, None], write_B[:, None])
+        flat = (num_layers * num_pages,) + k_pages.shape[2:]
+        out_BxHxD = paged_decode_attention(
+            q_Bx1xHxD[:, 0], k_pages.reshape(flat), v_pages.reshape(flat),
+            block_tables_BxM[:, :window] + layer * num_pages, positions_B + 1, scale=scale,
+            impl=impl)
+        return out_BxHxD[:, None], (layer, (k_pages, v_pages))
 
     return attend
 
@@ -104,17 +134,18 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
     """attend() for a chunk of T tokens per row (padding at position -1, at the end of a row).
 
     A query at position p sees the row's cached positions before the chunk start and the
-    chunk's own tokens at positions <= p. Returns (out_BxTxHxD, (k, v)).
+    chunk's own tokens at positions <= p. Carry and result as `decode_attend`.
     """
     start_B = positions_BxT[:, 0]   # chunk start; -1 for an all-padding row (sees nothing old)
-    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[3])
+    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[2])
     old_valid_BxN = window_positions_N[None, :] < start_B[:, None]
     valid_BxT = positions_BxT >= 0
     tokens = positions_BxT.shape[1]
     causal_TxT = jnp.tril(jnp.ones((tokens, tokens), bool))
     new_valid_BxTxT = (causal_TxT[None] & valid_BxT[:, None, :]) | jnp.eye(tokens, dtype=bool)
 
-    def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer):
+    def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_and_kv):
+        layer, kv = layer_and_kv
         batch, _, heads, head_dim = q_BxTxHxD.shape
         kv_heads = k_BxTxKxD.shape[2]
         group = heads // kv_heads
@@ -126,32 +157,44 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
         if block_tables_BxW.shape[1]:
             k_old = _gather_old(k_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
             v_old = _gather_old(v_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
-            v_old = jnp.where(old_valid_BxN[:, None, :, None], v_old, 0)
-            s_old = jnp.einsum("btkgd,bknd->bkgtn", q_BxTxKxGxD, k_old,
+            v_old = jnp.where(old_valid_BxN[:, :, None, None], v_old, 0)
+            s_old = jnp.einsum("btkgd,bnkd->bkgtn", q_BxTxKxGxD, k_old,
                                preferred_element_type=jnp.float32) * scale
             s_old = jnp.where(old_valid_BxN[:, None, None, None, :], s_old, -jnp.inf)
         out_BxTxKxGxD, denom_BxKxGxT = _merge_softmax(
-            s_old, s_new, v_old, v_BxTxKxD, "bkgtn,bknd->btkgd", "bkgts,bskd->btkgd")
+            s_old, s_new, v_old, v_BxTxKxD, "bkgtn,bnkd->btkgd", "bkgts,bskd->btkgd")
         denom_BxTxKxG = jnp.moveaxis(denom_BxKxGxT, 3, 1)
         out_BxTxKxGxD = out_BxTxKxGxD / denom_BxTxKxG[..., None]
         out = out_BxTxKxGxD.reshape(batch, tokens, heads, head_dim).astype(q_BxTxHxD.dtype)
-        return out, (k_BxTxKxD, v_BxTxKxD)
+        return out, (layer, kv + ((k_BxTxKxD, v_BxTxKxD),))
 
     return attend
 
 
-def write_new_kv(pages_LxKxPxSxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT, write_BxT):
+def _targets(page_size, block_tables_BxM, positions_BxT, write_BxT):
+    """(page, offset) per token; unwritten tokens target the null page, offset 0."""
+    safe_pos_BxT = jnp.where(write_BxT, positions_BxT, 0)
+    block_BxT = jnp.clip(safe_pos_BxT // page_size, 0, block_tables_BxM.shape[1] - 1)
+    page_BxT = jnp.take_along_axis(block_tables_BxM, block_BxT, axis=1)
+    return jnp.where(write_BxT, page_BxT, 0), jnp.where(write_BxT, safe_pos_BxT % page_size, 0)
+
+
+def write_new_kv(pages_LxPxSxKxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT, write_BxT):
     """Scatters every layer's new K (or V) at their positions; unwritten ones go to the null page.
 
     Rows/tokens with write False (inactive slots, padding) target page 0, offset 0: many
     writes of finite garbage to a page nobody reads unmasked.
     """
-    page_size = pages_LxKxPxSxD.shape[3]
-    safe_pos_BxT = jnp.where(write_BxT, positions_BxT, 0)
-    block_BxT = jnp.clip(safe_pos_BxT // page_size, 0, block_tables_BxM.shape[1] - 1)
-    page_BxT = jnp.take_along_axis(block_tables_BxM, block_BxT, axis=1)
-    page_BxT = jnp.where(write_BxT, page_BxT, 0)
-    offset_BxT = jnp.where(write_BxT, safe_pos_BxT % page_size, 0)
-    new_LxKxBxTxD = jnp.moveaxis(new_LxBxTxKxD, 3, 1)
-    return pages_LxKxPxSxD.at[:, :, page_BxT, offset_BxT].set(
-        new_LxKxBxTxD.astype(pages_LxKxPxSxD.dtype))
+    page_BxT, offset_BxT = _targets(pages_LxPxSxKxD.shape[2], block_tables_BxM, positions_BxT,
+                                    write_BxT)
+    return pages_LxPxSxKxD.at[:, page_BxT, offset_BxT].set(
+        new_LxBxTxKxD.astype(pages_LxPxSxKxD.dtype))
+
+
+def write_layer_kv(pages_LxPxSxKxD, layer: int, new_BxTxKxD, block_tables_BxM, positions_BxT,
+                   write_BxT):
+    """`write_new_kv` for one layer."""
+    page_BxT, offset_BxT = _targets(pages_LxPxSxKxD.shape[2], block_tables_BxM, positions_BxT,
+                                    write_BxT)
+    return pages_LxPxSxKxD.at[layer, page_BxT, offset_BxT].set(
+        new_BxTxKxD.astype(pages_LxPxSxKxD.dtype))

@@ -39,11 +39,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as Ps
 
+from pipelinerl_jax.kernels.paged_attention import triton_available
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import sampling
 from pipelinerl_jax.sampler.state import SamplerState, state_shardings
+
+
+ATTENTION_IMPLS = ("auto", "gather", "paged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +60,9 @@ class EngineConfig:
     max_stop_tokens: int      # X
     cache_dtype: str = "float32"
     truncated_logprobs: bool = False   # see sampling.py: default records tempered logprobs
+    attention: str = "auto"   # decode attention: "gather" (attend.decode_attend), "paged"
+                              #   (kernels.paged_decode_attention: Triton on NVIDIA GPUs),
+                              #   "auto" = "paged" where the Triton kernel runs, else "gather"
 
 
 def window_buckets(max_pages: int) -> tuple[int, ...]:
@@ -98,6 +105,11 @@ class Engine:
         self.model_cfg = llama.config_of(graphdef)
         self.ecfg = ecfg
         self.scale = 1.0 / math.sqrt(self.model_cfg.head_dim)
+        if ecfg.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention={ecfg.attention!r}: use one of {ATTENTION_IMPLS}")
+        self.attention = ecfg.attention
+        if self.attention == "auto":
+            self.attention = "paged" if triton_available() else "gather"
         if mesh is None:
             mesh = Mesh(np.asarray(jax.devices()[:1]), (data_axis,))
         self.mesh, self.data_axis = mesh, data_axis
@@ -146,17 +158,26 @@ class Engine:
     def _decode_step(self, params, block_tables_BxM, window, state: SamplerState, _):
         positions_B = state.lengths - 1
         active_B = state.active
-        attend = attn.decode_attend(state.k_pages, state.v_pages, block_tables_BxM[:, :window],
-                                    positions_B, scale=self.scale)
-        hidden_Bx1xE, kv = fwd.forward_hidden(
-            self.model_cfg, params, state.last_token[:, None], positions_B[:, None], attend)
-        k_new, v_new = _stack_kv(kv)
+        tokens_Bx1 = state.last_token[:, None]
+        if self.attention == "paged":
+            attend = attn.decode_attend_paged(block_tables_BxM, positions_B, active_B, window,
+                                              scale=self.scale)
+            hidden_Bx1xE, (k_pages, v_pages) = fwd.forward_hidden(
+                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend,
+                (state.k_pages, state.v_pages))
+        else:
+            attend = attn.decode_attend(state.k_pages, state.v_pages,
+                                        block_tables_BxM[:, :window], positions_B,
+                                        scale=self.scale)
+            hidden_Bx1xE, kv = fwd.forward_hidden(
+                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend, ())
+            k_new, v_new = _stack_kv(kv)
+            write_Bx1 = active_B[:, None]
+            k_pages = attn.write_new_kv(state.k_pages, k_new, block_tables_BxM,
+                                        positions_B[:, None], write_Bx1)
+            v_pages = attn.write_new_kv(state.v_pages, v_new, block_tables_BxM,
+                                        positions_B[:, None], write_Bx1)
         logits_BxV = fwd.logits(params, hidden_Bx1xE)[:, 0]
-        write_Bx1 = active_B[:, None]
-        k_pages = attn.write_new_kv(state.k_pages, k_new, block_tables_BxM,
-                                    positions_B[:, None], write_Bx1)
-        v_pages = attn.write_new_kv(state.v_pages, v_new, block_tables_BxM,
-                                    positions_B[:, None], write_Bx1)
         u_B = _uniforms(state.rng_key, state.seeds, state.lengths)
         tokens_B, logprobs_B = sampling.sample(
             logits_BxV, state.temperature, state.top_k, state.top_p, u_B,
@@ -186,7 +207,7 @@ class Engine:
         attend = attn.prefill_attend(state.k_pages, state.v_pages, block_tables_RxM[:, :window],
                                      positions_RxT, scale=self.scale)
         _, kv = fwd.forward_hidden(self.model_cfg, params, tokens_RxT,
-                                   jnp.maximum(positions_RxT, 0), attend)
+                                   jnp.maximum(positions_RxT, 0), attend, ())
         k_new, v_new = _stack_kv(kv)
         write_RxT = positions_RxT >= 0
         return state.replace(
@@ -205,9 +226,8 @@ class Engine:
 
     def _copy_pages_local(self, state: SamplerState, src_N, dst_N):
         src_N, dst_N = self._to_local(src_N), self._to_local(dst_N)
-        return state.replace(
-            k_pages=state.k_pages.at[:, :, dst_N].set(state.k_pages[:, :, src_N]),
-            v_pages=state.v_pages.at[:, :, dst_N].set(state.v_pages[:, :, src_N]))
+        return state.replace(k_pages=state.k_pages.at[:, dst_N].set(state.k_pages[:, src_N]),
+                             v_pages=state.v_pages.at[:, dst_N].set(state.v_pages[:, src_N]))
 
 
 def _stack_kv(kv):

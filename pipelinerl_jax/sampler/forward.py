@@ -33,20 +33,19 @@ def decode_params(cfg: ModelConfig, params) -> dict:
             "head_ExV": llama.lm_head_weight(params).astype(jnp.float32)}
 
 
-def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend):
-    """Hidden states after the final norm, and attend's per-layer outputs (a tuple of L).
+def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend, carry):
+    """Hidden states after the final norm, and attend's carry after the last layer.
 
-    attend(q, k, v, layer) gets the layer index as a Python int.
+    attend(q, k, v, (layer, carry)) -> (out, (layer, carry)) gets the layer index as a Python
+    int; the carry threads through the layers in order (collected K/V, or the page pool).
     """
     dtype = jnp.dtype(cfg.compute_dtype)
     x_BxTxE = jnp.take(dparams["embed"], tokens_BxT, axis=0)
     inv_freq = rope.inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     cos, sin = rope.cos_sin(positions_BxT, inv_freq, dtype)
-    outs = []
     for layer, lp in enumerate(dparams["layers"]):
-        x_BxTxE, out = llama._layer(cfg, x_BxTxE, lp, cos, sin, attend, layer)
-        outs.append(out)
-    return llama.rms_norm(x_BxTxE, dparams["final_norm"], cfg.rms_norm_eps), tuple(outs)
+        x_BxTxE, (_, carry) = llama._layer(cfg, x_BxTxE, lp, cos, sin, attend, (layer, carry))
+    return llama.rms_norm(x_BxTxE, dparams["final_norm"], cfg.rms_norm_eps), carry
 
 
 def logits(dparams: dict, hidden_BxTxE):

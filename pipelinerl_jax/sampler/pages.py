@@ -88,7 +88,8 @@ class PageAllocator:
             raise AssertionError("free list corrupt")
         for p in range(1, self.num_pages):
             if (p in free) != (self._refs[p] == 0):
-                raise AssertionError(f"page {p}: refcount {self._refs[p]}, in free list {p in free}")
+                raise AssertionError(
+                    f"page {p}: refcount {self._refs[p]}, in free list {p in free}")
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:

@@ -1,6 +1,7 @@
 """Sampler: the host-side driver the pipeline uses (submit, step one chunk, collect samples).
 
-    sampler = Sampler(graphdef, params, SamplerConfig(num_slots=64), eos_token_ids=tok.eos_token_ids)
+    sampler = Sampler(graphdef, params, SamplerConfig(num_slots=64),
+                      eos_token_ids=tok.eos_token_ids)
     sampler.submit(prompt_ids, n=8, params=SamplingParams(temperature=1.0, max_new_tokens=512))
     while sampler.has_work():
         for sample in sampler.step():      # one decode chunk; finished samples come back
@@ -57,6 +58,7 @@ class SamplerConfig:
     data_axis: str = "data"             # mesh axis the slots are split over
     min_window_pages: int = 1           # attention reads >= this many pages per slot; set it
                                         #   to max_seq_len / page_size for a single compile
+    attention: str = "auto"             # decode attention, see engine.EngineConfig
 
 
 @dataclasses.dataclass
@@ -120,7 +122,8 @@ class Sampler:
         self.engine = get_engine(graphdef, EngineConfig(
             num_slots=cfg.num_slots, page_size=cfg.page_size, num_pages=num_pages,
             pages_per_slot=pages_per_slot, max_stop_tokens=cfg.max_stop_tokens,
-            cache_dtype=cache_dtype, truncated_logprobs=cfg.truncated_logprobs),
+            cache_dtype=cache_dtype, truncated_logprobs=cfg.truncated_logprobs,
+            attention=cfg.attention),
             mesh=mesh, data_axis=cfg.data_axis)
         self.scheduler = Scheduler(
             num_slots=cfg.num_slots, num_pages=num_pages, page_size=cfg.page_size,

@@ -326,5 +326,6 @@ class Scheduler:
                 p - base for s in self.running if self.shard_of(s.slot) == shard for p in s.pages)
             for page in range(1, alloc.num_pages):
                 if alloc.refcount(page) != holders.get(page, 0):
-                    raise AssertionError(f"shard {shard} page {page}: refcount "
-                                         f"{alloc.refcount(page)} != holders {holders.get(page, 0)}")
+                    raise AssertionError(
+                        f"shard {shard} page {page}: refcount {alloc.refcount(page)} != "
+                        f"holders {holders.get(page, 0)}")
