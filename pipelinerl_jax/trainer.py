@@ -132,23 +132,35 @@ def blocked_causal_attention(segment_ids_BxT, block: int) -> llama.AttentionFn:
   """Segment-causal attention computed per query block, skipping the blocks above the diagonal.
 
   Same result as llama.segment_causal_attention; for query block [a, b) only keys [0, b) can
-  be visible, so scores are [b - a, b] instead of [b - a, T]. Blocks are unrolled (static
-  shapes), capped at 16 so compile time stays flat for long rows.
+  be visible, so scores are [b - a, b] instead of [b - a, T]. q, k, v are moved to head-major
+  layout once so every block's matmuls read contiguous [T, D] panels (per-block einsums over
+  the token-major layout made XLA CPU transpose K and V again for every block). Blocks are
+  unrolled (static shapes), capped at 16 so compile time stays flat for long rows.
+  Letters: B rows, T tokens, S keys, H query heads, K kv heads, G = H/K, D head dim.
   """
   seg_BxT = segment_ids_BxT
   T = seg_BxT.shape[1]
   num = min(max(1, math.ceil(T / max(block, 1))), 16)
   size = math.ceil(T / num)
 
-  def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache):
+  def attend(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, layer_cache):
+    B, _, H, D = q_BxTxHxD.shape
+    K = k_BxSxKxD.shape[2]
+    q_BxKxGxTxD = q_BxTxHxD.reshape(B, T, K, H // K, D).transpose(0, 2, 3, 1, 4)
+    k_BxKxSxD = k_BxSxKxD.transpose(0, 2, 1, 3)
+    v_BxKxSxD = v_BxSxKxD.transpose(0, 2, 1, 3)
     outs = []
     for a in range(0, T, size):
       b = min(a + size, T)
-      causal = jnp.arange(a, b)[:, None] >= jnp.arange(b)[None, :]
-      mask_BxQxS = (seg_BxT[:, a:b, None] == seg_BxT[:, None, :b]) & causal
-      outs.append(llama.masked_attention(q_BxTxHxD[:, a:b], k_BxTxKxD[:, :b], v_BxTxKxD[:, :b],
-                                         mask_BxQxS))
-    return jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0], layer_cache
+      s = jnp.einsum("bkgtd,bksd->bkgts", q_BxKxGxTxD[:, :, :, a:b], k_BxKxSxD[:, :, :b],
+                     preferred_element_type=jnp.float32) * (1.0 / math.sqrt(D))
+      causal_QxS = jnp.arange(a, b)[:, None] >= jnp.arange(b)[None, :]
+      mask_BxQxS = (seg_BxT[:, a:b, None] == seg_BxT[:, None, :b]) & causal_QxS
+      s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
+      p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
+      outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v_BxKxSxD[:, :, :b]))
+    out_BxKxGxTxD = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
+    return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D), layer_cache
 
   return attend
 
