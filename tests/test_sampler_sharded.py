@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
     # slots, while a prompt of 17 + 12 new tokens needs both alone.
     config = SamplerConfig(num_slots=4, max_seq_len=48, page_size=16, num_pages=6,
                            chunk_steps=4, prefill_chunk=16, max_prefill_rows=2,
-                           min_window_pages=3, attention="paged")
+                           min_window_pages=3, attention="gather")
     sampler = Sampler(graphdef, params, config, mesh=mesh)
     assert sampler.state.k_pages.sharding.spec[1] == "data"      # [L, P, S, K, D]
     samples = sampler.generate(prompts, params=SamplingParams(temperature=0.0,

@@ -58,7 +58,7 @@ class SamplerConfig:
     data_axis: str = "data"             # mesh axis the slots are split over
     min_window_pages: int = 1           # attention reads >= this many pages per slot; set it
                                         #   to max_seq_len / page_size for a single compile
-    attention: str = "auto"             # decode attention, see engine.EngineConfig
+    attention: str = "paged"            # decode attention: "paged" | "gather" (engine.py)
 
 
 @dataclasses.dataclass
