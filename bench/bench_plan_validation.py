@@ -37,6 +37,12 @@ columns peel them off; the JSON holds the numbers of each):
 - What remains (serial -> measured): two Python threads contend for the GIL and the cores,
   weight publishing and swaps, reward scoring in the sampler thread, and load: the profile keeps
   the fastest repeat while a run averages over whatever the machine lets it have.
+- Weight swaps stall the sampler: params are published as soon as the train step is
+  dispatched, so the first decode chunk after a swap waits for that step to finish. The run
+  counts the wait as sampler busy time (its swap latency is close to a whole step period), so
+  a trainer-bound run looks sampler-bound; generation and training are serialised by this data
+  dependency on top of the shared cores. The JSON estimates the stall (swaps/s x (swap latency
+  - one chunk)) and the busy time without it.
 - Measurement definitions: the run's trainer busy fraction is host time (dispatch is async,
   device compute overlaps its wait), so it understates the trainer's device time; the JSON adds
   trainer_device_busy_est = steps/s x step time. Compile time is excluded from the steady window
@@ -66,7 +72,7 @@ COLUMNS = {
     "planner_prelen": "planner on the device-only profile, lengths of the initial policy",
     "planner": "planner on the device-only profile, the run's observed mean length",
     "planner_host": "planner formula on host-path rates (Sampler.step loop, build_batch + step)",
-    "serial": "host-path rates, generation and training taking turns on the shared cores",
+    "serial": "host-path rates, generation and training taking turns (shared cores, swap stall)",
 }
 
 
@@ -216,10 +222,15 @@ def predictions(shape, prof_curve, prof, loops, build_s, prior, observed):
 def explain(shape, meas, curve, loops, k) -> dict:
     """The gap's parts in numbers. The run does not log its chunk count, so the in-run chunk
     time is estimated from tokens generated per second and the lone loop's tokens per chunk."""
+    from pipelinerl_jax.plan import validate
+
     loop = loops[shape.num_slots]
     tokens_per_chunk = loop["occupancy"] * shape.num_slots * k
     chunks_per_s = meas["samples_per_s"] * meas["mean_len"] / tokens_per_chunk
     lone = loops[shape.gen_batch]
+    stall = validate.swap_stall_fraction(
+        steps_per_s=meas["steps_per_s"], swaps_per_step=meas["swaps_per_step"],
+        swap_latency_s=meas["swap_latency_s_median"], chunk_s=lone["chunk_s_mean"])
     return {
         "device_chunk_s": k * float(curve.step_time(shape.gen_batch)),
         "loop_chunk_s": lone["chunk_s_mean"],
@@ -228,6 +239,8 @@ def explain(shape, meas, curve, loops, k) -> dict:
         "in_run_chunk_s_est": meas["sampler_busy"] / chunks_per_s,
         "compile_and_first_step_s": meas["first_step_time_s"],
         "trainer_device_busy_est": meas["trainer_device_busy_est"],
+        "sampler_swap_stall_est": stall,
+        "sampler_busy_excl_stall_est": meas["sampler_busy"] - stall,
     }
 
 
@@ -340,7 +353,9 @@ def main():
               f" (mean length {meas['mean_len']:.2f}, run {run_s:.0f}s); a decode chunk took "
               f"~{gaps['in_run_chunk_s_est'] * 1e3:.0f} ms in the run vs "
               f"{gaps['loop_chunk_s'] * 1e3:.0f} ms in the lone sampler loop and "
-              f"{gaps['device_chunk_s'] * 1e3:.0f} ms device-only")
+              f"{gaps['device_chunk_s'] * 1e3:.0f} ms device-only; sampler busy "
+              f"{meas['sampler_busy']:.2f} of which ~{gaps['sampler_swap_stall_est']:.2f} waiting "
+              f"for new weights; trainer device busy ~{gaps['trainer_device_busy_est']:.2f}")
     load["end"] = load_average()
     print_table(table, ["run", "quantity", *COLUMNS, "measured", "measured/planner"])
     for lp in loops.values():

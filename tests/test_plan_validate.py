@@ -102,6 +102,7 @@ def _synthetic_run(n=10, compile_s=10.0, period=0.5):
         })
     wall = e[-1] + 0.2
     records.append({"kind": "summary", "wall_s": wall, "steady_steps_per_s": 1 / period,
+                    "steps": n, "sampler/swaps": n - 1, "sampler/swap_latency_ms_median": 300.0,
                     "steady_samples_per_s": 16 / period, "samples_per_s": 10.0,
                     "lag/token_max": 2, "sampler/busy_frac": sampler(wall) / wall,
                     "trainer/busy_frac": trainer(wall) / wall})
@@ -118,6 +119,7 @@ def test_steady_measurement_recovers_a_known_timeline():
     assert (m["samples_per_s"], m["lag"], m["window_steps"]) == (32.0, 2, 5)
     # The whole-run fractions still carry the compile time: the steady ones must differ.
     assert m["busy_frac_whole_run"]["sampler"] > 0.8
+    assert m["swaps_per_step"] == pytest.approx(0.9) and m["swap_latency_s_median"] == 0.3
 
 
 def test_steady_measurement_bad_input():
@@ -138,3 +140,17 @@ def test_comparison_rows():
     assert validate.comparison_rows(pred, meas, reference="b")[0]["measured/b"] == 0.25
     with pytest.raises(PlanError, match="no predictions"):
         validate.comparison_rows({}, meas)
+
+
+def test_swap_stall_fraction_by_hand():
+    # 2 steps/s, one swap each, 0.3 s from publication to the end of the first chunk using it,
+    # 0.05 s per ordinary chunk: 2 · 1 · 0.25 = half the time is spent waiting.
+    assert validate.swap_stall_fraction(steps_per_s=2.0, swaps_per_step=1.0, swap_latency_s=0.3,
+                                        chunk_s=0.05) == pytest.approx(0.5)
+    assert validate.swap_stall_fraction(steps_per_s=2.0, swaps_per_step=1.0,
+                                        swap_latency_s=0.01, chunk_s=0.05) == 0.0
+    assert validate.swap_stall_fraction(steps_per_s=9.0, swaps_per_step=1.0, swap_latency_s=1.0,
+                                        chunk_s=0.0) == 1.0
+    with pytest.raises(PlanError, match=">= 0"):
+        validate.swap_stall_fraction(steps_per_s=-1.0, swaps_per_step=1.0, swap_latency_s=0.3,
+                                     chunk_s=0.05)

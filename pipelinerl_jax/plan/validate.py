@@ -8,6 +8,7 @@ numbers up; the arithmetic it needs lives here so it can be tested by hand:
   predict                the planner's numbers (layout.plan_layout) for the run's fixed split
   serial_prediction      the same rates when generation and training cannot overlap at all
   steady_measurement     what a run's metrics.jsonl says about its steady state
+  swap_stall_fraction    the part of the sampler's busy time spent waiting for new weights
   comparison_rows        predictions and measurement side by side, one row per quantity
 
 Units: tokens/s and samples/s. The trainer in this project packs a fixed [rows, seq_len] batch
@@ -203,7 +204,22 @@ def steady_measurement(records: list[dict]) -> dict:
         "samples_per_s_incl_compile": summary["samples_per_s"],
         "busy_frac_whole_run": {"sampler": summary["sampler/busy_frac"],
                                 "trainer": summary["trainer/busy_frac"]},
+        "swaps_per_step": summary.get("sampler/swaps", 0) / max(int(summary.get("steps", 0)), 1),
+        "swap_latency_s_median": summary.get("sampler/swap_latency_ms_median", 0.0) / 1e3,
     }
+
+
+def swap_stall_fraction(*, steps_per_s: float, swaps_per_step: float, swap_latency_s: float,
+                        chunk_s: float) -> float:
+    """Fraction of time the sampler's step() waits for new weights rather than decoding.
+
+    The pipeline publishes params as soon as the train step is dispatched, so the first chunk
+    after a swap depends on that step's result and blocks until it is done: the run counts that
+    wait as sampler busy time. A swap's latency (publication to the end of the first chunk that
+    uses it) beyond one ordinary chunk is that wait; this is the swap rate times it."""
+    if min(steps_per_s, swaps_per_step, swap_latency_s, chunk_s) < 0:
+        raise PlanError("swap stall: rates and times must be >= 0")
+    return min(1.0, steps_per_s * swaps_per_step * max(0.0, swap_latency_s - chunk_s))
 
 
 def comparison_rows(predictions: dict[str, dict], measured: dict, *, label: str = "",
