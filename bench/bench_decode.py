@@ -119,7 +119,7 @@ def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parit
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     prompts = np.random.default_rng(batch).integers(0, common.BENCH_MODEL["vocab_size"],
                                                     (batch, PROMPT_LEN))
-    sampler, _ = our_sampler(path, dtype, batch, new_tokens, chunk_steps)
+    sampler, params = our_sampler(path, dtype, batch, new_tokens, chunk_steps)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     ours_out = []
     ours_fn = lambda: ours_out.append(sampler.generate(list(prompts), params=greedy))
@@ -134,11 +134,15 @@ def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parit
         ours_tokens = [s.token_ids for s in ours_out[-1]]
         hf_tokens = hf_out[-1][:, PROMPT_LEN:].tolist()
         row["same_tokens_frac"] = float(np.mean([a == b for a, b in zip(ours_tokens, hf_tokens)]))
-    return row, sampler
+    return row, sampler, params
 
 
 def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
-    """Staged params -> first chunk with them, against chunks without a swap."""
+    """Staged params -> first chunk with them, against chunks without a swap.
+
+    `params` are model params (stacked, as the trainer publishes them); staging includes the
+    conversion to the engine's per-layer view, dispatched in set_params.
+    """
     import jax
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     batch = sampler.config.num_slots
@@ -175,7 +179,8 @@ def flags_study(quick: bool) -> dict:
     for name in names:
         flags = FLAG_SETS[name]
         env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-        proc = subprocess.run([sys.executable, "-c", MATMUL_PROBE % ((2, 512) if quick else (5, 2048))],
+        probe = MATMUL_PROBE % ((2, 512) if quick else (5, 2048))
+        proc = subprocess.run([sys.executable, "-c", probe],
                               env=env, capture_output=True, text=True, timeout=600)
         out[name] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
                      else {"error": proc.stderr.strip().splitlines()[-1][:200]})
@@ -217,17 +222,17 @@ def main():
         path = Path(tmp) / "bench_model"
         make_checkpoint(path)
         for batch in batches:
-            row, sampler = bench_pair(path, "float32", batch, new_tokens, repeats, chunk,
-                                      check_parity=batch <= 8)
+            row, sampler, params = bench_pair(path, "float32", batch, new_tokens, repeats, chunk,
+                                              check_parity=batch <= 8)
             row["frac_f32_matmul_peak"] = row["ours_tok_s"] * flop_per_token / (gflops * 1e9)
             row["hf_frac_f32_matmul_peak"] = row["hf_tok_s"] * flop_per_token / (gflops * 1e9)
             rows.append(row)
             print(row, flush=True)
             if batch == (8 if 8 in batches else batches[0]):
-                swap = bench_swap(sampler, sampler.params, chunk, repeats)
+                swap = bench_swap(sampler, params, chunk, repeats)
                 print("swap", swap, flush=True)
         for batch in ([8] if args.quick else [8, 64]):
-            row, _ = bench_pair(path, "bfloat16", batch, new_tokens, repeats, chunk, False)
+            row, _, _ = bench_pair(path, "bfloat16", batch, new_tokens, repeats, chunk, False)
             rows.append(row)
             print(row, flush=True)
     flags = flags_study(args.quick)

@@ -250,7 +250,7 @@ class Sampler:
         if not running:
             return finished
         self._upload()
-        needed = max(pg.pages_for(sched._kv_after_chunk(s, k), self.config.page_size)
+        needed = max(pg.pages_for(sched.kv_after_chunk(s, k), self.config.page_size)
                      for s in running)
         window = pick_window(max(needed, self.config.min_window_pages), sched.pages_per_slot)
         self.state = self.engine.decode_chunk(self.params, self.state, np.int32(self.version),

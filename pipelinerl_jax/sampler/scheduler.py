@@ -159,7 +159,7 @@ class Scheduler:
     def enqueue(self, group: list[Sequence]) -> None:
         self.waiting.append(group)
 
-    def _kv_after_chunk(self, seq: Sequence, k: int) -> int:
+    def kv_after_chunk(self, seq: Sequence, k: int) -> int:
         """K/V positions this sequence holds after k more steps (never past limit - 1)."""
         return min(seq.length - 1 + k, seq.limit - 1)
 
@@ -177,7 +177,7 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.admitted_at):
             if seq.slot is None:      # preempted earlier in this loop
                 continue
-            need = pages_for(self._kv_after_chunk(seq, k), self.page_size) - len(seq.pages)
+            need = pages_for(self.kv_after_chunk(seq, k), self.page_size) - len(seq.pages)
             while need > 0:
                 shard = self.shard_of(seq.slot)
                 try:
@@ -240,7 +240,7 @@ class Scheduler:
             # a preempted sequence is queued alone).
             members = list(itertools.takewhile(lambda s: s.all_tokens == lead.all_tokens,
                                                group[:len(free)]))
-            own = [pages_for(self._kv_after_chunk(s, k), self.page_size) - shared
+            own = [pages_for(self.kv_after_chunk(s, k), self.page_size) - shared
                    for s in members]
             alloc = self.allocators[shard]
             while members and shared + sum(own) > alloc.num_free:
