@@ -64,10 +64,8 @@ def jax_step(cfg: ModelConfig, params, batch, token_chunk: int):
   tcfg = tr.TrainerConfig(learning_rate=LR, lr_schedule="constant", warmup_steps=0,
                           weight_decay=WEIGHT_DECAY, grad_clip_norm=GRAD_CLIP,
                           loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk))
-  trainer = tr.Trainer(tcfg, llama.abstract_init(cfg)[0], llama.abstract_init(cfg)[1],
-                       tr.trainer_mesh(jax.devices()[:1]))
-  graphdef = llama.abstract_init(cfg)[0]
-  assert graphdef is not None
+  graphdef, abstract_params = llama.abstract_init(cfg)
+  trainer = tr.Trainer(tcfg, graphdef, abstract_params, tr.trainer_mesh(jax.devices()[:1]))
   box = {"state": trainer.init_state(params)}
   dev_batch = trainer.put_batch(batch)
 
@@ -86,8 +84,7 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool):
   hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items()
                                        if k not in ("architectures", "torch_dtype")})
   model = transformers.LlamaForCausalLM(hf_cfg).float()
-  state = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in
-           hf_io.hf_tensors(cfg, params)}
+  state = {name: torch.from_numpy(np.array(a)) for name, a in hf_io.hf_tensors(cfg, params)}
   missing, unexpected = model.load_state_dict(state, strict=False)
   assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
   opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
@@ -107,7 +104,7 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     opt.step()
-    return float(loss)
+    return float(loss.detach())
 
   return step
 
@@ -115,27 +112,31 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool):
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
-  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--repeats", type=int, default=5, help="timed steps per side (f32)")
+  parser.add_argument("--repeats-bf16", type=int, default=3,
+                      help="timed steps per side for bf16 (torch autocast is slow on CPUs "
+                           "without native bf16)")
+  parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--token-chunk", type=int, default=1024)
   args = parser.parse_args(argv)
   import torch
   torch.set_num_threads(os.cpu_count())
   load = common.warn_if_busy()
   num_seq, seq_len, prompt_len = (2, 64, 16) if args.quick else (8, 512, 64)
-  repeats = 2 if args.quick else args.repeats
   rows = []
-  for dtype in ("float32", "bfloat16"):
+  for dtype in args.dtypes.split(","):
+    repeats = 2 if args.quick else (args.repeats if dtype == "float32" else args.repeats_bf16)
     cfg = model_config(args.quick, dtype)
     _, params = llama.init(cfg, jax.random.key(0))
     batch = make_batch(cfg, num_seq, seq_len, prompt_len)
     ours, theirs = jax_step(cfg, params, batch, args.token_chunk), \
         torch_step(cfg, params, batch, dtype == "bfloat16")
     t0 = time.perf_counter()
-    first_ours = ours()  # compiles
+    first_ours = ours()  # compiles; also the warm-up step
     compile_s = time.perf_counter() - t0
-    first_theirs = theirs()
-    ours_s, _ = common.median_time(ours, repeats=repeats, warmup=1)
-    theirs_s, _ = common.median_time(theirs, repeats=repeats, warmup=1)
+    first_theirs = theirs()  # warm-up step
+    ours_s, _ = common.median_time(ours, repeats=repeats, warmup=0)
+    theirs_s, _ = common.median_time(theirs, repeats=repeats, warmup=0)
     tokens = num_seq * seq_len
     rows.append(dict(dtype=dtype, ours_s=ours_s, torch_s=theirs_s,
                      ours_tok_s=tokens / ours_s, torch_tok_s=tokens / theirs_s,
@@ -147,7 +148,8 @@ def main(argv=None) -> dict:
                  config=dict(model=common.BENCH_MODEL if not args.quick else "quick",
                              sequences=num_seq, seq_len=seq_len, prompt_len=prompt_len,
                              objective="tis_reinforce", optimizer="adamw",
-                             token_chunk=args.token_chunk, repeats=repeats,
+                             token_chunk=args.token_chunk,
+                             repeats=dict(float32=args.repeats, bfloat16=args.repeats_bf16),
                              jax=jax.__version__, torch=torch.__version__))
   common.write_result("train_step_quick" if args.quick else "train_step", payload)
   return payload
