@@ -15,6 +15,7 @@ written to a temporary name and renamed, so it is never left half-written.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -159,6 +160,8 @@ def run_cli(argv: list[str]) -> int:
     """Parses argv (argv[0] is the program name) with fresh flags; returns the exit code."""
     fv = flags.FlagValues()
     define_flags(fv)
+    # The sampler logs the KV pool size (how many sequences of what length fit) at INFO.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         fv(argv)
     except flags.Error as e:
