@@ -48,6 +48,12 @@ columns peel them off; the JSON holds the numbers of each):
   trainer_device_busy_est = steps/s x step time. Compile time is excluded from the steady window
   but not from the run's whole-run fractions (reported beside them).
 - Lag: the planner's g_max = ceil(H·I·L/(L̄·B)); admission caps the run at max_lag.
+- With a 2-device trainer mesh (N=4) the train step apparently returns only when done: its
+  host busy time then tracks its device time, weights are ready when published (no stall),
+  and the sampler's chunks are slowed by sharing the cores with it instead.
+- The planner's own recommendation (planner_recommends in the JSON) inherits the device-only
+  profile: decode at batch 1 looks nearly free there, so it proposes tiny H, which the host
+  cost per chunk makes slow in practice. For models this small, profile the host path too.
 """
 
 import argparse
