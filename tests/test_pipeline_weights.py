@@ -21,7 +21,7 @@ def test_published_copy_survives_donation_of_the_source():
     # The trainer's next step donates its params: the staged copy must not be those buffers.
     step = jax.jit(lambda p: jax.tree.map(lambda x: x * 2.0, p), donate_argnums=0)
     step(params)
-    staged = publisher.take_newer(0)
+    staged = publisher.wait_newer(0, timeout=10.0)
     assert staged.version == 1
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, staged.params), expected)
 
@@ -34,7 +34,7 @@ def test_take_newer_keeps_only_the_newest_and_counts_skips():
     assert publisher.skipped == 1
     assert publisher.take_newer(2) is None  # not newer than what the sampler holds
     publisher.publish(_params(3), 3)
-    staged = publisher.take_newer(2)
+    staged = publisher.take_newer(2, when_ready=False)
     assert staged.version == 3
     np.testing.assert_array_equal(np.asarray(staged.params["b"]), np.asarray(_params(3)["b"]))
     assert publisher.take_newer(2) is None  # taken once
@@ -48,3 +48,26 @@ def test_filtered_versions_are_not_published():
     assert publisher.publish(_params(4), 4)
     assert publisher.wait_newer(0, timeout=0.1).version == 4
     assert publisher.wait_newer(4, timeout=0.01) is None
+
+
+class _Pending:
+    """A leaf whose transfer has not finished yet."""
+
+    def __init__(self):
+        self.ready = False
+
+    def is_ready(self):
+        return self.ready
+
+
+def test_take_newer_waits_until_every_leaf_arrived():
+    from pipelinerl_jax.pipeline.weights import Staged
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    publisher = Publisher(jax.tree.map(lambda _: sharding, _params(0)))
+    leaf = _Pending()
+    publisher._staged = Staged(params={"w": leaf, "b": jnp.ones(2)}, version=5, staged_at=0.0)
+    assert publisher.take_newer(4) is None  # still in flight: decoding goes on with version 4
+    assert publisher.take_newer(4, when_ready=False).version == 5
+    publisher._staged = Staged(params={"w": leaf, "b": jnp.ones(2)}, version=6, staged_at=0.0)
+    leaf.ready = True
+    assert publisher.take_newer(5).version == 6

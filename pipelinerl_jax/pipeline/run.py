@@ -196,7 +196,7 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
                                model_config=llama.config_of(c.sampler.engine.graphdef))
     table = get_reward_table(cfg.reward.table)
     detok = lambda ids: c.tokenizer.decode(ids, skip_special_tokens=True)
-    shared = " (shared)" if c.num_sampler_devices == c.num_trainer_devices == 1 else ""
+    shared = " (shared)" if len(jax.devices()) == 1 else ""
     echo(f"pipelinerl_jax: mode={cfg.mode} lag bound={c.admission.lag_bound()} "
          f"steps={cfg.steps} batch={cfg.batch_size} ({cfg.groups_per_step} groups x "
          f"{cfg.group_size}) devices: sampler {c.num_sampler_devices}, trainer "

@@ -51,11 +51,18 @@ class Publisher:
             self.published += 1
         return True
 
-    def take_newer(self, current_version: int) -> Staged | None:
-        """The staged params if they are newer than `current_version`, else None."""
+    def take_newer(self, current_version: int, *, when_ready: bool = True) -> Staged | None:
+        """The staged params if they are newer than `current_version`, else None.
+
+        With `when_ready` the params are handed over only once every leaf has arrived on the
+        sampler devices (the train step that produced them is done): taking them earlier
+        would make the next decode chunk wait for the trainer, stalling generation.
+        """
         with self._lock:
             staged = self._staged
             if staged is None or staged.version <= current_version:
+                return None
+            if when_ready and not all(x.is_ready() for x in jax.tree.leaves(staged.params)):
                 return None
             self._staged = None
             return staged
@@ -64,7 +71,7 @@ class Publisher:
         """Like take_newer, polling up to `timeout` s (used when the sampler has nothing to do)."""
         deadline = time.perf_counter() + timeout
         while True:
-            staged = self.take_newer(current_version)
+            staged = self.take_newer(current_version, when_ready=False)
             if staged is not None or time.perf_counter() >= deadline:
                 return staged
             time.sleep(0.001)
