@@ -209,6 +209,29 @@ def test_param_swap_between_chunks(models, prompts, policy):
         sampler.set_params(bf16, version=2)
 
 
+def test_bf16_sampler_tracks_f32(models, prompts, tmp_path):
+    """bf16 params, compute and cache: the first greedy token agrees with f32 wherever f32's
+    top-2 gap is clear, and its logprob is within bf16 rounding of f32's."""
+    hf, graphdef, params, _ = models
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    _, graphdef16, params16 = hf_io.load_hf(tmp_path, param_dtype="bfloat16")
+    sp = SamplingParams(temperature=0.0, max_new_tokens=2)
+    f32 = Sampler(graphdef, params, CONFIG).generate(prompts, params=sp)
+    bf16 = Sampler(graphdef16, params16, CONFIG)
+    assert bf16.state.k_pages.dtype == jnp.bfloat16
+    low = bf16.generate(prompts, params=sp)
+    checked = 0
+    for p, a, b in zip(prompts, f32, low):
+        with torch.no_grad():
+            top2 = torch.topk(hf(torch.tensor([p])).logits[0, -1], 2).values
+        if top2[0] - top2[1] > 0.1:
+            assert a.token_ids[0] == b.token_ids[0]
+            assert abs(a.logprobs[0] - b.logprobs[0]) < 0.05
+            checked += 1
+        assert all(np.isfinite(b.logprobs))
+    assert checked >= 3
+
+
 def test_bad_requests_become_error_samples(models):
     _, graphdef, params, _ = models
     sampler = Sampler(graphdef, params, CONFIG)

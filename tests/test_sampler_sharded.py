@@ -1,5 +1,6 @@
 """Slots data-parallel over a 2-device sampler mesh, with a page pool so small that sequences
-are preempted and resumed: the outputs still equal transformers' greedy generation.
+are preempted and resumed, two attempts per prompt sharing its prefill: every attempt still
+equals transformers' greedy generation.
 
 Runs in a subprocess because simulated CPU devices must be configured before JAX starts.
 """
@@ -35,8 +36,9 @@ CHILD = textwrap.dedent("""
                            min_window_pages=3, attention="gather")
     sampler = Sampler(graphdef, params, config, mesh=mesh)
     assert sampler.state.k_pages.sharding.spec[1] == "data"      # [L, P, S, K, D]
-    samples = sampler.generate(prompts, params=SamplingParams(temperature=0.0,
-                                                              max_new_tokens=%d))
+    # n=2: the attempts of a prompt share its full pages and copy its partial last page.
+    samples = sampler.generate(prompts, n=2, params=SamplingParams(temperature=0.0,
+                                                                   max_new_tokens=%d))
     print(json.dumps({"tokens": [s.token_ids for s in samples],
                       "logprobs": [s.logprobs for s in samples],
                       "preemptions": sampler.stats["preemptions"]}))
@@ -62,7 +64,8 @@ def test_sharded_slots_with_preemption_match_transformers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["preemptions"] > 0, "the tiny pool should have forced preemption"
-    for prompt, tokens, logprobs in zip(prompts, got["tokens"], got["logprobs"]):
+    assert len(got["tokens"]) == 2 * len(prompts)
+    for i, prompt in enumerate(prompts):
         ids = torch.tensor([prompt])
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids),
@@ -70,6 +73,8 @@ def test_sharded_slots_with_preemption_match_transformers(tmp_path):
                                  pad_token_id=0, return_dict_in_generate=True,
                                  output_logits=True)
         want = out.sequences[0, len(prompt):].tolist()
-        assert tokens == want
         ref = torch.log_softmax(torch.stack(out.logits)[:, 0], -1)[torch.arange(MAX_NEW), want]
-        np.testing.assert_allclose(logprobs, ref.numpy(), rtol=1e-4, atol=1e-5)
+        for attempt in range(2):
+            assert got["tokens"][2 * i + attempt] == want
+            np.testing.assert_allclose(got["logprobs"][2 * i + attempt], ref.numpy(),
+                                       rtol=1e-4, atol=1e-5)
