@@ -195,7 +195,8 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         ckpt = RunCheckpointer(workdir, keep=cfg.checkpoint_keep,
                                model_config=llama.config_of(c.sampler.engine.graphdef))
     table = get_reward_table(cfg.reward.table)
-    detok = lambda ids: c.tokenizer.decode(ids, skip_special_tokens=True)
+    stop_ids = tuple(getattr(c.tokenizer, "eos_token_ids", ()))
+    detok = lambda ids: completion_text(c.tokenizer, ids, stop_ids)
     shared = " (shared)" if len(jax.devices()) == 1 else ""
     echo(f"pipelinerl_jax: mode={cfg.mode} lag bound={c.admission.lag_bound()} "
          f"steps={cfg.steps} batch={cfg.batch_size} ({cfg.groups_per_step} groups x "
@@ -230,6 +231,17 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
     writer.write("summary", summary)
     echo(format_summary(summary))
     return summary
+
+
+def completion_text(tokenizer, token_ids, stop_ids) -> str:
+    """What the reward function scores: the completion minus its final stop token, with every
+    other token visible. Skipping special tokens here would hide junk from the reward: the
+    default run's tiny model learned to pad answers with <pad>/<bos> instead of stopping,
+    and scored them as exact."""
+    ids = list(token_ids)
+    if ids and ids[-1] in stop_ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _save(coord, ckpt, cfg) -> None:
