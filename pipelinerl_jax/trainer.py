@@ -309,6 +309,10 @@ class Trainer:
     self.check_rows(batch.tokens.shape[0])
     return self._step(state, batch)
 
+  def check(self, metrics: dict) -> None:
+    """check_skips with this trainer's max_consecutive_skips (call on fetched metrics)."""
+    check_skips(metrics, self.cfg.max_consecutive_skips)
+
 
 def check_skips(metrics: dict, max_consecutive_skips: int) -> None:
   """Host-side: raises NonFiniteLossError after too many non-finite steps in a row."""

@@ -1,4 +1,4 @@
-"""Group advantages and token weights against hand computations (rl/advantages.py, rl/weights.py)."""
+"""Group advantages and token weights by hand (rl/advantages.py, rl/weights.py)."""
 
 import numpy as np
 import pytest
