@@ -168,10 +168,13 @@ def _dense(x_BxTxI, w: jax.Array, n_in: int) -> jax.Array:
 
   Spelling the projections as einsums over split head axes (e.g. "bthd,hde->bte") let XLA
   CPU pick a contraction order that transposed the weight and the activations on every call.
+  Rows are flattened to one [B*T, I] matrix as well: with a 3-D left operand XLA CPU wrote
+  transposed [O, B*T] copies in every weight-gradient matmul of the backward pass.
   """
   ins, outs = w.shape[:n_in], w.shape[n_in:]
-  x2 = x_BxTxI.reshape(*x_BxTxI.shape[:x_BxTxI.ndim - n_in], math.prod(ins))
-  return (x2 @ w.reshape(math.prod(ins), math.prod(outs))).reshape(*x2.shape[:-1], *outs)
+  lead = x_BxTxI.shape[:x_BxTxI.ndim - n_in]
+  x2 = x_BxTxI.reshape(math.prod(lead), math.prod(ins))
+  return (x2 @ w.reshape(math.prod(ins), math.prod(outs))).reshape(*lead, *outs)
 
 
 def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, layer_cache):
@@ -193,8 +196,8 @@ def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, l
   attn_BxTxHxD, layer_cache = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache)
   x_BxTxE = x_BxTxE + _dense(attn_BxTxHxD, lp["o_proj"], 2)
   h = rms_norm(x_BxTxE, lp["mlp_norm"], eps)
-  gated_BxTxF = jax.nn.silu(h @ lp["gate_proj"]) * (h @ lp["up_proj"])
-  return x_BxTxE + gated_BxTxF @ lp["down_proj"], layer_cache
+  gated_BxTxF = jax.nn.silu(_dense(h, lp["gate_proj"], 1)) * _dense(h, lp["up_proj"], 1)
+  return x_BxTxE + _dense(gated_BxTxF, lp["down_proj"], 1), layer_cache
 
 
 def forward_hidden(graphdef: nnx.GraphDef, params, tokens_BxT: jax.Array,
