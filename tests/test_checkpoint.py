@@ -23,6 +23,7 @@ from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -186,11 +187,12 @@ def test_structure_mismatch_is_a_config_error(setup, tmp_path):
                                         r"new --workdir") as e:
     ck.RunCheckpointer(tmp_path).restore_latest(ck.abstract_state(other, abstract_params))
   assert "\n" not in str(e.value)
-  no_clip = Trainer(TrainerConfig(grad_clip_norm=0.0), trainer.graphdef,
-                    jax.eval_shape(lambda: state.params), trainer_mesh())
-  with pytest.raises(ConfigError, match="opt_state"):
+  # A KL term adds frozen reference params to the state: also a changed structure.
+  with_ref = Trainer(TrainerConfig(loss=LossConfig(kl_coef=0.1)), trainer.graphdef,
+                     jax.eval_shape(lambda: state.params), trainer_mesh())
+  with pytest.raises(ConfigError, match="ref_params"):
     ck.RunCheckpointer(tmp_path).restore_latest(
-        ck.abstract_state(no_clip, jax.eval_shape(lambda: state.params)))
+        ck.abstract_state(with_ref, jax.eval_shape(lambda: state.params)))
   assert ck.RunCheckpointer(tmp_path).steps() == [5]
 
 
