@@ -37,123 +37,123 @@ LR, CLIP_C, GRAD_CLIP, WEIGHT_DECAY = 1e-5, 5.0, 1.0, 0.01
 
 
 def model_config(quick: bool, compute_dtype: str) -> ModelConfig:
-  shape = dict(common.BENCH_MODEL)
-  if quick:
-    shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                 num_heads=4, num_kv_heads=2, head_dim=16)
-  return ModelConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
-                     rope_scaling=None, max_position_embeddings=2048, attention_bias=False,
-                     qk_norm=False, compute_dtype=compute_dtype, **shape)
+    shape = dict(common.BENCH_MODEL)
+    if quick:
+        shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16)
+    return ModelConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
+                       rope_scaling=None, max_position_embeddings=2048, attention_bias=False,
+                       qk_norm=False, compute_dtype=compute_dtype, **shape)
 
 
 def make_batch(cfg: ModelConfig, num_seq: int, seq_len: int, prompt_len: int):
-  rng = np.random.default_rng(0)
-  samples = []
-  for i in range(num_seq):
-    c = seq_len - prompt_len
-    samples.append(Sample(rng.integers(0, cfg.vocab_size, prompt_len).tolist(),
-                          rng.integers(0, cfg.vocab_size, c).tolist(),
-                          (-rng.random(c) * 4 - 8).tolist(), [0] * c,
-                          float(rng.random() < 0.5), i // 4))
-  batch_cfg = BatchConfig(seq_len=seq_len, num_rows=num_seq, max_sequences=num_seq,
-                          max_sequence_len=seq_len)
-  return build_batch(samples, batch_cfg)[0]
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(num_seq):
+        c = seq_len - prompt_len
+        samples.append(Sample(rng.integers(0, cfg.vocab_size, prompt_len).tolist(),
+                              rng.integers(0, cfg.vocab_size, c).tolist(),
+                              (-rng.random(c) * 4 - 8).tolist(), [0] * c,
+                              float(rng.random() < 0.5), i // 4))
+    batch_cfg = BatchConfig(seq_len=seq_len, num_rows=num_seq, max_sequences=num_seq,
+                            max_sequence_len=seq_len)
+    return build_batch(samples, batch_cfg)[0]
 
 
 def jax_step(cfg: ModelConfig, params, batch, token_chunk: int):
-  tcfg = tr.TrainerConfig(learning_rate=LR, lr_schedule="constant", warmup_steps=0,
-                          weight_decay=WEIGHT_DECAY, grad_clip_norm=GRAD_CLIP,
-                          loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk))
-  graphdef, abstract_params = llama.abstract_init(cfg)
-  trainer = tr.Trainer(tcfg, graphdef, abstract_params, tr.trainer_mesh(jax.devices()[:1]))
-  box = {"state": trainer.init_state(params)}
-  dev_batch = trainer.put_batch(batch)
+    tcfg = tr.TrainerConfig(learning_rate=LR, lr_schedule="constant", warmup_steps=0,
+                            weight_decay=WEIGHT_DECAY, grad_clip_norm=GRAD_CLIP,
+                            loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk))
+    graphdef, abstract_params = llama.abstract_init(cfg)
+    trainer = tr.Trainer(tcfg, graphdef, abstract_params, tr.trainer_mesh(jax.devices()[:1]))
+    box = {"state": trainer.init_state(params)}
+    dev_batch = trainer.put_batch(batch)
 
-  def step():
-    box["state"], metrics = trainer.train_step(box["state"], dev_batch)
-    return float(metrics["loss"])
+    def step():
+        box["state"], metrics = trainer.train_step(box["state"], dev_batch)
+        return float(metrics["loss"])
 
-  return step
+    return step
 
 
 def torch_step(cfg: ModelConfig, params, batch, autocast: bool):
-  import torch
-  import transformers
+    import torch
+    import transformers
 
-  torch.manual_seed(0)
-  hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items()
-                                       if k not in ("architectures", "torch_dtype")})
-  model = transformers.LlamaForCausalLM(hf_cfg).float()
-  state = {name: torch.from_numpy(np.array(a)) for name, a in hf_io.hf_tensors(cfg, params)}
-  missing, unexpected = model.load_state_dict(state, strict=False)
-  assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
-  opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
-  t = lambda x, dt=None: torch.from_numpy(np.asarray(x)) if dt is None else \
-      torch.from_numpy(np.asarray(x)).to(dt)
-  tokens, targets = t(batch.tokens).long(), t(batch.targets).long()
-  mu, adv, w = t(batch.behaviour_logprobs), t(batch.advantages), t(batch.token_weights)
+    torch.manual_seed(0)
+    hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items()
+                                         if k not in ("architectures", "torch_dtype")})
+    model = transformers.LlamaForCausalLM(hf_cfg).float()
+    state = {name: torch.from_numpy(np.array(a)) for name, a in hf_io.hf_tensors(cfg, params)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
+    t = lambda x, dt=None: torch.from_numpy(np.asarray(x)) if dt is None else \
+        torch.from_numpy(np.asarray(x)).to(dt)
+    tokens, targets = t(batch.tokens).long(), t(batch.targets).long()
+    mu, adv, w = t(batch.behaviour_logprobs), t(batch.advantages), t(batch.token_weights)
 
-  def step():
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-      logits = model(input_ids=tokens).logits
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    lp = logp.gather(-1, targets[..., None])[..., 0]
-    coef = torch.clamp(torch.exp(lp - mu), max=CLIP_C).detach()
-    loss = -(w * coef * adv * lp).sum()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    opt.step()
-    return float(loss.detach())
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=tokens).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        lp = logp.gather(-1, targets[..., None])[..., 0]
+        coef = torch.clamp(torch.exp(lp - mu), max=CLIP_C).detach()
+        loss = -(w * coef * adv * lp).sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        opt.step()
+        return float(loss.detach())
 
-  return step
+    return step
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
-  parser.add_argument("--repeats", type=int, default=5, help="timed steps per side (f32)")
-  parser.add_argument("--repeats-bf16", type=int, default=3,
-                      help="timed steps per side for bf16 (torch autocast is slow on CPUs "
-                           "without native bf16)")
-  parser.add_argument("--dtypes", default="float32,bfloat16")
-  parser.add_argument("--token-chunk", type=int, default=1024)
-  args = parser.parse_args(argv)
-  import torch
-  torch.set_num_threads(os.cpu_count())
-  load = common.warn_if_busy()
-  num_seq, seq_len, prompt_len = (2, 64, 16) if args.quick else (8, 512, 64)
-  rows = []
-  for dtype in args.dtypes.split(","):
-    repeats = 2 if args.quick else (args.repeats if dtype == "float32" else args.repeats_bf16)
-    cfg = model_config(args.quick, dtype)
-    _, params = llama.init(cfg, jax.random.key(0))
-    batch = make_batch(cfg, num_seq, seq_len, prompt_len)
-    ours, theirs = jax_step(cfg, params, batch, args.token_chunk), \
-        torch_step(cfg, params, batch, dtype == "bfloat16")
-    t0 = time.perf_counter()
-    first_ours = ours()  # compiles; also the warm-up step
-    compile_s = time.perf_counter() - t0
-    first_theirs = theirs()  # warm-up step
-    ours_s, _ = common.median_time(ours, repeats=repeats, warmup=0)
-    theirs_s, _ = common.median_time(theirs, repeats=repeats, warmup=0)
-    tokens = num_seq * seq_len
-    rows.append(dict(dtype=dtype, ours_s=ours_s, torch_s=theirs_s,
-                     ours_tok_s=tokens / ours_s, torch_tok_s=tokens / theirs_s,
-                     ratio=theirs_s / ours_s, first_loss_ours=first_ours,
-                     first_loss_torch=first_theirs, compile_s=compile_s))
-  common.print_table(rows, ["dtype", "ours_tok_s", "torch_tok_s", "ratio", "ours_s", "torch_s",
-                            "first_loss_ours", "first_loss_torch", "compile_s"])
-  payload = dict(benchmark="train_step", quick=args.quick, load=load, rows=rows,
-                 config=dict(model=common.BENCH_MODEL if not args.quick else "quick",
-                             sequences=num_seq, seq_len=seq_len, prompt_len=prompt_len,
-                             objective="tis_reinforce", optimizer="adamw",
-                             token_chunk=args.token_chunk,
-                             repeats=dict(float32=args.repeats, bfloat16=args.repeats_bf16),
-                             jax=jax.__version__, torch=torch.__version__))
-  common.write_result("train_step_quick" if args.quick else "train_step", payload)
-  return payload
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per side (f32)")
+    parser.add_argument("--repeats-bf16", type=int, default=3,
+                        help="timed steps per side for bf16 (torch autocast is slow on CPUs "
+                             "without native bf16)")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--token-chunk", type=int, default=1024)
+    args = parser.parse_args(argv)
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    load = common.warn_if_busy()
+    num_seq, seq_len, prompt_len = (2, 64, 16) if args.quick else (8, 512, 64)
+    rows = []
+    for dtype in args.dtypes.split(","):
+        repeats = 2 if args.quick else (args.repeats if dtype == "float32" else args.repeats_bf16)
+        cfg = model_config(args.quick, dtype)
+        _, params = llama.init(cfg, jax.random.key(0))
+        batch = make_batch(cfg, num_seq, seq_len, prompt_len)
+        ours, theirs = jax_step(cfg, params, batch, args.token_chunk), \
+            torch_step(cfg, params, batch, dtype == "bfloat16")
+        t0 = time.perf_counter()
+        first_ours = ours()  # compiles; also the warm-up step
+        compile_s = time.perf_counter() - t0
+        first_theirs = theirs()  # warm-up step
+        ours_s, _ = common.median_time(ours, repeats=repeats, warmup=0)
+        theirs_s, _ = common.median_time(theirs, repeats=repeats, warmup=0)
+        tokens = num_seq * seq_len
+        rows.append(dict(dtype=dtype, ours_s=ours_s, torch_s=theirs_s,
+                         ours_tok_s=tokens / ours_s, torch_tok_s=tokens / theirs_s,
+                         ratio=theirs_s / ours_s, first_loss_ours=first_ours,
+                         first_loss_torch=first_theirs, compile_s=compile_s))
+    common.print_table(rows, ["dtype", "ours_tok_s", "torch_tok_s", "ratio", "ours_s", "torch_s",
+                              "first_loss_ours", "first_loss_torch", "compile_s"])
+    payload = dict(benchmark="train_step", quick=args.quick, load=load, rows=rows,
+                   config=dict(model=common.BENCH_MODEL if not args.quick else "quick",
+                               sequences=num_seq, seq_len=seq_len, prompt_len=prompt_len,
+                               objective="tis_reinforce", optimizer="adamw",
+                               token_chunk=args.token_chunk,
+                               repeats=dict(float32=args.repeats, bfloat16=args.repeats_bf16),
+                               jax=jax.__version__, torch=torch.__version__))
+    common.write_result("train_step_quick" if args.quick else "train_step", payload)
+    return payload
 
 
 if __name__ == "__main__":
-  main()
+    main()

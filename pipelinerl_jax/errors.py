@@ -6,4 +6,4 @@ and says how to fix it. Entry points catch it and exit with code 2 instead of a 
 
 
 class ConfigError(ValueError):
-  """Bad user input (configuration, checkpoint, tokenizer): a one-line, actionable message."""
+    """Bad user input (configuration, checkpoint, tokenizer): a one-line, actionable message."""

@@ -36,100 +36,100 @@ from pipelinerl_jax.rl.logprobs import chunked_logprobs
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
-  """Optimizer, accumulation and failure policy. Defaults: the paper's headline run."""
-  learning_rate: float = 1e-6
-  lr_schedule: str = "cosine"      # "cosine" (to min_lr_ratio * lr at total_steps) | "constant"
-  warmup_steps: int = 50
-  total_steps: int = 1000
-  min_lr_ratio: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  weight_decay: float = 0.01       # not applied to norms and biases
-  grad_clip_norm: float = 0.3      # global-norm clipping; 0 disables
-  micro_batches: int = 1           # gradient accumulation steps per optimizer step
-  max_consecutive_skips: int = 5   # non-finite steps in a row before check_skips stops the run
-  # Causal attention in query blocks of about this many rows (at most 16 blocks), each block
-  # attending only to keys up to its end: ~half the score work and memory of a full T x T
-  # mask. 0 uses the model's plain segment_causal_attention.
-  attention_block: int = 128
-  loss: LossConfig = LossConfig()
+    """Optimizer, accumulation and failure policy. Defaults: the paper's headline run."""
+    learning_rate: float = 1e-6
+    lr_schedule: str = "cosine"      # "cosine" (to min_lr_ratio * lr at total_steps) | "constant"
+    warmup_steps: int = 50
+    total_steps: int = 1000
+    min_lr_ratio: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01       # not applied to norms and biases
+    grad_clip_norm: float = 0.3      # global-norm clipping; 0 disables
+    micro_batches: int = 1           # gradient accumulation steps per optimizer step
+    max_consecutive_skips: int = 5   # non-finite steps in a row before check_skips stops the run
+    # Causal attention in query blocks of about this many rows (at most 16 blocks), each block
+    # attending only to keys up to its end: ~half the score work and memory of a full T x T
+    # mask. 0 uses the model's plain segment_causal_attention.
+    attention_block: int = 128
+    loss: LossConfig = LossConfig()
 
-  def __post_init__(self):
-    if self.lr_schedule not in ("cosine", "constant"):
-      raise ConfigError(f"trainer.lr_schedule={self.lr_schedule!r}; use 'cosine' or 'constant'")
-    if not self.learning_rate > 0:
-      raise ConfigError(f"trainer.learning_rate={self.learning_rate!r} must be > 0")
-    if self.micro_batches < 1 or self.max_consecutive_skips < 1:
-      raise ConfigError("trainer.micro_batches and trainer.max_consecutive_skips must be >= 1")
-    if self.warmup_steps < 0 or self.total_steps < 1 or self.grad_clip_norm < 0:
-      raise ConfigError("trainer: warmup_steps >= 0, total_steps >= 1, grad_clip_norm >= 0")
+    def __post_init__(self):
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise ConfigError(f"trainer.lr_schedule={self.lr_schedule!r}; use 'cosine' or 'constant'")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"trainer.learning_rate={self.learning_rate!r} must be > 0")
+        if self.micro_batches < 1 or self.max_consecutive_skips < 1:
+            raise ConfigError("trainer.micro_batches and trainer.max_consecutive_skips must be >= 1")
+        if self.warmup_steps < 0 or self.total_steps < 1 or self.grad_clip_norm < 0:
+            raise ConfigError("trainer: warmup_steps >= 0, total_steps >= 1, grad_clip_norm >= 0")
 
 
 class NonFiniteLossError(RuntimeError):
-  """Too many consecutive train steps with a non-finite loss or gradient."""
+    """Too many consecutive train steps with a non-finite loss or gradient."""
 
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array               # [] int32 train_step calls so far (applied or skipped)
-  version: jax.Array            # [] int32 applied updates: the policy version of `params`
-  params: Any                   # nnx.State in the model's param dtype
-  opt_state: Any                # optax state; moments f32
-  ref_params: Any               # frozen reference params for the KL term, or None
-  skipped: jax.Array            # [] int32 skipped (non-finite) steps in total
-  consecutive_skips: jax.Array  # [] int32 skipped steps in a row, 0 after an applied one
+    step: jax.Array               # [] int32 train_step calls so far (applied or skipped)
+    version: jax.Array            # [] int32 applied updates: the policy version of `params`
+    params: Any                   # nnx.State in the model's param dtype
+    opt_state: Any                # optax state; moments f32
+    ref_params: Any               # frozen reference params for the KL term, or None
+    skipped: jax.Array            # [] int32 skipped (non-finite) steps in total
+    consecutive_skips: jax.Array  # [] int32 skipped steps in a row, 0 after an applied one
 
 
 def trainer_mesh(devices=None, *, tp: int = 1) -> Mesh:
-  """A ("fsdp", "tp") mesh over `devices` (default: all), tp consecutive devices per group."""
-  devices = list(jax.devices() if devices is None else devices)
-  if tp < 1 or len(devices) % tp:
-    raise ConfigError(f"trainer tp={tp} must divide the {len(devices)} trainer devices")
-  return Mesh(np.array(devices).reshape(len(devices) // tp, tp), (sharding.FSDP, sharding.TP))
+    """A ("fsdp", "tp") mesh over `devices` (default: all), tp consecutive devices per group."""
+    devices = list(jax.devices() if devices is None else devices)
+    if tp < 1 or len(devices) % tp:
+        raise ConfigError(f"trainer tp={tp} must divide the {len(devices)} trainer devices")
+    return Mesh(np.array(devices).reshape(len(devices) // tp, tp), (sharding.FSDP, sharding.TP))
 
 
 def learning_rate_schedule(cfg: TrainerConfig) -> optax.Schedule:
-  warmup = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
-  if cfg.lr_schedule == "constant":
-    after = optax.constant_schedule(cfg.learning_rate)
-  else:
-    after = optax.cosine_decay_schedule(cfg.learning_rate,
-                                        max(cfg.total_steps - cfg.warmup_steps, 1),
-                                        alpha=cfg.min_lr_ratio)
-  if cfg.warmup_steps == 0:
-    return after
-  return optax.join_schedules([warmup, after], [cfg.warmup_steps])
+    warmup = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
+    if cfg.lr_schedule == "constant":
+        after = optax.constant_schedule(cfg.learning_rate)
+    else:
+        after = optax.cosine_decay_schedule(cfg.learning_rate,
+                                            max(cfg.total_steps - cfg.warmup_steps, 1),
+                                            alpha=cfg.min_lr_ratio)
+    if cfg.warmup_steps == 0:
+        return after
+    return optax.join_schedules([warmup, after], [cfg.warmup_steps])
 
 
 def decay_mask(params):
-  """True for params that get weight decay: everything but norm scales and biases."""
-  def keep(path, _):
-    name = jax.tree_util.keystr(path)
-    return "norm" not in name and "bias" not in name
-  return jax.tree_util.tree_map_with_path(keep, params)
+    """True for params that get weight decay: everything but norm scales and biases."""
+    def keep(path, _):
+        name = jax.tree_util.keystr(path)
+        return "norm" not in name and "bias" not in name
+    return jax.tree_util.tree_map_with_path(keep, params)
 
 
 def make_optimizer(cfg: TrainerConfig) -> optax.GradientTransformation:
-  """AdamW with the schedule and decay mask. Global-norm clipping happens in the step, with
+    """AdamW with the schedule and decay mask. Global-norm clipping happens in the step, with
   the same norm it reports (one reduction per leaf instead of two)."""
-  return optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                     weight_decay=cfg.weight_decay, mask=decay_mask)
+    return optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                       weight_decay=cfg.weight_decay, mask=decay_mask)
 
 
 def _f32(tree):
-  return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+    return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
 
 
 def _micro_split(x, m: int, mesh: Mesh):
-  """[R, ...] -> [M, R/M, ...] with micro-batch k = rows k, k+M, ...: stays shard-local."""
-  x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
-  spec = P(None, sharding.FSDP) if sharding.FSDP in mesh.shape else P()
-  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    """[R, ...] -> [M, R/M, ...] with micro-batch k = rows k, k+M, ...: stays shard-local."""
+    x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
+    spec = P(None, sharding.FSDP) if sharding.FSDP in mesh.shape else P()
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def blocked_causal_attention(segment_ids_BxT, block: int) -> llama.AttentionFn:
-  """Segment-causal attention computed per query block, skipping the blocks above the diagonal.
+    """Segment-causal attention computed per query block, skipping the blocks above the diagonal.
 
   Same result as llama.segment_causal_attention; for query block [a, b) only keys [0, b) can
   be visible, so scores are [b - a, b] instead of [b - a, T]. q, k, v are moved to head-major
@@ -138,188 +138,188 @@ def blocked_causal_attention(segment_ids_BxT, block: int) -> llama.AttentionFn:
   unrolled (static shapes), capped at 16 so compile time stays flat for long rows.
   Letters: B rows, T tokens, S keys, H query heads, K kv heads, G = H/K, D head dim.
   """
-  seg_BxT = segment_ids_BxT
-  T = seg_BxT.shape[1]
-  num = min(max(1, math.ceil(T / max(block, 1))), 16)
-  size = math.ceil(T / num)
+    seg_BxT = segment_ids_BxT
+    T = seg_BxT.shape[1]
+    num = min(max(1, math.ceil(T / max(block, 1))), 16)
+    size = math.ceil(T / num)
 
-  def attend(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, layer_cache):
-    B, _, H, D = q_BxTxHxD.shape
-    K = k_BxSxKxD.shape[2]
-    q_BxKxGxTxD = q_BxTxHxD.reshape(B, T, K, H // K, D).transpose(0, 2, 3, 1, 4)
-    k_BxKxSxD = k_BxSxKxD.transpose(0, 2, 1, 3)
-    v_BxKxSxD = v_BxSxKxD.transpose(0, 2, 1, 3)
-    outs = []
-    for a in range(0, T, size):
-      b = min(a + size, T)
-      s = jnp.einsum("bkgtd,bksd->bkgts", q_BxKxGxTxD[:, :, :, a:b], k_BxKxSxD[:, :, :b],
-                     preferred_element_type=jnp.float32) * (1.0 / math.sqrt(D))
-      causal_QxS = jnp.arange(a, b)[:, None] >= jnp.arange(b)[None, :]
-      mask_BxQxS = (seg_BxT[:, a:b, None] == seg_BxT[:, None, :b]) & causal_QxS
-      s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
-      p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
-      outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v_BxKxSxD[:, :, :b]))
-    out_BxKxGxTxD = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
-    return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D), layer_cache
+    def attend(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, layer_cache):
+        B, _, H, D = q_BxTxHxD.shape
+        K = k_BxSxKxD.shape[2]
+        q_BxKxGxTxD = q_BxTxHxD.reshape(B, T, K, H // K, D).transpose(0, 2, 3, 1, 4)
+        k_BxKxSxD = k_BxSxKxD.transpose(0, 2, 1, 3)
+        v_BxKxSxD = v_BxSxKxD.transpose(0, 2, 1, 3)
+        outs = []
+        for a in range(0, T, size):
+            b = min(a + size, T)
+            s = jnp.einsum("bkgtd,bksd->bkgts", q_BxKxGxTxD[:, :, :, a:b], k_BxKxSxD[:, :, :b],
+                           preferred_element_type=jnp.float32) * (1.0 / math.sqrt(D))
+            causal_QxS = jnp.arange(a, b)[:, None] >= jnp.arange(b)[None, :]
+            mask_BxQxS = (seg_BxT[:, a:b, None] == seg_BxT[:, None, :b]) & causal_QxS
+            s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
+            p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
+            outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v_BxKxSxD[:, :, :b]))
+        out_BxKxGxTxD = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
+        return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D), layer_cache
 
-  return attend
+    return attend
 
 
 def _loss_fn(params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef,
              attention_block):
-  if attention_block > 0:
-    attend = blocked_causal_attention(batch.segment_ids, attention_block)
-  else:
-    attend = llama.segment_causal_attention(batch.segment_ids)
-  ref_lp = None
-  if ref_params is not None:
-    ref_hidden, _ = llama.forward_hidden(graphdef, ref_params, batch.tokens, batch.positions,
-                                         attend=attend)
-    ref_lp, _ = chunked_logprobs(ref_hidden, llama.lm_head_weight(ref_params), batch.targets,
-                                 temperature=loss_cfg.temperature,
-                                 vocab_chunk=loss_cfg.vocab_chunk)
-    ref_lp = jax.lax.stop_gradient(ref_lp)
-  hidden, _ = llama.forward_hidden(graphdef, params, batch.tokens, batch.positions, attend=attend)
-  return losses.loss_from_hidden(loss_cfg, hidden, llama.lm_head_weight(params), batch,
-                                 kl_coef=kl_coef, entropy_coef=entropy_coef,
-                                 ref_logprobs=ref_lp, num_sequences=batch.num_sequences)
+    if attention_block > 0:
+        attend = blocked_causal_attention(batch.segment_ids, attention_block)
+    else:
+        attend = llama.segment_causal_attention(batch.segment_ids)
+    ref_lp = None
+    if ref_params is not None:
+        ref_hidden, _ = llama.forward_hidden(graphdef, ref_params, batch.tokens, batch.positions,
+                                             attend=attend)
+        ref_lp, _ = chunked_logprobs(ref_hidden, llama.lm_head_weight(ref_params), batch.targets,
+                                     temperature=loss_cfg.temperature,
+                                     vocab_chunk=loss_cfg.vocab_chunk)
+        ref_lp = jax.lax.stop_gradient(ref_lp)
+    hidden, _ = llama.forward_hidden(graphdef, params, batch.tokens, batch.positions, attend=attend)
+    return losses.loss_from_hidden(loss_cfg, hidden, llama.lm_head_weight(params), batch,
+                                   kl_coef=kl_coef, entropy_coef=entropy_coef,
+                                   ref_logprobs=ref_lp, num_sequences=batch.num_sequences)
 
 
 def _train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: TrainerConfig,
                 tx: optax.GradientTransformation, mesh: Mesh):
-  lc = cfg.loss
-  kl_coef = linear_schedule(lc.kl_coef, lc.kl_coef_end, lc.kl_schedule_steps, state.step)
-  ent_coef = linear_schedule(lc.entropy_coef, lc.entropy_coef_end, lc.entropy_schedule_steps,
-                             state.step)
-  loss_fn = functools.partial(_loss_fn, graphdef=graphdef, loss_cfg=lc, kl_coef=kl_coef,
-                              entropy_coef=ent_coef, attention_block=cfg.attention_block)
-  grad_fn = jax.grad(loss_fn, has_aux=True)
-  ref = state.ref_params if lc.uses_reference else None
-  m = cfg.micro_batches
-  if m == 1:
-    grads, stats = grad_fn(state.params, ref, batch)
-    grads = _f32(grads)
-  else:
-    micro = {k: _micro_split(getattr(batch, k), m, mesh) for k in TOKEN_FIELDS}
+    lc = cfg.loss
+    kl_coef = linear_schedule(lc.kl_coef, lc.kl_coef_end, lc.kl_schedule_steps, state.step)
+    ent_coef = linear_schedule(lc.entropy_coef, lc.entropy_coef_end, lc.entropy_schedule_steps,
+                               state.step)
+    loss_fn = functools.partial(_loss_fn, graphdef=graphdef, loss_cfg=lc, kl_coef=kl_coef,
+                                entropy_coef=ent_coef, attention_block=cfg.attention_block)
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    ref = state.ref_params if lc.uses_reference else None
+    m = cfg.micro_batches
+    if m == 1:
+        grads, stats = grad_fn(state.params, ref, batch)
+        grads = _f32(grads)
+    else:
+        micro = {k: _micro_split(getattr(batch, k), m, mesh) for k in TOKEN_FIELDS}
 
-    def body(acc, xs):
-      g, s = grad_fn(state.params, ref, batch.replace(**xs))
-      return (jax.tree.map(jnp.add, acc[0], _f32(g)), losses.accumulate(acc[1], s)), None
+        def body(acc, xs):
+            g, s = grad_fn(state.params, ref, batch.replace(**xs))
+            return (jax.tree.map(jnp.add, acc[0], _f32(g)), losses.accumulate(acc[1], s)), None
 
-    first = batch.replace(**jax.tree.map(lambda x: x[0], micro))
-    _, stats_shape = jax.eval_shape(grad_fn, state.params, ref, first)
-    zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
-             jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape))
-    (grads, stats), _ = jax.lax.scan(body, zeros, micro)
+        first = batch.replace(**jax.tree.map(lambda x: x[0], micro))
+        _, stats_shape = jax.eval_shape(grad_fn, state.params, ref, first)
+        zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
+                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape))
+        (grads, stats), _ = jax.lax.scan(body, zeros, micro)
 
-  grad_norm = optax.tree.norm(grads)
-  ok = jnp.isfinite(stats["loss"]) & jnp.isfinite(grad_norm)
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(stats["loss"]) & jnp.isfinite(grad_norm)
 
-  def apply(params, opt_state):
-    g = grads
-    if cfg.grad_clip_norm > 0:
-      scale = jnp.minimum(1.0, cfg.grad_clip_norm / grad_norm)
-      g = jax.tree.map(lambda x: x * scale, grads)
-    updates, opt_state = tx.update(g, opt_state, _f32(params))
-    params = jax.tree.map(lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), params,
-                          updates)
-    return params, opt_state
+    def apply(params, opt_state):
+        g = grads
+        if cfg.grad_clip_norm > 0:
+            scale = jnp.minimum(1.0, cfg.grad_clip_norm / grad_norm)
+            g = jax.tree.map(lambda x: x * scale, grads)
+        updates, opt_state = tx.update(g, opt_state, _f32(params))
+        params = jax.tree.map(lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), params,
+                              updates)
+        return params, opt_state
 
-  # A cond, not per-leaf selects: a skipped step costs nothing and compiles to fewer kernels.
-  new_params, new_opt = jax.lax.cond(ok, apply, lambda p, o: (p, o), state.params,
-                                     state.opt_state)
-  skipped = jnp.where(ok, 0, 1).astype(jnp.int32)
-  new_state = state.replace(
-      step=state.step + 1, version=state.version + 1 - skipped, params=new_params,
-      opt_state=new_opt, skipped=state.skipped + skipped,
-      consecutive_skips=jnp.where(ok, 0, state.consecutive_skips + 1).astype(jnp.int32))
-  metrics = losses.finalize(stats)
-  metrics.update(losses.lag_metrics(batch.versions, batch.loss_mask, state.version))
-  metrics.update(losses.advantage_metrics(batch.sequence_advantages, batch.rewards,
-                                          batch.sequence_mask))
-  metrics.update(grad_norm=grad_norm, lr=learning_rate_schedule(cfg)(state.version),
-                 kl_coef=jnp.asarray(kl_coef, jnp.float32),
-                 entropy_coef=jnp.asarray(ent_coef, jnp.float32), skipped=skipped,
-                 skipped_total=new_state.skipped, consecutive_skips=new_state.consecutive_skips,
-                 version=state.version)
-  return new_state, metrics
+    # A cond, not per-leaf selects: a skipped step costs nothing and compiles to fewer kernels.
+    new_params, new_opt = jax.lax.cond(ok, apply, lambda p, o: (p, o), state.params,
+                                       state.opt_state)
+    skipped = jnp.where(ok, 0, 1).astype(jnp.int32)
+    new_state = state.replace(
+        step=state.step + 1, version=state.version + 1 - skipped, params=new_params,
+        opt_state=new_opt, skipped=state.skipped + skipped,
+        consecutive_skips=jnp.where(ok, 0, state.consecutive_skips + 1).astype(jnp.int32))
+    metrics = losses.finalize(stats)
+    metrics.update(losses.lag_metrics(batch.versions, batch.loss_mask, state.version))
+    metrics.update(losses.advantage_metrics(batch.sequence_advantages, batch.rewards,
+                                            batch.sequence_mask))
+    metrics.update(grad_norm=grad_norm, lr=learning_rate_schedule(cfg)(state.version),
+                   kl_coef=jnp.asarray(kl_coef, jnp.float32),
+                   entropy_coef=jnp.asarray(ent_coef, jnp.float32), skipped=skipped,
+                   skipped_total=new_state.skipped, consecutive_skips=new_state.consecutive_skips,
+                   version=state.version)
+    return new_state, metrics
 
 
 class Trainer:
-  """Owns the mesh layout, the optimizer and the compiled step for one model and config."""
+    """Owns the mesh layout, the optimizer and the compiled step for one model and config."""
 
-  def __init__(self, cfg: TrainerConfig, graphdef, abstract_params, mesh: Mesh):
-    self.cfg, self.graphdef, self.mesh = cfg, graphdef, mesh
-    self.tx = make_optimizer(cfg)
-    self.param_shardings = sharding.param_shardings(abstract_params, mesh)
-    repl = sharding.replicated(mesh)
-    opt_shapes = jax.eval_shape(lambda p: self.tx.init(_f32(p)), abstract_params)
-    self.opt_shardings = optax.tree_map_params(
-        self.tx, lambda _, s: s, opt_shapes, self.param_shardings,
-        transform_non_params=lambda _: repl)
-    self._batch_shardings = self.batch_shardings()
-    ref_sh = self.param_shardings if cfg.loss.uses_reference else None
-    self.state_shardings = TrainState(
-        step=repl, version=repl, params=self.param_shardings, opt_state=self.opt_shardings,
-        ref_params=ref_sh, skipped=repl, consecutive_skips=repl)
-    self._step = jax.jit(
-        functools.partial(_train_step, graphdef=graphdef, cfg=cfg, tx=self.tx, mesh=mesh),
-        in_shardings=(self.state_shardings, self._batch_shardings),
-        out_shardings=(self.state_shardings, repl),
-        donate_argnums=0)
+    def __init__(self, cfg: TrainerConfig, graphdef, abstract_params, mesh: Mesh):
+        self.cfg, self.graphdef, self.mesh = cfg, graphdef, mesh
+        self.tx = make_optimizer(cfg)
+        self.param_shardings = sharding.param_shardings(abstract_params, mesh)
+        repl = sharding.replicated(mesh)
+        opt_shapes = jax.eval_shape(lambda p: self.tx.init(_f32(p)), abstract_params)
+        self.opt_shardings = optax.tree_map_params(
+            self.tx, lambda _, s: s, opt_shapes, self.param_shardings,
+            transform_non_params=lambda _: repl)
+        self._batch_shardings = self.batch_shardings()
+        ref_sh = self.param_shardings if cfg.loss.uses_reference else None
+        self.state_shardings = TrainState(
+            step=repl, version=repl, params=self.param_shardings, opt_state=self.opt_shardings,
+            ref_params=ref_sh, skipped=repl, consecutive_skips=repl)
+        self._step = jax.jit(
+            functools.partial(_train_step, graphdef=graphdef, cfg=cfg, tx=self.tx, mesh=mesh),
+            in_shardings=(self.state_shardings, self._batch_shardings),
+            out_shardings=(self.state_shardings, repl),
+            donate_argnums=0)
 
-  def batch_shardings(self) -> TrainBatch:
-    """Rows over "fsdp"; the per-sequence fields replicated."""
-    fsdp = self.mesh.shape.get(sharding.FSDP, 1)
-    rows_sh = NamedSharding(self.mesh, P(sharding.FSDP) if fsdp > 1 else P())
-    repl = sharding.replicated(self.mesh)
-    return TrainBatch(**{k: rows_sh for k in TOKEN_FIELDS}, **{k: repl for k in SEQUENCE_FIELDS})
+    def batch_shardings(self) -> TrainBatch:
+        """Rows over "fsdp"; the per-sequence fields replicated."""
+        fsdp = self.mesh.shape.get(sharding.FSDP, 1)
+        rows_sh = NamedSharding(self.mesh, P(sharding.FSDP) if fsdp > 1 else P())
+        repl = sharding.replicated(self.mesh)
+        return TrainBatch(**{k: rows_sh for k in TOKEN_FIELDS}, **{k: repl for k in SEQUENCE_FIELDS})
 
-  def check_rows(self, num_rows: int) -> None:
-    """Rows must split evenly into micro-batches and over the fsdp devices."""
-    fsdp = self.mesh.shape.get(sharding.FSDP, 1)
-    if num_rows % (self.cfg.micro_batches * fsdp):
-      raise ConfigError(
-          f"batch.num_rows={num_rows} must be a multiple of trainer.micro_batches="
-          f"{self.cfg.micro_batches} x fsdp devices={fsdp}")
+    def check_rows(self, num_rows: int) -> None:
+        """Rows must split evenly into micro-batches and over the fsdp devices."""
+        fsdp = self.mesh.shape.get(sharding.FSDP, 1)
+        if num_rows % (self.cfg.micro_batches * fsdp):
+            raise ConfigError(
+                f"batch.num_rows={num_rows} must be a multiple of trainer.micro_batches="
+                f"{self.cfg.micro_batches} x fsdp devices={fsdp}")
 
-  def put_batch(self, batch: TrainBatch) -> TrainBatch:
-    """Host (numpy) batch -> device arrays laid out for the step."""
-    self.check_rows(batch.tokens.shape[0])
-    return jax.device_put(batch, self._batch_shardings)
+    def put_batch(self, batch: TrainBatch) -> TrainBatch:
+        """Host (numpy) batch -> device arrays laid out for the step."""
+        self.check_rows(batch.tokens.shape[0])
+        return jax.device_put(batch, self._batch_shardings)
 
-  def init_state(self, params, ref_params=None) -> TrainState:
-    """Sharded copies of the params, f32 moments; the reference defaults to the params."""
-    # Copies: the step donates the state, and callers (the sampler) keep using their params.
-    copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings)
-    params = copy(params)
-    opt_state = jax.jit(lambda p: self.tx.init(_f32(p)), out_shardings=self.opt_shardings)(params)
-    ref = None
-    if self.cfg.loss.uses_reference:
-      ref = copy(params if ref_params is None else ref_params)
-    # Distinct buffers: the step donates every leaf of the state.
-    zero = lambda: jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(self.mesh))
-    return TrainState(step=zero(), version=zero(), params=params, opt_state=opt_state,
-                      ref_params=ref, skipped=zero(), consecutive_skips=zero())
+    def init_state(self, params, ref_params=None) -> TrainState:
+        """Sharded copies of the params, f32 moments; the reference defaults to the params."""
+        # Copies: the step donates the state, and callers (the sampler) keep using their params.
+        copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings)
+        params = copy(params)
+        opt_state = jax.jit(lambda p: self.tx.init(_f32(p)), out_shardings=self.opt_shardings)(params)
+        ref = None
+        if self.cfg.loss.uses_reference:
+            ref = copy(params if ref_params is None else ref_params)
+        # Distinct buffers: the step donates every leaf of the state.
+        zero = lambda: jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(self.mesh))
+        return TrainState(step=zero(), version=zero(), params=params, opt_state=opt_state,
+                          ref_params=ref, skipped=zero(), consecutive_skips=zero())
 
-  def train_step(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
-    """One optimizer step; `state` is donated (do not reuse it). Metrics stay on device."""
-    if isinstance(batch.tokens, np.ndarray):
-      batch = self.put_batch(batch)
-    self.check_rows(batch.tokens.shape[0])
-    return self._step(state, batch)
+    def train_step(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
+        """One optimizer step; `state` is donated (do not reuse it). Metrics stay on device."""
+        if isinstance(batch.tokens, np.ndarray):
+            batch = self.put_batch(batch)
+        self.check_rows(batch.tokens.shape[0])
+        return self._step(state, batch)
 
-  def check(self, metrics: dict) -> None:
-    """check_skips with this trainer's max_consecutive_skips (call on fetched metrics)."""
-    check_skips(metrics, self.cfg.max_consecutive_skips)
+    def check(self, metrics: dict) -> None:
+        """check_skips with this trainer's max_consecutive_skips (call on fetched metrics)."""
+        check_skips(metrics, self.cfg.max_consecutive_skips)
 
 
 def check_skips(metrics: dict, max_consecutive_skips: int) -> None:
-  """Host-side: raises NonFiniteLossError after too many non-finite steps in a row."""
-  run = int(metrics["consecutive_skips"])
-  if run >= max_consecutive_skips:
-    raise NonFiniteLossError(
-        f"{run} consecutive train steps had a non-finite loss or gradient (at policy version "
-        f"{int(metrics['version'])}, loss {float(metrics['loss'])}); stopping. Check rewards and "
-        "sampler logprobs for NaN/Inf, lower trainer.learning_rate, or raise "
-        "trainer.max_consecutive_skips")
+    """Host-side: raises NonFiniteLossError after too many non-finite steps in a row."""
+    run = int(metrics["consecutive_skips"])
+    if run >= max_consecutive_skips:
+        raise NonFiniteLossError(
+            f"{run} consecutive train steps had a non-finite loss or gradient (at policy version "
+            f"{int(metrics['version'])}, loss {float(metrics['loss'])}); stopping. Check rewards and "
+            "sampler logprobs for NaN/Inf, lower trainer.learning_rate, or raise "
+            "trainer.max_consecutive_skips")

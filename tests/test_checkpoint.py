@@ -33,37 +33,37 @@ CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediat
 
 
 def randomize(state, seed):
-  """Every leaf replaced by random values of its dtype, on its sharding."""
-  rng = np.random.default_rng(seed)
+    """Every leaf replaced by random values of its dtype, on its sharding."""
+    rng = np.random.default_rng(seed)
 
-  def one(x):
-    if np.issubdtype(x.dtype, np.integer):
-      value = rng.integers(1, 1000, x.shape).astype(x.dtype)
-    else:
-      value = rng.standard_normal(x.shape).astype(x.dtype)
-    return jax.device_put(value, x.sharding)
-  return jax.tree.map(one, state)
+    def one(x):
+        if np.issubdtype(x.dtype, np.integer):
+            value = rng.integers(1, 1000, x.shape).astype(x.dtype)
+        else:
+            value = rng.standard_normal(x.shape).astype(x.dtype)
+        return jax.device_put(value, x.sharding)
+    return jax.tree.map(one, state)
 
 
 def host(tree):
-  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
 def assert_bit_identical(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(host(a), host(b)):
-    assert x.dtype == y.dtype and x.shape == y.shape
-    assert x.tobytes() == y.tobytes()
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(host(a), host(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
 
 
 @pytest.fixture(scope="module")
 def setup():
-  graphdef, params = llama.init(CFG, jax.random.key(0))
-  abstract_params = jax.eval_shape(lambda: params)
-  trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
-  state = trainer.init_state(params)
-  abstract = ck.abstract_state(trainer, abstract_params)
-  return trainer, state, abstract
+    graphdef, params = llama.init(CFG, jax.random.key(0))
+    abstract_params = jax.eval_shape(lambda: params)
+    trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
+    state = trainer.init_state(params)
+    abstract = ck.abstract_state(trainer, abstract_params)
+    return trainer, state, abstract
 
 
 EXTRA = {"config": {"model": {"hf_dir": ""}, "trainer": {"learning_rate": 1e-3}},
@@ -73,61 +73,61 @@ EXTRA = {"config": {"model": {"hf_dir": ""}, "trainer": {"learning_rate": 1e-3}}
 
 
 def test_round_trip_bit_identical(setup, tmp_path):
-  trainer, state, abstract = setup
-  saved = randomize(state, 1)
-  with ck.RunCheckpointer(tmp_path, model_config=CFG) as ckpt:
-    assert ckpt.save(7, saved, EXTRA)
-    assert not ckpt.save(7, saved, EXTRA)  # already there: nothing written
-  step, restored, extra = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
-  assert step == 7 and extra == EXTRA
-  assert_bit_identical(restored, saved)
-  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(trainer.state_shardings)):
-    assert got.sharding == want
-  meta = ck.RunCheckpointer(tmp_path).read_json(7, "meta")
-  assert ck.model_config_from_json(meta["model_config"]) == CFG
-  # Params alone (what export reads), onto a fresh model's structure.
-  params = ck.RunCheckpointer(tmp_path).restore_params(7, llama.abstract_init(CFG)[1])
-  assert_bit_identical(params, saved.params)
+    trainer, state, abstract = setup
+    saved = randomize(state, 1)
+    with ck.RunCheckpointer(tmp_path, model_config=CFG) as ckpt:
+        assert ckpt.save(7, saved, EXTRA)
+        assert not ckpt.save(7, saved, EXTRA)  # already there: nothing written
+    step, restored, extra = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
+    assert step == 7 and extra == EXTRA
+    assert_bit_identical(restored, saved)
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(trainer.state_shardings)):
+        assert got.sharding == want
+    meta = ck.RunCheckpointer(tmp_path).read_json(7, "meta")
+    assert ck.model_config_from_json(meta["model_config"]) == CFG
+    # Params alone (what export reads), onto a fresh model's structure.
+    params = ck.RunCheckpointer(tmp_path).restore_params(7, llama.abstract_init(CFG)[1])
+    assert_bit_identical(params, saved.params)
 
 
 def test_async_save_survives_donation(setup, tmp_path):
-  """save() returns once arrays are off the device: deleting them (as donation does) is safe."""
-  _, state, abstract = setup
-  saved = randomize(state, 2)
-  expected = host(saved)
-  ckpt = ck.RunCheckpointer(tmp_path)
-  ckpt.save(1, saved, {})
-  for x in jax.tree.leaves(saved):
-    x.delete()
-  ckpt.close()
-  _, restored, _ = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
-  assert all(a.tobytes() == b.tobytes() for a, b in zip(host(restored), expected))
+    """save() returns once arrays are off the device: deleting them (as donation does) is safe."""
+    _, state, abstract = setup
+    saved = randomize(state, 2)
+    expected = host(saved)
+    ckpt = ck.RunCheckpointer(tmp_path)
+    ckpt.save(1, saved, {})
+    for x in jax.tree.leaves(saved):
+        x.delete()
+    ckpt.close()
+    _, restored, _ = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(host(restored), expected))
 
 
 def test_keep_last_k(setup, tmp_path):
-  _, state, abstract = setup
-  with ck.RunCheckpointer(tmp_path, keep=2) as ckpt:
-    for step in (1, 2, 3, 4):
-      ckpt.save(step, randomize(state, step), {"step": step})
-  ckpt = ck.RunCheckpointer(tmp_path, keep=2)
-  assert ckpt.steps() == [3, 4]
-  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "4"]
-  step, restored, extra = ckpt.restore_latest(abstract)
-  assert (step, extra) == (4, {"step": 4})
-  assert_bit_identical(restored, randomize(state, 4))
+    _, state, abstract = setup
+    with ck.RunCheckpointer(tmp_path, keep=2) as ckpt:
+        for step in (1, 2, 3, 4):
+            ckpt.save(step, randomize(state, step), {"step": step})
+    ckpt = ck.RunCheckpointer(tmp_path, keep=2)
+    assert ckpt.steps() == [3, 4]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "4"]
+    step, restored, extra = ckpt.restore_latest(abstract)
+    assert (step, extra) == (4, {"step": 4})
+    assert_bit_identical(restored, randomize(state, 4))
 
 
 def _truncate_data(step_dir):
-  files = [f for f in glob.glob(f"{step_dir}/params/**/d/*", recursive=True)]
-  assert files
-  for f in files:
-    with open(f, "r+b") as fh:
-      fh.truncate(os.path.getsize(f) // 2)
+    files = [f for f in glob.glob(f"{step_dir}/params/**/d/*", recursive=True)]
+    assert files
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.truncate(os.path.getsize(f) // 2)
 
 
 def _write(path, text):
-  with open(path, "w") as fh:
-    fh.write(text)
+    with open(path, "w") as fh:
+        fh.write(text)
 
 
 CORRUPTIONS = {
@@ -141,98 +141,98 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
 def test_corrupt_latest_falls_back(setup, tmp_path, caplog, kind):
-  _, state, abstract = setup
-  with ck.RunCheckpointer(tmp_path) as ckpt:
-    for step in (10, 20):
-      ckpt.save(step, randomize(state, step), {"step": step})
-  CORRUPTIONS[kind](str(tmp_path / "checkpoints" / "20"))
-  ckpt = ck.RunCheckpointer(tmp_path)
-  with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
-    step, restored, extra = ckpt.restore_latest(abstract)
-  assert (step, extra) == (10, {"step": 10})
-  assert_bit_identical(restored, randomize(state, 10))
-  text = caplog.text
-  assert "checkpoint step 20 is corrupt" in text and "resuming from checkpoint step 10" in text
-  # The bad step is moved aside, so the run can save step 20 again.
-  assert ckpt.steps() == [10]
-  assert len(os.listdir(tmp_path / ck.CORRUPT_DIR)) == 1
-  assert ckpt.save(20, state, {"step": "again"})
-  ckpt.close()
-  assert ck.RunCheckpointer(tmp_path).restore_latest(abstract)[2] == {"step": "again"}
+    _, state, abstract = setup
+    with ck.RunCheckpointer(tmp_path) as ckpt:
+        for step in (10, 20):
+            ckpt.save(step, randomize(state, step), {"step": step})
+    CORRUPTIONS[kind](str(tmp_path / "checkpoints" / "20"))
+    ckpt = ck.RunCheckpointer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
+        step, restored, extra = ckpt.restore_latest(abstract)
+    assert (step, extra) == (10, {"step": 10})
+    assert_bit_identical(restored, randomize(state, 10))
+    text = caplog.text
+    assert "checkpoint step 20 is corrupt" in text and "resuming from checkpoint step 10" in text
+    # The bad step is moved aside, so the run can save step 20 again.
+    assert ckpt.steps() == [10]
+    assert len(os.listdir(tmp_path / ck.CORRUPT_DIR)) == 1
+    assert ckpt.save(20, state, {"step": "again"})
+    ckpt.close()
+    assert ck.RunCheckpointer(tmp_path).restore_latest(abstract)[2] == {"step": "again"}
 
 
 def test_all_corrupt_or_none(setup, tmp_path, caplog):
-  _, state, abstract = setup
-  assert ck.RunCheckpointer(tmp_path / "fresh").restore_latest(abstract) is None
-  with ck.RunCheckpointer(tmp_path) as ckpt:
+    _, state, abstract = setup
+    assert ck.RunCheckpointer(tmp_path / "fresh").restore_latest(abstract) is None
+    with ck.RunCheckpointer(tmp_path) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, state, {})
     for step in (1, 2):
-      ckpt.save(step, state, {})
-  for step in (1, 2):
-    _truncate_data(str(tmp_path / "checkpoints" / str(step)))
-  with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
-    assert ck.RunCheckpointer(tmp_path).restore_latest(abstract) is None
-  assert "none of the 2 checkpoints" in caplog.text
-  assert ck.RunCheckpointer(tmp_path).steps() == []
+        _truncate_data(str(tmp_path / "checkpoints" / str(step)))
+    with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
+        assert ck.RunCheckpointer(tmp_path).restore_latest(abstract) is None
+    assert "none of the 2 checkpoints" in caplog.text
+    assert ck.RunCheckpointer(tmp_path).steps() == []
 
 
 def test_structure_mismatch_is_a_config_error(setup, tmp_path):
-  """A changed model is not corruption: no fallback, no quarantine, a one-line error."""
-  trainer, state, _ = setup
-  with ck.RunCheckpointer(tmp_path) as ckpt:
-    ckpt.save(5, state, {})
-  wider = dataclasses.replace(CFG, intermediate_size=96)
-  graphdef, abstract_params = llama.abstract_init(wider)
-  other = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
-  with pytest.raises(ConfigError, match=r"down_proj.*float32\(2, 64, 32\).*\(2, 96, 32\).*"
-                                        r"new --workdir") as e:
-    ck.RunCheckpointer(tmp_path).restore_latest(ck.abstract_state(other, abstract_params))
-  assert "\n" not in str(e.value)
-  # A KL term adds frozen reference params to the state: also a changed structure.
-  with_ref = Trainer(TrainerConfig(loss=LossConfig(kl_coef=0.1)), trainer.graphdef,
-                     jax.eval_shape(lambda: state.params), trainer_mesh())
-  with pytest.raises(ConfigError, match="ref_params"):
-    ck.RunCheckpointer(tmp_path).restore_latest(
-        ck.abstract_state(with_ref, jax.eval_shape(lambda: state.params)))
-  assert ck.RunCheckpointer(tmp_path).steps() == [5]
+    """A changed model is not corruption: no fallback, no quarantine, a one-line error."""
+    trainer, state, _ = setup
+    with ck.RunCheckpointer(tmp_path) as ckpt:
+        ckpt.save(5, state, {})
+    wider = dataclasses.replace(CFG, intermediate_size=96)
+    graphdef, abstract_params = llama.abstract_init(wider)
+    other = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
+    with pytest.raises(ConfigError, match=r"down_proj.*float32\(2, 64, 32\).*\(2, 96, 32\).*"
+                                          r"new --workdir") as e:
+        ck.RunCheckpointer(tmp_path).restore_latest(ck.abstract_state(other, abstract_params))
+    assert "\n" not in str(e.value)
+    # A KL term adds frozen reference params to the state: also a changed structure.
+    with_ref = Trainer(TrainerConfig(loss=LossConfig(kl_coef=0.1)), trainer.graphdef,
+                       jax.eval_shape(lambda: state.params), trainer_mesh())
+    with pytest.raises(ConfigError, match="ref_params"):
+        ck.RunCheckpointer(tmp_path).restore_latest(
+            ck.abstract_state(with_ref, jax.eval_shape(lambda: state.params)))
+    assert ck.RunCheckpointer(tmp_path).steps() == [5]
 
 
 def test_extra_must_be_json(setup, tmp_path):
-  _, state, _ = setup
-  with ck.RunCheckpointer(tmp_path) as ckpt:
-    with pytest.raises(TypeError, match=r"extra\.pending\[0\]\.problem is a object"):
-      ckpt.save(1, state, {"pending": [{"problem": object()}]})
-    assert ckpt.steps() == []
+    _, state, _ = setup
+    with ck.RunCheckpointer(tmp_path) as ckpt:
+        with pytest.raises(TypeError, match=r"extra\.pending\[0\]\.problem is a object"):
+            ckpt.save(1, state, {"pending": [{"problem": object()}]})
+        assert ckpt.steps() == []
 
 
 def _config(**changes):
-  cfg = {"seed": 0, "mode": "pipeline", "group_size": 8, "batch_size": 64, "steps": 400,
-         "conventional_steps": 4, "max_lag": 2, "log_every": 20,
-         "model": {"hf_dir": "", "param_dtype": "float32",
-                   "init": [["hidden_size", 128], ["num_layers", 2]]},
-         "data": {"task": "reverse_digits", "task_options": [["max_digits", 5]],
-                  "datasets": [], "shuffle_seed": 0},
-         "trainer": {"learning_rate": 3e-3, "grad_clip_norm": 1.0,
-                     "loss": {"kl_coef": 0.0, "kl_coef_end": None}}}
-  for path, value in changes.items():
-    node = cfg
-    *parents, last = path.split("/")
-    for p in parents:
-      node = node[p]
-    node[last] = value
-  return json.loads(json.dumps(cfg))
+    cfg = {"seed": 0, "mode": "pipeline", "group_size": 8, "batch_size": 64, "steps": 400,
+           "conventional_steps": 4, "max_lag": 2, "log_every": 20,
+           "model": {"hf_dir": "", "param_dtype": "float32",
+                     "init": [["hidden_size", 128], ["num_layers", 2]]},
+           "data": {"task": "reverse_digits", "task_options": [["max_digits", 5]],
+                    "datasets": [], "shuffle_seed": 0},
+           "trainer": {"learning_rate": 3e-3, "grad_clip_norm": 1.0,
+                       "loss": {"kl_coef": 0.0, "kl_coef_end": None}}}
+    for path, value in changes.items():
+        node = cfg
+        *parents, last = path.split("/")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return json.loads(json.dumps(cfg))
 
 
 def test_check_compatible_allows_harmless_changes():
-  assert ck.check_compatible(_config(), _config()) == []
-  changes = ck.check_compatible(
-      _config(), _config(**{"trainer/learning_rate": 1e-3, "steps": 800, "log_every": 5,
-                            "max_lag": 4, "trainer/grad_clip_norm": 0.5}))
-  assert changes == ["log_every: 20 -> 5", "max_lag: 2 -> 4", "steps: 400 -> 800",
-                     "trainer.grad_clip_norm: 1.0 -> 0.5",
-                     "trainer.learning_rate: 0.003 -> 0.001"]
-  # Conventional rounds only matter in conventional mode.
-  assert ck.check_compatible(_config(), _config(conventional_steps=8)) == [
-      "conventional_steps: 4 -> 8"]
+    assert ck.check_compatible(_config(), _config()) == []
+    changes = ck.check_compatible(
+        _config(), _config(**{"trainer/learning_rate": 1e-3, "steps": 800, "log_every": 5,
+                              "max_lag": 4, "trainer/grad_clip_norm": 0.5}))
+    assert changes == ["log_every: 20 -> 5", "max_lag: 2 -> 4", "steps: 400 -> 800",
+                       "trainer.grad_clip_norm: 1.0 -> 0.5",
+                       "trainer.learning_rate: 0.003 -> 0.001"]
+    # Conventional rounds only matter in conventional mode.
+    assert ck.check_compatible(_config(), _config(conventional_steps=8)) == [
+        "conventional_steps: 4 -> 8"]
 
 
 @pytest.mark.parametrize("changes,field", [
@@ -248,18 +248,18 @@ def test_check_compatible_allows_harmless_changes():
     ({"trainer/loss/kl_coef": 0.01}, "trainer.loss.kl_coef"),
 ])
 def test_check_compatible_refuses_breaking_changes(changes, field):
-  with pytest.raises(ConfigError, match=rf"config\.{field} changed .*new --workdir") as e:
-    ck.check_compatible(_config(), _config(**changes))
-  assert "\n" not in str(e.value)
-  # Both directions.
-  with pytest.raises(ConfigError, match=rf"config\.{field} changed"):
-    ck.check_compatible(_config(**changes), _config())
+    with pytest.raises(ConfigError, match=rf"config\.{field} changed .*new --workdir") as e:
+        ck.check_compatible(_config(), _config(**changes))
+    assert "\n" not in str(e.value)
+    # Both directions.
+    with pytest.raises(ConfigError, match=rf"config\.{field} changed"):
+        ck.check_compatible(_config(**changes), _config())
 
 
 def test_conventional_round_change_refused_in_conventional_mode():
-  with pytest.raises(ConfigError, match="conventional_steps"):
-    ck.check_compatible(_config(mode="conventional"),
-                        _config(mode="conventional", conventional_steps=2))
+    with pytest.raises(ConfigError, match="conventional_steps"):
+        ck.check_compatible(_config(mode="conventional"),
+                            _config(mode="conventional", conventional_steps=2))
 
 
 _SHARDED = textwrap.dedent("""
@@ -297,18 +297,18 @@ _SHARDED = textwrap.dedent("""
 
 
 def test_restore_onto_8_device_mesh(setup, tmp_path):
-  """Saved from one device, restored directly onto an fsdp=4 x tp=2 layout (and back)."""
-  _, state, _ = setup
-  saved = randomize(state, 3)
-  with ck.RunCheckpointer(tmp_path) as ckpt:
-    ckpt.save(3, saved, {"k": 1})
-  np.savez(tmp_path / "expected.npz", **{str(i): x for i, x in enumerate(host(saved))})
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _SHARDED, str(tmp_path),
-                        os.path.dirname(__file__)], capture_output=True, text=True, env=env,
-                       timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert "OK 3" in out.stdout
+    """Saved from one device, restored directly onto an fsdp=4 x tp=2 layout (and back)."""
+    _, state, _ = setup
+    saved = randomize(state, 3)
+    with ck.RunCheckpointer(tmp_path) as ckpt:
+        ckpt.save(3, saved, {"k": 1})
+    np.savez(tmp_path / "expected.npz", **{str(i): x for i, x in enumerate(host(saved))})
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", _SHARDED, str(tmp_path),
+                          os.path.dirname(__file__)], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK 3" in out.stdout
 
 
 _KILLED = textwrap.dedent("""
@@ -331,21 +331,21 @@ _KILLED = textwrap.dedent("""
 
 
 def test_killed_during_async_write(tmp_path):
-  """A run that dies mid-write leaves no half checkpoint: step 2 is either absent or whole."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, "-c", _KILLED, str(tmp_path)], capture_output=True,
-                       text=True, cwd=root, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                       timeout=120)
-  assert out.returncode == 9 and "saved" in out.stdout, out.stderr[-2000:]
-  ckpt = ck.RunCheckpointer(tmp_path)
-  steps = ckpt.steps()
-  assert steps in ([1], [1, 2]), steps
-  n = 16384 if steps == [1, 2] else 8
-  z = np.int32(0)
-  like = TrainState(step=z, version=z, params={"w": np.zeros((n, 1024), np.float32)},
-                    opt_state=(), ref_params=None, skipped=z, consecutive_skips=z)
-  step, state, extra = ckpt.restore_latest(ck.as_abstract(like))
-  assert step == steps[-1] and extra == {"step": step}
-  assert float(np.asarray(state.params["w"]).min()) == step
-  # Unfinished writes are swept when a run opens the directory again.
-  assert not [d for d in os.listdir(tmp_path / "checkpoints") if "tmp" in d]
+    """A run that dies mid-write leaves no half checkpoint: step 2 is either absent or whole."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _KILLED, str(tmp_path)], capture_output=True,
+                         text=True, cwd=root, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                         timeout=120)
+    assert out.returncode == 9 and "saved" in out.stdout, out.stderr[-2000:]
+    ckpt = ck.RunCheckpointer(tmp_path)
+    steps = ckpt.steps()
+    assert steps in ([1], [1, 2]), steps
+    n = 16384 if steps == [1, 2] else 8
+    z = np.int32(0)
+    like = TrainState(step=z, version=z, params={"w": np.zeros((n, 1024), np.float32)},
+                      opt_state=(), ref_params=None, skipped=z, consecutive_skips=z)
+    step, state, extra = ckpt.restore_latest(ck.as_abstract(like))
+    assert step == steps[-1] and extra == {"step": step}
+    assert float(np.asarray(state.params["w"]).min()) == step
+    # Unfinished writes are swept when a run opens the directory again.
+    assert not [d for d in os.listdir(tmp_path / "checkpoints") if "tmp" in d]

@@ -34,42 +34,42 @@ from pipelinerl_jax.trainer import TrainState
 
 
 def exact_match(completion, problem):
-  """Reward used by the CLI test (resolved as 'test_evaluate:exact_match')."""
-  return float(completion.strip() == problem.answer.strip())
+    """Reward used by the CLI test (resolved as 'test_evaluate:exact_match')."""
+    return float(completion.strip() == problem.answer.strip())
 
 
 # --- evaluate_problems with a scripted sampler -------------------------------------------------
 
 class _Sample:
-  def __init__(self, request_id, attempt, token_ids, finish_reason, error=None):
-    self.request_id, self.attempt, self.token_ids = request_id, attempt, token_ids
-    self.finish_reason, self.error = finish_reason, error
+    def __init__(self, request_id, attempt, token_ids, finish_reason, error=None):
+        self.request_id, self.attempt, self.token_ids = request_id, attempt, token_ids
+        self.finish_reason, self.error = finish_reason, error
 
 
 class ScriptedSampler:
-  """Answers prompt text -> k scripted completions, a few per step, out of order."""
+    """Answers prompt text -> k scripted completions, a few per step, out of order."""
 
-  def __init__(self, tokenizer, script, max_prompt):
-    self.tok, self.script, self.max_prompt = tokenizer, script, max_prompt
-    self.queue, self.next_id = [], 0
+    def __init__(self, tokenizer, script, max_prompt):
+        self.tok, self.script, self.max_prompt = tokenizer, script, max_prompt
+        self.queue, self.next_id = [], 0
 
-  def has_work(self):
-    return bool(self.queue)
+    def has_work(self):
+        return bool(self.queue)
 
-  def submit(self, ids, *, n, params):
-    rid, self.next_id = self.next_id, self.next_id + 1
-    text = self.tok.decode(ids, skip_special_tokens=True)
-    for a in range(n):
-      if len(ids) > self.max_prompt:
-        self.queue.append(_Sample(rid, a, [], "error", "prompt too long"))
-      else:
-        completion, reason = self.script[text][a]
-        self.queue.append(_Sample(rid, a, self.tok.encode(completion, False), reason))
-    return rid
+    def submit(self, ids, *, n, params):
+        rid, self.next_id = self.next_id, self.next_id + 1
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        for a in range(n):
+            if len(ids) > self.max_prompt:
+                self.queue.append(_Sample(rid, a, [], "error", "prompt too long"))
+            else:
+                completion, reason = self.script[text][a]
+                self.queue.append(_Sample(rid, a, self.tok.encode(completion, False), reason))
+        return rid
 
-  def step(self):
-    out, self.queue = self.queue[-3:][::-1], self.queue[:-3]
-    return out
+    def step(self):
+        out, self.queue = self.queue[-3:][::-1], self.queue[:-3]
+        return out
 
 
 TOK = CharTokenizer(chars="0123456789+=\\boxed{}")
@@ -90,47 +90,47 @@ PLAIN = PromptConfig(template="plain", system_prompt=None)
 
 
 def test_metrics_by_hand():
-  sampler = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
-  res = eval_lib.evaluate_problems(sampler, TOK, PROBLEMS, "math", 4, SamplingParams(), PLAIN,
-                                   return_samples=True)
-  # correct attempts per problem: 2, 0, 0 (rejected), 4, 0 (not encodable)
-  assert (res["num_problems"], res["k"], res["num_samples"]) == (5, 4, 20)
-  assert res["avg@k"] == pytest.approx(6 / 20) and res["pass@k"] == pytest.approx(2 / 5)
-  assert res["score_mean"] == pytest.approx(6 / 20)
-  assert res["status"] == {"correct": 6, "wrong": 4, "no_answer": 1, "unparsable": 1,
-                           "error": 8, "timeout": 0}
-  assert res["finish"] == {"stop": 10, "length": 2, "error": 8}
-  lengths = [len(c) for q in ("1+1=", "2+2=", "3+4=") for c, _ in SCRIPT[q]]
-  assert res["len_mean"] == pytest.approx(np.mean(lengths))
-  assert res["len_max"] == max(lengths) and res["no_eos_frac"] == pytest.approx(2 / 12)
-  assert res["per_source"]["ds"]["avg@k"] == pytest.approx(2 / 12)
-  assert res["per_source"]["ds"]["pass@k"] == pytest.approx(1 / 3)
-  assert res["per_source"]["other"] == {"num_problems": 2, "avg@k": 0.5, "pass@k": 0.5,
-                                        "score_mean": 0.5, "len_mean": 9.0}
-  rows = res["samples"]
-  assert [(r["uid"], r["attempt"]) for r in rows] == [(p.uid, a) for p in PROBLEMS
-                                                      for a in range(4)]
-  assert rows[0]["completion"] == B("2") and rows[0]["predicted"] == "2"
-  assert rows[8]["error"] == "prompt too long" and "cannot encode" in rows[16]["error"]
+    sampler = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
+    res = eval_lib.evaluate_problems(sampler, TOK, PROBLEMS, "math", 4, SamplingParams(), PLAIN,
+                                     return_samples=True)
+    # correct attempts per problem: 2, 0, 0 (rejected), 4, 0 (not encodable)
+    assert (res["num_problems"], res["k"], res["num_samples"]) == (5, 4, 20)
+    assert res["avg@k"] == pytest.approx(6 / 20) and res["pass@k"] == pytest.approx(2 / 5)
+    assert res["score_mean"] == pytest.approx(6 / 20)
+    assert res["status"] == {"correct": 6, "wrong": 4, "no_answer": 1, "unparsable": 1,
+                             "error": 8, "timeout": 0}
+    assert res["finish"] == {"stop": 10, "length": 2, "error": 8}
+    lengths = [len(c) for q in ("1+1=", "2+2=", "3+4=") for c, _ in SCRIPT[q]]
+    assert res["len_mean"] == pytest.approx(np.mean(lengths))
+    assert res["len_max"] == max(lengths) and res["no_eos_frac"] == pytest.approx(2 / 12)
+    assert res["per_source"]["ds"]["avg@k"] == pytest.approx(2 / 12)
+    assert res["per_source"]["ds"]["pass@k"] == pytest.approx(1 / 3)
+    assert res["per_source"]["other"] == {"num_problems": 2, "avg@k": 0.5, "pass@k": 0.5,
+                                          "score_mean": 0.5, "len_mean": 9.0}
+    rows = res["samples"]
+    assert [(r["uid"], r["attempt"]) for r in rows] == [(p.uid, a) for p in PROBLEMS
+                                                        for a in range(4)]
+    assert rows[0]["completion"] == B("2") and rows[0]["predicted"] == "2"
+    assert rows[8]["error"] == "prompt too long" and "cannot encode" in rows[16]["error"]
 
 
 def _raises(completion, problem):
-  if completion == B("3"):
-    raise ZeroDivisionError("boom")
-  return float(completion == B(problem.answer))
+    if completion == B("3"):
+        raise ZeroDivisionError("boom")
+    return float(completion == B(problem.answer))
 
 
 def test_reward_pool_and_raising_reward():
-  sampler = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
-  with RewardPool(_raises, num_workers=0) as pool:
-    res = eval_lib.evaluate_problems(sampler, TOK, PROBLEMS[:2], pool, 4, SamplingParams(),
-                                     PLAIN, return_samples=True)
-  assert res["status"]["error"] == 1 and res["status"]["correct"] == 2
-  assert "ZeroDivisionError: boom" in res["samples"][1]["error"]
-  busy = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
-  busy.submit(TOK.encode("1+1="), n=1, params=None)
-  with pytest.raises(RuntimeError, match="idle sampler"):
-    eval_lib.evaluate_problems(busy, TOK, PROBLEMS[:1], "math", 1, SamplingParams(), PLAIN)
+    sampler = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
+    with RewardPool(_raises, num_workers=0) as pool:
+        res = eval_lib.evaluate_problems(sampler, TOK, PROBLEMS[:2], pool, 4, SamplingParams(),
+                                         PLAIN, return_samples=True)
+    assert res["status"]["error"] == 1 and res["status"]["correct"] == 2
+    assert "ZeroDivisionError: boom" in res["samples"][1]["error"]
+    busy = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
+    busy.submit(TOK.encode("1+1="), n=1, params=None)
+    with pytest.raises(RuntimeError, match="idle sampler"):
+        eval_lib.evaluate_problems(busy, TOK, PROBLEMS[:1], "math", 1, SamplingParams(), PLAIN)
 
 
 # --- the CLI on a tiny Hugging Face model --------------------------------------------------
@@ -142,59 +142,59 @@ QUESTIONS = ["the cat sat on", "two big dog"]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-  path = tmp_path_factory.mktemp("model")
-  vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
-  tok = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-  tok.pre_tokenizer = pre_tokenizers.Whitespace()
-  tok.add_special_tokens(SPECIALS)
-  tok.save(str(path / "tokenizer.json"))
-  (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>",
-                                                          "pad_token": "<pad>"}))
-  config = transformers.LlamaConfig(
-      vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-      initializer_range=0.15, eos_token_id=vocab["</s>"], pad_token_id=0)
-  torch.manual_seed(0)
-  transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-  return path
+    path = tmp_path_factory.mktemp("model")
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>",
+                                                            "pad_token": "<pad>"}))
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        initializer_range=0.15, eos_token_id=vocab["</s>"], pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    return path
 
 
 def _run(argv, capsys):
-  code = evaluate.run_cli(["evaluate", "--progress=false", "--reward_workers=0"] + argv)
-  out = capsys.readouterr()
-  return code, out.out, out.err
+    code = evaluate.run_cli(["evaluate", "--progress=false", "--reward_workers=0"] + argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def _greedy_text(model_dir, question, max_new_tokens):
-  """transformers' greedy continuation of the prompt the evaluator builds."""
-  tok = Tokenizer.from_dir(model_dir)
-  ids = eval_lib.encode_problem(Problem("q", question, "", "q"), tok, PLAIN)
-  model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-  with torch.no_grad():
-    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=tok.eos_token_ids[0], pad_token_id=0)
-  return tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
+    """transformers' greedy continuation of the prompt the evaluator builds."""
+    tok = Tokenizer.from_dir(model_dir)
+    ids = eval_lib.encode_problem(Problem("q", question, "", "q"), tok, PLAIN)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=tok.eos_token_ids[0], pad_token_id=0)
+    return tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
 
 
 def test_cli_greedy_matches_transformers_gold(model_dir, tmp_path, capsys):
-  gold = _greedy_text(model_dir, QUESTIONS[0], 6)
-  assert gold.strip()
-  data = tmp_path / "d.jsonl"
-  data.write_text(json.dumps({"question": QUESTIONS[0], "answer": gold}) + "\n" +
-                  json.dumps({"question": QUESTIONS[1], "answer": "zzz"}) + "\n")
-  out, samples = tmp_path / "res.json", tmp_path / "samples.jsonl"
-  code, stdout, err = _run([f"--model_dir={model_dir}", f"--dataset={data}", "--greedy",
-                            "--reward=test_evaluate:exact_match", "--system_prompt=",
-                            "--max_new_tokens=6", "--num_slots=4", "--chunk_steps=4",
-                            f"--out={out}", f"--samples_out={samples}"], capsys)
-  assert code == 0, err
-  res = json.loads(stdout)
-  assert res == json.loads(out.read_text())
-  assert (res["k"], res["avg@k"], res["pass@k"]) == (1, 0.5, 0.5)
-  assert res["status"]["correct"] == 1 and res["status"]["wrong"] == 1
-  rows = [json.loads(line) for line in samples.read_text().splitlines()]
-  assert rows[0]["completion"] == gold and rows[0]["status"] == "correct"
-  assert res["len_mean"] == np.mean([r["num_tokens"] for r in rows])
+    gold = _greedy_text(model_dir, QUESTIONS[0], 6)
+    assert gold.strip()
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": QUESTIONS[0], "answer": gold}) + "\n" +
+                    json.dumps({"question": QUESTIONS[1], "answer": "zzz"}) + "\n")
+    out, samples = tmp_path / "res.json", tmp_path / "samples.jsonl"
+    code, stdout, err = _run([f"--model_dir={model_dir}", f"--dataset={data}", "--greedy",
+                              "--reward=test_evaluate:exact_match", "--system_prompt=",
+                              "--max_new_tokens=6", "--num_slots=4", "--chunk_steps=4",
+                              f"--out={out}", f"--samples_out={samples}"], capsys)
+    assert code == 0, err
+    res = json.loads(stdout)
+    assert res == json.loads(out.read_text())
+    assert (res["k"], res["avg@k"], res["pass@k"]) == (1, 0.5, 0.5)
+    assert res["status"]["correct"] == 1 and res["status"]["wrong"] == 1
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert rows[0]["completion"] == gold and rows[0]["status"] == "correct"
+    assert res["len_mean"] == np.mean([r["num_tokens"] for r in rows])
 
 
 TASK_CFG = ModelConfig(model_type="llama", vocab_size=16, hidden_size=32, intermediate_size=64,
@@ -204,54 +204,54 @@ TASK_CFG = ModelConfig(model_type="llama", vocab_size=16, hidden_size=32, interm
 
 
 def test_cli_workdir_task_checkpoint(tmp_path, capsys):
-  """A run checkpoint of a task model, sampled with k = 2 and scored by partial credit."""
-  rng = np.random.default_rng(1)
-  params = jax.tree.map(lambda x: jax.numpy.asarray(0.3 * rng.standard_normal(x.shape), x.dtype),
-                        llama.abstract_init(TASK_CFG)[1])
-  z = lambda v: jax.numpy.asarray(v, jax.numpy.int32)
-  state = TrainState(step=z(5), version=z(5), params=params, opt_state=(), ref_params=None,
-                     skipped=z(0), consecutive_skips=z(0))
-  with ck.RunCheckpointer(tmp_path, model_config=TASK_CFG) as ckpt:
-    ckpt.save(5, state, {})
-  (tmp_path / "config.json").write_text(json.dumps({"data": {
-      "task": "reverse_digits", "task_options": [["max_digits", 3], ["min_digits", 2]]}}))
-  samples = tmp_path / "s.jsonl"
-  code, stdout, err = _run([f"--workdir={tmp_path}", "--task=reverse_digits",
-                            "--num_problems=5", "--k=2", "--temperature=1.0",
-                            "--max_new_tokens=5",
-                            "--num_slots=8", "--chunk_steps=4", f"--samples_out={samples}"],
-                           capsys)
-  assert code == 0, err
-  assert "evaluating checkpoint step 5" in err
-  res = json.loads(stdout)
-  assert res["config"]["step"] == 5 and (res["num_problems"], res["k"]) == (5, 2)
-  rows = [json.loads(line) for line in samples.read_text().splitlines()]
-  task = make_task("reverse_digits", max_digits=3, min_digits=2)
-  assert [r["answer"] for r in rows] == [task.problem(i // 2).answer for i in range(10)]
-  assert res["finish"]["stop"] + res["finish"]["length"] == 10
-  scores = [partial_credit(r["completion"], r["answer"]) for r in rows]
-  assert res["score_mean"] == pytest.approx(np.mean(scores))
+    """A run checkpoint of a task model, sampled with k = 2 and scored by partial credit."""
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(lambda x: jax.numpy.asarray(0.3 * rng.standard_normal(x.shape), x.dtype),
+                          llama.abstract_init(TASK_CFG)[1])
+    z = lambda v: jax.numpy.asarray(v, jax.numpy.int32)
+    state = TrainState(step=z(5), version=z(5), params=params, opt_state=(), ref_params=None,
+                       skipped=z(0), consecutive_skips=z(0))
+    with ck.RunCheckpointer(tmp_path, model_config=TASK_CFG) as ckpt:
+        ckpt.save(5, state, {})
+    (tmp_path / "config.json").write_text(json.dumps({"data": {
+        "task": "reverse_digits", "task_options": [["max_digits", 3], ["min_digits", 2]]}}))
+    samples = tmp_path / "s.jsonl"
+    code, stdout, err = _run([f"--workdir={tmp_path}", "--task=reverse_digits",
+                              "--num_problems=5", "--k=2", "--temperature=1.0",
+                              "--max_new_tokens=5",
+                              "--num_slots=8", "--chunk_steps=4", f"--samples_out={samples}"],
+                             capsys)
+    assert code == 0, err
+    assert "evaluating checkpoint step 5" in err
+    res = json.loads(stdout)
+    assert res["config"]["step"] == 5 and (res["num_problems"], res["k"]) == (5, 2)
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    task = make_task("reverse_digits", max_digits=3, min_digits=2)
+    assert [r["answer"] for r in rows] == [task.problem(i // 2).answer for i in range(10)]
+    assert res["finish"]["stop"] + res["finish"]["length"] == 10
+    scores = [partial_credit(r["completion"], r["answer"]) for r in rows]
+    assert res["score_mean"] == pytest.approx(np.mean(scores))
 
 
 def test_bad_inputs(model_dir, tmp_path, capsys):
-  data = tmp_path / "d.jsonl"
-  data.write_text(json.dumps({"question": "the cat", "answer": "1"}) + "\n")
-  m, d = f"--model_dir={model_dir}", f"--dataset={data}"
-  cases = [
-      ([f"--model_dir={tmp_path / 'nope'}", d], "model directory does not exist"),
-      ([m, f"--dataset={tmp_path / 'missing.jsonl'}"], "dataset file not found"),
-      ([m, d, "--format=csv"], "unknown dataset format 'csv'"),
-      ([m, f"--workdir={tmp_path}", d], "exactly one of --model_dir"),
-      ([m], "exactly one of --dataset"),
-      ([m, d, "--k=64", "--num_slots=8"], "--k=64 must be between 1 and --num_slots=8"),
-      ([m, d, "--reward=no_such_module:fn"], "cannot import module 'no_such_module'"),
-      ([f"--workdir={tmp_path}", d], "no checkpoints"),
-      ([m, "--task=sort_letters"], "unknown task 'sort_letters'"),
-      ([m, d, "--top_p=0"], "top_p=0.0 must be in (0, 1]"),
-      ([m, d, "--chat"], "has no chat template"),
-  ]
-  for argv, message in cases:
-    code, stdout, err = _run(argv, capsys)
-    assert code == 2, (argv, err)
-    assert message in err and err.startswith("error: ") and err.count("\n") == 1, err
-    assert stdout == ""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "the cat", "answer": "1"}) + "\n")
+    m, d = f"--model_dir={model_dir}", f"--dataset={data}"
+    cases = [
+        ([f"--model_dir={tmp_path / 'nope'}", d], "model directory does not exist"),
+        ([m, f"--dataset={tmp_path / 'missing.jsonl'}"], "dataset file not found"),
+        ([m, d, "--format=csv"], "unknown dataset format 'csv'"),
+        ([m, f"--workdir={tmp_path}", d], "exactly one of --model_dir"),
+        ([m], "exactly one of --dataset"),
+        ([m, d, "--k=64", "--num_slots=8"], "--k=64 must be between 1 and --num_slots=8"),
+        ([m, d, "--reward=no_such_module:fn"], "cannot import module 'no_such_module'"),
+        ([f"--workdir={tmp_path}", d], "no checkpoints"),
+        ([m, "--task=sort_letters"], "unknown task 'sort_letters'"),
+        ([m, d, "--top_p=0"], "top_p=0.0 must be in (0, 1]"),
+        ([m, d, "--chat"], "has no chat template"),
+    ]
+    for argv, message in cases:
+        code, stdout, err = _run(argv, capsys)
+        assert code == 2, (argv, err)
+        assert message in err and err.startswith("error: ") and err.count("\n") == 1, err
+        assert stdout == ""

@@ -27,147 +27,147 @@ CFG = ModelConfig(
 
 @pytest.fixture(scope="module")
 def model():
-  graphdef, params = llama.init(CFG, jax.random.key(1))
-  # Random norms so that norm weights matter in the checks below.
-  pure = nnx.to_pure_dict(params)
-  rng = np.random.default_rng(0)
-  for key in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
-    w = pure["layers"][key]
-    pure["layers"][key] = w + 0.2 * jnp.asarray(rng.standard_normal(w.shape), w.dtype)
-  nnx.replace_by_pure_dict(params, pure)
-  return graphdef, params
+    graphdef, params = llama.init(CFG, jax.random.key(1))
+    # Random norms so that norm weights matter in the checks below.
+    pure = nnx.to_pure_dict(params)
+    rng = np.random.default_rng(0)
+    for key in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
+        w = pure["layers"][key]
+        pure["layers"][key] = w + 0.2 * jnp.asarray(rng.standard_normal(w.shape), w.dtype)
+    nnx.replace_by_pure_dict(params, pure)
+    return graphdef, params
 
 
 def rel_err(a, b):
-  return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
 def forward_2x8(graphdef, params, tokens, positions=None, segments=None):
-  """jit_forward at the one [2, 8] shape most tests use (one compile per graphdef)."""
-  assert tokens.shape == (2, 8)
-  if positions is None:
-    positions = np.broadcast_to(np.arange(8), (2, 8))
-  if segments is None:
-    segments = np.zeros((2, 8), int)
-  return llama.jit_forward(graphdef, params, jnp.asarray(tokens, jnp.int32),
-                           jnp.asarray(positions, jnp.int32), jnp.asarray(segments, jnp.int32))
+    """jit_forward at the one [2, 8] shape most tests use (one compile per graphdef)."""
+    assert tokens.shape == (2, 8)
+    if positions is None:
+        positions = np.broadcast_to(np.arange(8), (2, 8))
+    if segments is None:
+        segments = np.zeros((2, 8), int)
+    return llama.jit_forward(graphdef, params, jnp.asarray(tokens, jnp.int32),
+                             jnp.asarray(positions, jnp.int32), jnp.asarray(segments, jnp.int32))
 
 
 def test_params_stacked_named_and_counted(model):
-  graphdef, params = model
-  assert llama.config_of(graphdef) == CFG
-  assert sum(x.size for x in jax.tree.leaves(params)) == CFG.num_params()
-  for path, var in nnx.to_flat_state(params):
-    names = var.get_metadata()["out_sharding"]
-    assert len(names) == var.get_value().ndim, path
-    if path[0] == "layers":
-      assert names[0] == "layers" and var.get_value().shape[0] == CFG.num_layers
-  assert llama.lm_head_weight(params).shape == (CFG.hidden_size, CFG.vocab_size)
+    graphdef, params = model
+    assert llama.config_of(graphdef) == CFG
+    assert sum(x.size for x in jax.tree.leaves(params)) == CFG.num_params()
+    for path, var in nnx.to_flat_state(params):
+        names = var.get_metadata()["out_sharding"]
+        assert len(names) == var.get_value().ndim, path
+        if path[0] == "layers":
+            assert names[0] == "layers" and var.get_value().shape[0] == CFG.num_layers
+    assert llama.lm_head_weight(params).shape == (CFG.hidden_size, CFG.vocab_size)
 
 
 def test_packed_rows_equal_sequences_one_by_one(model):
-  """Row 0 packs sequences of 3 and 5 tokens, row 1 one of 6 plus 2 padding tokens; each
+    """Row 0 packs sequences of 3 and 5 tokens, row 1 one of 6 plus 2 padding tokens; each
   sequence alone (right-padded to the same width, so one compile serves all) must agree."""
-  graphdef, params = model
-  rng = np.random.default_rng(0)
-  seqs = [rng.integers(0, CFG.vocab_size, n) for n in (3, 5, 6)]
-  tokens = np.stack([np.concatenate(seqs[:2]), np.concatenate([seqs[2], [0, 0]])])
-  positions = np.stack([np.r_[0:3, 0:5], np.r_[0:6, 0:2]])
-  segments = np.array([[1, 1, 1, 2, 2, 2, 2, 2], [1, 1, 1, 1, 1, 1, 0, 0]])
-  packed = np.asarray(forward_2x8(graphdef, params, tokens, positions, segments))
-  assert packed.dtype == np.float32 and packed.shape == (2, 8, CFG.vocab_size)
-  assert np.isfinite(packed).all()  # the padding segment too
-  alone_tokens = np.zeros((2, 8), int)
-  alone_tokens[0, :3], alone_tokens[1, :5] = seqs[0], seqs[1]
-  alone = np.asarray(forward_2x8(graphdef, params, alone_tokens))
-  alone2 = np.asarray(forward_2x8(graphdef, params, tokens[1:].repeat(2, 0)))
-  # Same math on the same values; only reduction order over masked keys may differ.
-  assert rel_err(packed[0, :3], alone[0, :3]) < 1e-5
-  assert rel_err(packed[0, 3:], alone[1, :5]) < 1e-5
-  assert rel_err(packed[1, :6], alone2[0, :6]) < 1e-5
-  # Packing is not a no-op: without segments the second sequence would see the first.
-  unsegmented = np.asarray(forward_2x8(graphdef, params, tokens, positions))
-  assert rel_err(unsegmented[0, 3:], alone[1, :5]) > 1e-3
+    graphdef, params = model
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, CFG.vocab_size, n) for n in (3, 5, 6)]
+    tokens = np.stack([np.concatenate(seqs[:2]), np.concatenate([seqs[2], [0, 0]])])
+    positions = np.stack([np.r_[0:3, 0:5], np.r_[0:6, 0:2]])
+    segments = np.array([[1, 1, 1, 2, 2, 2, 2, 2], [1, 1, 1, 1, 1, 1, 0, 0]])
+    packed = np.asarray(forward_2x8(graphdef, params, tokens, positions, segments))
+    assert packed.dtype == np.float32 and packed.shape == (2, 8, CFG.vocab_size)
+    assert np.isfinite(packed).all()  # the padding segment too
+    alone_tokens = np.zeros((2, 8), int)
+    alone_tokens[0, :3], alone_tokens[1, :5] = seqs[0], seqs[1]
+    alone = np.asarray(forward_2x8(graphdef, params, alone_tokens))
+    alone2 = np.asarray(forward_2x8(graphdef, params, tokens[1:].repeat(2, 0)))
+    # Same math on the same values; only reduction order over masked keys may differ.
+    assert rel_err(packed[0, :3], alone[0, :3]) < 1e-5
+    assert rel_err(packed[0, 3:], alone[1, :5]) < 1e-5
+    assert rel_err(packed[1, :6], alone2[0, :6]) < 1e-5
+    # Packing is not a no-op: without segments the second sequence would see the first.
+    unsegmented = np.asarray(forward_2x8(graphdef, params, tokens, positions))
+    assert rel_err(unsegmented[0, 3:], alone[1, :5]) > 1e-3
 
 
 def test_eager_forward_agrees_with_jit(model):
-  graphdef, params = model
-  tokens = np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 8))
-  positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
-  eager = llama.forward(graphdef, params, jnp.asarray(tokens), positions)
-  assert rel_err(forward_2x8(graphdef, params, tokens), eager) < 1e-5
+    graphdef, params = model
+    tokens = np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 8))
+    positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
+    eager = llama.forward(graphdef, params, jnp.asarray(tokens), positions)
+    assert rel_err(forward_2x8(graphdef, params, tokens), eager) < 1e-5
 
 
 def dense_cache_attend(positions_BxT):
-  """A minimal KV cache through the `cache` hook: layer_cache = (k_BxSxKxD, v_BxSxKxD)."""
+    """A minimal KV cache through the `cache` hook: layer_cache = (k_BxSxKxD, v_BxSxKxD)."""
 
-  def attend(q, k, v, layer_cache):
-    k_cache, v_cache = layer_cache
-    start = positions_BxT[0, 0]
-    k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k, start, axis=1)
-    v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v, start, axis=1)
-    S = k_cache.shape[1]
-    mask_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
-    return llama.masked_attention(q, k_cache, v_cache, mask_BxTxS), (k_cache, v_cache)
+    def attend(q, k, v, layer_cache):
+        k_cache, v_cache = layer_cache
+        start = positions_BxT[0, 0]
+        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k, start, axis=1)
+        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v, start, axis=1)
+        S = k_cache.shape[1]
+        mask_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
+        return llama.masked_attention(q, k_cache, v_cache, mask_BxTxS), (k_cache, v_cache)
 
-  return attend
+    return attend
 
 
 def test_cached_decoding_equals_full_forward(model):
-  """Decode 8 tokens one at a time through `cache` (a dense KV cache scanned with the layers):
+    """Decode 8 tokens one at a time through `cache` (a dense KV cache scanned with the layers):
   the same logits as one full pass."""
-  graphdef, params = model
-  B, T, S = 2, 8, 12
-  tokens = jnp.asarray(np.random.default_rng(2).integers(0, CFG.vocab_size, (B, T)))
-  full = forward_2x8(graphdef, params, tokens)
-  shape = (CFG.num_layers, B, S, CFG.num_kv_heads, CFG.head_dim)
-  cache = (jnp.zeros(shape), jnp.zeros(shape))
+    graphdef, params = model
+    B, T, S = 2, 8, 12
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, CFG.vocab_size, (B, T)))
+    full = forward_2x8(graphdef, params, tokens)
+    shape = (CFG.num_layers, B, S, CFG.num_kv_heads, CFG.head_dim)
+    cache = (jnp.zeros(shape), jnp.zeros(shape))
 
-  @jax.jit
-  def step(params, cache, tokens_BxT, positions_BxT):
-    hidden, cache = llama.forward_hidden(graphdef, params, tokens_BxT, positions_BxT,
-                                         attend=dense_cache_attend(positions_BxT), cache=cache)
-    return llama.logits_from_hidden(params, hidden), cache
+    @jax.jit
+    def step(params, cache, tokens_BxT, positions_BxT):
+        hidden, cache = llama.forward_hidden(graphdef, params, tokens_BxT, positions_BxT,
+                                             attend=dense_cache_attend(positions_BxT), cache=cache)
+        return llama.logits_from_hidden(params, hidden), cache
 
-  outs = []
-  for t in range(T):
-    logits, cache = step(params, cache, tokens[:, t:t + 1], jnp.full((B, 1), t))
-    outs.append(logits)
-  assert cache[0].shape == shape and float(jnp.abs(cache[0][:, :, T:]).max()) == 0
-  assert rel_err(jnp.concatenate(outs, axis=1), full) < 1e-5
+    outs = []
+    for t in range(T):
+        logits, cache = step(params, cache, tokens[:, t:t + 1], jnp.full((B, 1), t))
+        outs.append(logits)
+    assert cache[0].shape == shape and float(jnp.abs(cache[0][:, :, T:]).max()) == 0
+    assert rel_err(jnp.concatenate(outs, axis=1), full) < 1e-5
 
 
 def test_remat_same_values_and_grads(model):
-  graphdef, params = model
-  g_remat, _ = llama.abstract_init(dataclasses.replace(CFG, remat=True))
-  tokens = jnp.asarray(np.random.default_rng(3).integers(0, CFG.vocab_size, (2, 8)))
-  positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
+    graphdef, params = model
+    g_remat, _ = llama.abstract_init(dataclasses.replace(CFG, remat=True))
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, CFG.vocab_size, (2, 8)))
+    positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
 
-  def loss(params, graphdef):
-    logits = llama.forward(graphdef, params, tokens, positions)
-    return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+    def loss(params, graphdef):
+        logits = llama.forward(graphdef, params, tokens, positions)
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
-  grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
-  (v1, g1), (v2, g2) = grad(params, graphdef), grad(params, g_remat)
-  assert abs(float(v1) - float(v2)) < 1e-6
-  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
-  assert all(float(jnp.abs(a).max()) > 0 for a in jax.tree.leaves(g1))
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (v1, g1), (v2, g2) = grad(params, graphdef), grad(params, g_remat)
+    assert abs(float(v1) - float(v2)) < 1e-6
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    assert all(float(jnp.abs(a).max()) > 0 for a in jax.tree.leaves(g1))
 
 
 def test_bf16_compute_with_f32_params(model):
-  """bf16 activations (params cast per layer): logits f32, within 5% of f32 compute (bf16
+    """bf16 activations (params cast per layer): logits f32, within 5% of f32 compute (bf16
   keeps 8 mantissa bits, ~0.4% per rounding; measured ~1% after 2 layers)."""
-  graphdef, params = model
-  g16, _ = llama.abstract_init(dataclasses.replace(CFG, compute_dtype="bfloat16"))
-  tokens = np.random.default_rng(4).integers(0, CFG.vocab_size, (2, 8))
-  ref = forward_2x8(graphdef, params, tokens)
-  low = forward_2x8(g16, params, tokens)
-  assert low.dtype == jnp.float32
-  assert 0 < rel_err(low, ref) < 5e-2
+    graphdef, params = model
+    g16, _ = llama.abstract_init(dataclasses.replace(CFG, compute_dtype="bfloat16"))
+    tokens = np.random.default_rng(4).integers(0, CFG.vocab_size, (2, 8))
+    ref = forward_2x8(graphdef, params, tokens)
+    low = forward_2x8(g16, params, tokens)
+    assert low.dtype == jnp.float32
+    assert 0 < rel_err(low, ref) < 5e-2
 
 
 def test_config_hf_round_trip():
-  assert ModelConfig.from_hf(CFG.to_hf(), attention_bias=True, qk_norm=True) == CFG
-  tied = dataclasses.replace(CFG, model_type="qwen2", qk_norm=False, tie_word_embeddings=True)
-  assert ModelConfig.from_hf(tied.to_hf()) == tied
+    assert ModelConfig.from_hf(CFG.to_hf(), attention_bias=True, qk_norm=True) == CFG
+    tied = dataclasses.replace(CFG, model_type="qwen2", qk_norm=False, tie_word_embeddings=True)
+    assert ModelConfig.from_hf(tied.to_hf()) == tied

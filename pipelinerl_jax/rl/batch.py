@@ -29,42 +29,42 @@ from pipelinerl_jax.rl.weights import sequence_token_weights
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-  """One finished, scored generation as the sampler and reward workers hand it over."""
-  prompt_tokens: Sequence[int]          # [P] prompt token ids
-  completion_tokens: Sequence[int]      # [C] generated token ids (EOS included if emitted)
-  completion_logprobs: Sequence[float]  # [C] behaviour logprob mu of each generated token
-  completion_versions: Sequence[int]    # [C] policy version that generated each token
-  reward: float
-  group_id: int                         # samples of the same prompt share a group id
-  finished: bool = True                 # False: stopped at max_new_tokens without EOS
+    """One finished, scored generation as the sampler and reward workers hand it over."""
+    prompt_tokens: Sequence[int]          # [P] prompt token ids
+    completion_tokens: Sequence[int]      # [C] generated token ids (EOS included if emitted)
+    completion_logprobs: Sequence[float]  # [C] behaviour logprob mu of each generated token
+    completion_versions: Sequence[int]    # [C] policy version that generated each token
+    reward: float
+    group_id: int                         # samples of the same prompt share a group id
+    finished: bool = True                 # False: stopped at max_new_tokens without EOS
 
 
 @flax.struct.dataclass
 class TrainBatch:
-  """One optimizer step's data. Token fields [R, T]; sequence fields [S] (padded, masked)."""
-  tokens: jax.Array              # [R, T] int32 input ids (0 in padding)
-  positions: jax.Array           # [R, T] int32 position within the sample
-  segment_ids: jax.Array         # [R, T] int32 sample number within its row, 1..; 0 = padding
-  targets: jax.Array             # [R, T] int32 the next token, whose logprob is scored
-  loss_mask: jax.Array           # [R, T] f32 1 where targets is a completion token
-  behaviour_logprobs: jax.Array  # [R, T] f32 sampler logprob mu of targets (0 off the mask)
-  versions: jax.Array            # [R, T] int32 policy version that sampled targets (0 off mask)
-  advantages: jax.Array          # [R, T] f32 the sample's advantage on its completion tokens
-  token_weights: jax.Array       # [R, T] f32 aggregation weight: loss = sum w * loss_t
-  sequence_index: jax.Array      # [R, T] int32 index into the S axis; S for padding/prompts
-  rewards: jax.Array             # [S] f32
-  sequence_advantages: jax.Array  # [S] f32
-  group_ids: jax.Array           # [S] int32 (-1 for padding)
-  completion_lengths: jax.Array  # [S] int32
-  sequence_mask: jax.Array       # [S] f32 1 for real samples
+    """One optimizer step's data. Token fields [R, T]; sequence fields [S] (padded, masked)."""
+    tokens: jax.Array              # [R, T] int32 input ids (0 in padding)
+    positions: jax.Array           # [R, T] int32 position within the sample
+    segment_ids: jax.Array         # [R, T] int32 sample number within its row, 1..; 0 = padding
+    targets: jax.Array             # [R, T] int32 the next token, whose logprob is scored
+    loss_mask: jax.Array           # [R, T] f32 1 where targets is a completion token
+    behaviour_logprobs: jax.Array  # [R, T] f32 sampler logprob mu of targets (0 off the mask)
+    versions: jax.Array            # [R, T] int32 policy version that sampled targets (0 off mask)
+    advantages: jax.Array          # [R, T] f32 the sample's advantage on its completion tokens
+    token_weights: jax.Array       # [R, T] f32 aggregation weight: loss = sum w * loss_t
+    sequence_index: jax.Array      # [R, T] int32 index into the S axis; S for padding/prompts
+    rewards: jax.Array             # [S] f32
+    sequence_advantages: jax.Array  # [S] f32
+    group_ids: jax.Array           # [S] int32 (-1 for padding)
+    completion_lengths: jax.Array  # [S] int32
+    sequence_mask: jax.Array       # [S] f32 1 for real samples
 
-  @property
-  def shape(self) -> tuple[int, int]:
-    return tuple(self.tokens.shape)
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.tokens.shape)
 
-  @property
-  def num_sequences(self) -> int:
-    return int(self.rewards.shape[0])
+    @property
+    def num_sequences(self) -> int:
+        return int(self.rewards.shape[0])
 
 
 TOKEN_FIELDS = ("tokens", "positions", "segment_ids", "targets", "loss_mask",
@@ -74,108 +74,108 @@ SEQUENCE_FIELDS = ("rewards", "sequence_advantages", "group_ids", "completion_le
 
 
 def pack_first_fit(lengths: Sequence[int], seq_len: int, num_rows: int) -> list[tuple[int, int]]:
-  """(row, offset) of each sequence: first row with room, in input order.
+    """(row, offset) of each sequence: first row with room, in input order.
 
   Raises ConfigError for a sequence longer than a row, or when `num_rows` rows do not suffice
   (BatchConfig.rows_for gives a row count that first-fit can never overflow).
   """
-  free = []  # free tokens per opened row
-  placement = []
-  for i, length in enumerate(lengths):
-    if length > seq_len:
-      raise ConfigError(f"sample {i} has {length} tokens, more than a packed row "
-                        f"(batch.seq_len={seq_len}); raise batch.seq_len")
-    for row, room in enumerate(free):
-      if room >= length:
-        break
-    else:
-      row = len(free)
-      if row == num_rows:
-        raise ConfigError(
-            f"{len(lengths)} samples ({sum(lengths)} tokens) do not fit in batch.num_rows="
-            f"{num_rows} rows of {seq_len}; set batch.num_rows to "
-            f"{BatchConfig.rows_for(len(lengths), max(lengths), seq_len)} (BatchConfig.rows_for)")
-      free.append(seq_len)
-    placement.append((row, seq_len - free[row]))
-    free[row] -= length
-  return placement
+    free = []  # free tokens per opened row
+    placement = []
+    for i, length in enumerate(lengths):
+        if length > seq_len:
+            raise ConfigError(f"sample {i} has {length} tokens, more than a packed row "
+                              f"(batch.seq_len={seq_len}); raise batch.seq_len")
+        for row, room in enumerate(free):
+            if room >= length:
+                break
+        else:
+            row = len(free)
+            if row == num_rows:
+                raise ConfigError(
+                    f"{len(lengths)} samples ({sum(lengths)} tokens) do not fit in batch.num_rows="
+                    f"{num_rows} rows of {seq_len}; set batch.num_rows to "
+                    f"{BatchConfig.rows_for(len(lengths), max(lengths), seq_len)} (BatchConfig.rows_for)")
+            free.append(seq_len)
+        placement.append((row, seq_len - free[row]))
+        free[row] -= length
+    return placement
 
 
 def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch, dict]:
-  """Advantages, filtering, token weights and packing. Returns (numpy TrainBatch, host stats)."""
-  if len(samples) > cfg.max_sequences:
-    raise ConfigError(f"{len(samples)} samples exceed batch.max_sequences={cfg.max_sequences}")
-  for i, s in enumerate(samples):
-    c = len(s.completion_tokens)
-    if not len(s.completion_logprobs) == len(s.completion_versions) == c:
-      raise ConfigError(
-          f"sample {i}: completion_tokens ({c}), completion_logprobs "
-          f"({len(s.completion_logprobs)}) and completion_versions "
-          f"({len(s.completion_versions)}) must have equal lengths")
-    if c == 0 or len(s.prompt_tokens) == 0:
-      raise ConfigError(f"sample {i}: empty prompt or completion; every sample needs both")
-    if len(s.prompt_tokens) + c > cfg.max_sequence_len:
-      raise ConfigError(
-          f"sample {i} has {len(s.prompt_tokens) + c} tokens, more than batch.max_sequence_len="
-          f"{cfg.max_sequence_len}; the sampler's limits and the batch config disagree")
-  rewards = np.array([s.reward for s in samples], np.float64)
-  groups = np.array([s.group_id for s in samples], np.int64)
-  adv_N = group_advantages(rewards, groups, mode=cfg.advantage, normalize_std=cfg.normalize_std)
-  keep = np.ones(len(samples), bool)
-  flat = zero_std_groups(rewards, groups) if samples else keep
-  if cfg.filter_zero_std_groups:
-    keep &= ~flat
-  kept = [i for i in range(len(samples)) if keep[i]]
-  finished = np.array([samples[i].finished for i in kept], bool)
-  lengths = np.array([len(samples[i].completion_tokens) for i in kept], np.int64)
-  weight_N = sequence_token_weights(lengths, groups[kept],
-                                    finished if cfg.overlong_filter else np.ones_like(finished),
-                                    cfg.weighting)
+    """Advantages, filtering, token weights and packing. Returns (numpy TrainBatch, host stats)."""
+    if len(samples) > cfg.max_sequences:
+        raise ConfigError(f"{len(samples)} samples exceed batch.max_sequences={cfg.max_sequences}")
+    for i, s in enumerate(samples):
+        c = len(s.completion_tokens)
+        if not len(s.completion_logprobs) == len(s.completion_versions) == c:
+            raise ConfigError(
+                f"sample {i}: completion_tokens ({c}), completion_logprobs "
+                f"({len(s.completion_logprobs)}) and completion_versions "
+                f"({len(s.completion_versions)}) must have equal lengths")
+        if c == 0 or len(s.prompt_tokens) == 0:
+            raise ConfigError(f"sample {i}: empty prompt or completion; every sample needs both")
+        if len(s.prompt_tokens) + c > cfg.max_sequence_len:
+            raise ConfigError(
+                f"sample {i} has {len(s.prompt_tokens) + c} tokens, more than batch.max_sequence_len="
+                f"{cfg.max_sequence_len}; the sampler's limits and the batch config disagree")
+    rewards = np.array([s.reward for s in samples], np.float64)
+    groups = np.array([s.group_id for s in samples], np.int64)
+    adv_N = group_advantages(rewards, groups, mode=cfg.advantage, normalize_std=cfg.normalize_std)
+    keep = np.ones(len(samples), bool)
+    flat = zero_std_groups(rewards, groups) if samples else keep
+    if cfg.filter_zero_std_groups:
+        keep &= ~flat
+    kept = [i for i in range(len(samples)) if keep[i]]
+    finished = np.array([samples[i].finished for i in kept], bool)
+    lengths = np.array([len(samples[i].completion_tokens) for i in kept], np.int64)
+    weight_N = sequence_token_weights(lengths, groups[kept],
+                                      finished if cfg.overlong_filter else np.ones_like(finished),
+                                      cfg.weighting)
 
-  R, T, S = cfg.num_rows, cfg.seq_len, cfg.max_sequences
-  out = {name: np.zeros((R, T), np.int32) for name in
-         ("tokens", "positions", "segment_ids", "targets", "versions")}
-  for name in ("loss_mask", "behaviour_logprobs", "advantages", "token_weights"):
-    out[name] = np.zeros((R, T), np.float32)
-  out["sequence_index"] = np.full((R, T), S, np.int32)
-  seq = dict(rewards=np.zeros(S, np.float32), sequence_advantages=np.zeros(S, np.float32),
-             group_ids=np.full(S, -1, np.int32), completion_lengths=np.zeros(S, np.int32),
-             sequence_mask=np.zeros(S, np.float32))
-  total = [len(samples[i].prompt_tokens) + len(samples[i].completion_tokens) for i in kept]
-  placement = pack_first_fit(total, T, R)
-  segments_in_row = np.zeros(R, np.int32)
-  for k, (i, (row, off)) in enumerate(zip(kept, placement)):
-    s = samples[i]
-    p, c = len(s.prompt_tokens), len(s.completion_tokens)
-    ids = np.concatenate([np.asarray(s.prompt_tokens), np.asarray(s.completion_tokens)])
-    sl = slice(off, off + p + c)
-    segments_in_row[row] += 1
-    out["tokens"][row, sl] = ids
-    out["positions"][row, sl] = np.arange(p + c)
-    out["segment_ids"][row, sl] = segments_in_row[row]
-    out["targets"][row, off:off + p + c - 1] = ids[1:]
-    scored = slice(off + p - 1, off + p + c - 1)  # positions whose target is a completion token
-    out["loss_mask"][row, scored] = 1.0
-    out["behaviour_logprobs"][row, scored] = np.asarray(s.completion_logprobs, np.float32)
-    out["versions"][row, scored] = np.asarray(s.completion_versions, np.int32)
-    out["advantages"][row, scored] = adv_N[i]
-    out["token_weights"][row, scored] = weight_N[k]
-    out["sequence_index"][row, scored] = k
-    seq["rewards"][k], seq["sequence_advantages"][k] = s.reward, adv_N[i]
-    seq["group_ids"][k], seq["completion_lengths"][k] = s.group_id, c
-    seq["sequence_mask"][k] = 1.0
-  if not np.all(np.isfinite(out["behaviour_logprobs"])):
-    raise ConfigError("build_batch: behaviour logprobs contain NaN/Inf; the sampler must record "
-                      "finite logprobs (check the sampling temperature)")
-  stats = {
-      "samples": len(samples),
-      "groups": int(np.unique(groups).size),
-      "zero_std_groups": int(np.unique(groups[flat]).size) if samples else 0,
-      "filtered_samples": int((~keep).sum()),
-      "overlong_samples": int((~finished).sum()),
-      "trained_samples": len(kept),
-      "completion_tokens": int(lengths.sum()),
-      "rows_used": int(max((r for r, _ in placement), default=-1) + 1),
-      "padding_fraction": 1.0 - float(sum(total)) / (R * T),
-  }
-  return TrainBatch(**out, **seq), stats
+    R, T, S = cfg.num_rows, cfg.seq_len, cfg.max_sequences
+    out = {name: np.zeros((R, T), np.int32) for name in
+           ("tokens", "positions", "segment_ids", "targets", "versions")}
+    for name in ("loss_mask", "behaviour_logprobs", "advantages", "token_weights"):
+        out[name] = np.zeros((R, T), np.float32)
+    out["sequence_index"] = np.full((R, T), S, np.int32)
+    seq = dict(rewards=np.zeros(S, np.float32), sequence_advantages=np.zeros(S, np.float32),
+               group_ids=np.full(S, -1, np.int32), completion_lengths=np.zeros(S, np.int32),
+               sequence_mask=np.zeros(S, np.float32))
+    total = [len(samples[i].prompt_tokens) + len(samples[i].completion_tokens) for i in kept]
+    placement = pack_first_fit(total, T, R)
+    segments_in_row = np.zeros(R, np.int32)
+    for k, (i, (row, off)) in enumerate(zip(kept, placement)):
+        s = samples[i]
+        p, c = len(s.prompt_tokens), len(s.completion_tokens)
+        ids = np.concatenate([np.asarray(s.prompt_tokens), np.asarray(s.completion_tokens)])
+        sl = slice(off, off + p + c)
+        segments_in_row[row] += 1
+        out["tokens"][row, sl] = ids
+        out["positions"][row, sl] = np.arange(p + c)
+        out["segment_ids"][row, sl] = segments_in_row[row]
+        out["targets"][row, off:off + p + c - 1] = ids[1:]
+        scored = slice(off + p - 1, off + p + c - 1)  # positions whose target is a completion token
+        out["loss_mask"][row, scored] = 1.0
+        out["behaviour_logprobs"][row, scored] = np.asarray(s.completion_logprobs, np.float32)
+        out["versions"][row, scored] = np.asarray(s.completion_versions, np.int32)
+        out["advantages"][row, scored] = adv_N[i]
+        out["token_weights"][row, scored] = weight_N[k]
+        out["sequence_index"][row, scored] = k
+        seq["rewards"][k], seq["sequence_advantages"][k] = s.reward, adv_N[i]
+        seq["group_ids"][k], seq["completion_lengths"][k] = s.group_id, c
+        seq["sequence_mask"][k] = 1.0
+    if not np.all(np.isfinite(out["behaviour_logprobs"])):
+        raise ConfigError("build_batch: behaviour logprobs contain NaN/Inf; the sampler must record "
+                          "finite logprobs (check the sampling temperature)")
+    stats = {
+        "samples": len(samples),
+        "groups": int(np.unique(groups).size),
+        "zero_std_groups": int(np.unique(groups[flat]).size) if samples else 0,
+        "filtered_samples": int((~keep).sum()),
+        "overlong_samples": int((~finished).sum()),
+        "trained_samples": len(kept),
+        "completion_tokens": int(lengths.sum()),
+        "rows_used": int(max((r for r, _ in placement), default=-1) + 1),
+        "padding_fraction": 1.0 - float(sum(total)) / (R * T),
+    }
+    return TrainBatch(**out, **seq), stats

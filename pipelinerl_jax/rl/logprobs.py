@@ -32,187 +32,187 @@ _HIGHEST = jax.lax.Precision.HIGHEST  # f32 head on every backend (no TF32 on GP
 
 
 def _strided_chunks(x, axis_size: int, chunk: int, axis: int):
-  """Pads `axis` to C*chunk and splits it into C strided chunks, moved to the front."""
-  num = math.ceil(axis_size / chunk)
-  pad = num * chunk - axis_size
-  if pad:
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    x = jnp.pad(x, widths)
-  shape = x.shape[:axis] + (chunk, num) + x.shape[axis + 1:]
-  return jnp.moveaxis(x.reshape(shape), axis + 1, 0), num
+    """Pads `axis` to C*chunk and splits it into C strided chunks, moved to the front."""
+    num = math.ceil(axis_size / chunk)
+    pad = num * chunk - axis_size
+    if pad:
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, pad)
+        x = jnp.pad(x, widths)
+    shape = x.shape[:axis] + (chunk, num) + x.shape[axis + 1:]
+    return jnp.moveaxis(x.reshape(shape), axis + 1, 0), num
 
 
 def _unchunk(x_Cx, axis_size: int, axis: int):
-  """Inverse of _strided_chunks for an array whose chunk axis is in front."""
-  num, chunk = x_Cx.shape[0], x_Cx.shape[axis + 1]
-  x = jnp.moveaxis(x_Cx, 0, axis + 1)
-  x = x.reshape(x.shape[:axis] + (chunk * num,) + x.shape[axis + 2:])
-  return jax.lax.slice_in_dim(x, 0, axis_size, axis=axis)
+    """Inverse of _strided_chunks for an array whose chunk axis is in front."""
+    num, chunk = x_Cx.shape[0], x_Cx.shape[axis + 1]
+    x = jnp.moveaxis(x_Cx, 0, axis + 1)
+    x = x.reshape(x.shape[:axis] + (chunk * num,) + x.shape[axis + 2:])
+    return jax.lax.slice_in_dim(x, 0, axis_size, axis=axis)
 
 
 def _vocab_chunks(w_ExV, vocab_chunk: int):
-  V = w_ExV.shape[1]
-  Vc = min(vocab_chunk, V)
-  w_CxExVc, num = _strided_chunks(w_ExV.astype(jnp.float32), V, Vc, axis=1)
-  ids_CxVc = jnp.arange(Vc)[None, :] * num + jnp.arange(num)[:, None]
-  return w_CxExVc, ids_CxVc < V
+    V = w_ExV.shape[1]
+    Vc = min(vocab_chunk, V)
+    w_CxExVc, num = _strided_chunks(w_ExV.astype(jnp.float32), V, Vc, axis=1)
+    ids_CxVc = jnp.arange(Vc)[None, :] * num + jnp.arange(num)[:, None]
+    return w_CxExVc, ids_CxVc < V
 
 
 def _target_logits(h_NxE, w_ExV, targets_N, temperature):
-  w_NxE = jnp.take(w_ExV.astype(jnp.float32).T, targets_N, axis=0)
-  return jnp.sum(h_NxE * w_NxE, axis=-1) / temperature, w_NxE
+    w_NxE = jnp.take(w_ExV.astype(jnp.float32).T, targets_N, axis=0)
+    return jnp.sum(h_NxE * w_NxE, axis=-1) / temperature, w_NxE
 
 
 def _chunked_forward(h_NxE, w_ExV, targets_N, temperature, vocab_chunk):
-  w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
-  N = h_NxE.shape[0]
+    w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
+    N = h_NxE.shape[0]
 
-  def body(carry, xs):
-    m_N, s_N, t_N = carry
-    w_ExVc, valid_Vc = xs
-    z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
-    z_NxVc = jnp.where(valid_Vc, z_NxVc, _NEG)
-    m_new = jnp.maximum(m_N, z_NxVc.max(axis=-1))
-    scale = jnp.exp(m_N - m_new)
-    e_NxVc = jnp.exp(z_NxVc - m_new[:, None])
-    return (m_new, s_N * scale + e_NxVc.sum(-1), t_N * scale + (e_NxVc * z_NxVc).sum(-1)), None
+    def body(carry, xs):
+        m_N, s_N, t_N = carry
+        w_ExVc, valid_Vc = xs
+        z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
+        z_NxVc = jnp.where(valid_Vc, z_NxVc, _NEG)
+        m_new = jnp.maximum(m_N, z_NxVc.max(axis=-1))
+        scale = jnp.exp(m_N - m_new)
+        e_NxVc = jnp.exp(z_NxVc - m_new[:, None])
+        return (m_new, s_N * scale + e_NxVc.sum(-1), t_N * scale + (e_NxVc * z_NxVc).sum(-1)), None
 
-  init = (jnp.full((N,), _NEG, jnp.float32), jnp.zeros((N,), jnp.float32),
-          jnp.zeros((N,), jnp.float32))
-  (m_N, s_N, t_N), _ = jax.lax.scan(body, init, (w_CxExVc, valid_CxVc))
-  lse_N = m_N + jnp.log(s_N)
-  mean_z_N = t_N / s_N
-  zt_N, _ = _target_logits(h_NxE, w_ExV, targets_N, temperature)
-  return zt_N - lse_N, lse_N - mean_z_N, (lse_N, mean_z_N)
+    init = (jnp.full((N,), _NEG, jnp.float32), jnp.zeros((N,), jnp.float32),
+            jnp.zeros((N,), jnp.float32))
+    (m_N, s_N, t_N), _ = jax.lax.scan(body, init, (w_CxExVc, valid_CxVc))
+    lse_N = m_N + jnp.log(s_N)
+    mean_z_N = t_N / s_N
+    zt_N, _ = _target_logits(h_NxE, w_ExV, targets_N, temperature)
+    return zt_N - lse_N, lse_N - mean_z_N, (lse_N, mean_z_N)
 
 
 def _flatten(hidden, targets):
-  E = hidden.shape[-1]
-  return hidden.reshape(-1, E).astype(jnp.float32), targets.reshape(-1)
+    E = hidden.shape[-1]
+    return hidden.reshape(-1, E).astype(jnp.float32), targets.reshape(-1)
 
 
 def chunked_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0,
                      vocab_chunk: int = 8192):
-  """(logprobs, entropy) f32 with targets' shape, of softmax(hidden @ W / temperature).
+    """(logprobs, entropy) f32 with targets' shape, of softmax(hidden @ W / temperature).
 
   hidden_xE: [..., E] any float dtype; w_ExV: the LM head; targets: int [...]. Differentiable
   in hidden and W; the backward recomputes one vocabulary chunk at a time.
   """
-  shape = targets.shape
+    shape = targets.shape
 
-  @jax.custom_vjp
-  def run(hidden_xE, w_ExV):
-    h_NxE, t_N = _flatten(hidden_xE, targets)
-    lp_N, ent_N, _ = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk)
-    return lp_N, ent_N
+    @jax.custom_vjp
+    def run(hidden_xE, w_ExV):
+        h_NxE, t_N = _flatten(hidden_xE, targets)
+        lp_N, ent_N, _ = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk)
+        return lp_N, ent_N
 
-  def fwd(hidden_xE, w_ExV):
-    h_NxE, t_N = _flatten(hidden_xE, targets)
-    lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(h_NxE, w_ExV, t_N, temperature,
-                                                      vocab_chunk)
-    return (lp_N, ent_N), (hidden_xE, w_ExV, lse_N, mean_z_N)
+    def fwd(hidden_xE, w_ExV):
+        h_NxE, t_N = _flatten(hidden_xE, targets)
+        lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(h_NxE, w_ExV, t_N, temperature,
+                                                          vocab_chunk)
+        return (lp_N, ent_N), (hidden_xE, w_ExV, lse_N, mean_z_N)
 
-  def bwd(res, cotangents):
-    hidden_xE, w_ExV, lse_N, mean_z_N = res
-    g_lp_N, g_ent_N = cotangents
-    h_NxE, t_N = _flatten(hidden_xE, targets)
-    w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
+    def bwd(res, cotangents):
+        hidden_xE, w_ExV, lse_N, mean_z_N = res
+        g_lp_N, g_ent_N = cotangents
+        h_NxE, t_N = _flatten(hidden_xE, targets)
+        w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
 
-    def body(dh_NxE, xs):
-      w_ExVc, valid_Vc = xs
-      z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
-      p_NxVc = jnp.where(valid_Vc, jnp.exp(z_NxVc - lse_N[:, None]), 0.0)
-      # d logprob / dz = onehot - p (onehot added below); d entropy / dz = -p (z - E_p[z]).
-      dz_NxVc = -p_NxVc * (g_lp_N[:, None] + g_ent_N[:, None] * (z_NxVc - mean_z_N[:, None]))
-      dz_NxVc = dz_NxVc / temperature
-      dh_NxE = dh_NxE + jnp.dot(dz_NxVc, w_ExVc.T, precision=_HIGHEST)
-      return dh_NxE, jnp.dot(h_NxE.T, dz_NxVc, precision=_HIGHEST)
+        def body(dh_NxE, xs):
+            w_ExVc, valid_Vc = xs
+            z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
+            p_NxVc = jnp.where(valid_Vc, jnp.exp(z_NxVc - lse_N[:, None]), 0.0)
+            # d logprob / dz = onehot - p (onehot added below); d entropy / dz = -p (z - E_p[z]).
+            dz_NxVc = -p_NxVc * (g_lp_N[:, None] + g_ent_N[:, None] * (z_NxVc - mean_z_N[:, None]))
+            dz_NxVc = dz_NxVc / temperature
+            dh_NxE = dh_NxE + jnp.dot(dz_NxVc, w_ExVc.T, precision=_HIGHEST)
+            return dh_NxE, jnp.dot(h_NxE.T, dz_NxVc, precision=_HIGHEST)
 
-    dh_NxE, dw_CxExVc = jax.lax.scan(body, jnp.zeros_like(h_NxE), (w_CxExVc, valid_CxVc))
-    dw_ExV = _unchunk(dw_CxExVc, w_ExV.shape[1], axis=1)
-    _, w_NxE = _target_logits(h_NxE, w_ExV, t_N, temperature)
-    g_t_N = g_lp_N / temperature
-    dh_NxE = dh_NxE + g_t_N[:, None] * w_NxE
-    dw_ExV = dw_ExV.at[:, t_N].add((g_t_N[:, None] * h_NxE).T)
-    return dh_NxE.reshape(hidden_xE.shape).astype(hidden_xE.dtype), dw_ExV.astype(w_ExV.dtype)
+        dh_NxE, dw_CxExVc = jax.lax.scan(body, jnp.zeros_like(h_NxE), (w_CxExVc, valid_CxVc))
+        dw_ExV = _unchunk(dw_CxExVc, w_ExV.shape[1], axis=1)
+        _, w_NxE = _target_logits(h_NxE, w_ExV, t_N, temperature)
+        g_t_N = g_lp_N / temperature
+        dh_NxE = dh_NxE + g_t_N[:, None] * w_NxE
+        dw_ExV = dw_ExV.at[:, t_N].add((g_t_N[:, None] * h_NxE).T)
+        return dh_NxE.reshape(hidden_xE.shape).astype(hidden_xE.dtype), dw_ExV.astype(w_ExV.dtype)
 
-  run.defvjp(fwd, bwd)
-  lp_N, ent_N = run(hidden_xE, w_ExV)
-  return lp_N.reshape(shape), ent_N.reshape(shape)
+    run.defvjp(fwd, bwd)
+    lp_N, ent_N = run(hidden_xE, w_ExV)
+    return lp_N.reshape(shape), ent_N.reshape(shape)
 
 
 def full_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0):
-  """Reference: the same quantities from whole f32 logits (tests, tiny vocabularies)."""
-  z = jnp.dot(hidden_xE.astype(jnp.float32), w_ExV.astype(jnp.float32),
-              precision=_HIGHEST) / temperature
-  logp = jax.nn.log_softmax(z, axis=-1)
-  lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-  return lp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    """Reference: the same quantities from whole f32 logits (tests, tiny vocabularies)."""
+    z = jnp.dot(hidden_xE.astype(jnp.float32), w_ExV.astype(jnp.float32),
+                precision=_HIGHEST) / temperature
+    logp = jax.nn.log_softmax(z, axis=-1)
+    lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return lp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def _token_chunk_values(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature):
-  """Loss of one token chunk and its (logprobs, entropy), from whole-vocabulary logits."""
-  z_NcxV = jnp.dot(h_NcxE, w_ExV, precision=_HIGHEST) / temperature
-  lse_Nc = jax.nn.logsumexp(z_NcxV, axis=-1)
-  # A compare-select instead of a gather: its transpose is an elementwise select that fuses
-  # into the softmax gradient, where a gather's would scatter into a fresh [Nc, V] buffer.
-  hit_NcxV = jnp.arange(z_NcxV.shape[-1])[None, :] == t_Nc[:, None]
-  lp_Nc = jnp.sum(jnp.where(hit_NcxV, z_NcxV, 0.0), axis=-1) - lse_Nc
-  ent_Nc = lse_Nc - jnp.sum(jnp.exp(z_NcxV - lse_Nc[:, None]) * z_NcxV, axis=-1)
-  return loss_fn(lp_Nc, ent_Nc, inputs), (lp_Nc, ent_Nc)
+    """Loss of one token chunk and its (logprobs, entropy), from whole-vocabulary logits."""
+    z_NcxV = jnp.dot(h_NcxE, w_ExV, precision=_HIGHEST) / temperature
+    lse_Nc = jax.nn.logsumexp(z_NcxV, axis=-1)
+    # A compare-select instead of a gather: its transpose is an elementwise select that fuses
+    # into the softmax gradient, where a gather's would scatter into a fresh [Nc, V] buffer.
+    hit_NcxV = jnp.arange(z_NcxV.shape[-1])[None, :] == t_Nc[:, None]
+    lp_Nc = jnp.sum(jnp.where(hit_NcxV, z_NcxV, 0.0), axis=-1) - lse_Nc
+    ent_Nc = lse_Nc - jnp.sum(jnp.exp(z_NcxV - lse_Nc[:, None]) * z_NcxV, axis=-1)
+    return loss_fn(lp_Nc, ent_Nc, inputs), (lp_Nc, ent_Nc)
 
 
 def fused_token_loss(hidden_xE, w_ExV, targets, inputs: Any,
                      loss_fn: Callable[[jax.Array, jax.Array, Any], jax.Array], *,
                      temperature: float = 1.0, token_chunk: int = 1024):
-  """(sum of loss_fn over token chunks, logprobs, entropy); gradients flow to hidden and W only.
+    """(sum of loss_fn over token chunks, logprobs, entropy); gradients flow to hidden and W only.
 
   loss_fn(logprobs_Nc, entropy_Nc, inputs_chunk) -> scalar must be a sum of per-token terms
   that vanish where the inputs are zero (padding tokens get all-zero inputs); `inputs` is a
   pytree of arrays shaped like targets (treated as constants). The returned logprobs and
   entropy are for metrics: they carry no gradient.
   """
-  shape = targets.shape
-  N = math.prod(shape)
-  Nc = min(token_chunk, N)
-  h_dtype, w_dtype = hidden_xE.dtype, w_ExV.dtype
+    shape = targets.shape
+    N = math.prod(shape)
+    Nc = min(token_chunk, N)
+    h_dtype, w_dtype = hidden_xE.dtype, w_ExV.dtype
 
-  def forward(hidden_xE, w_ExV, inputs):
-    h_NxE, t_N = _flatten(hidden_xE, targets)
-    w32_ExV = w_ExV.astype(jnp.float32)
-    h_CxNcxE, _ = _strided_chunks(h_NxE, N, Nc, axis=0)
-    t_CxNc, _ = _strided_chunks(t_N, N, Nc, axis=0)
-    inp_C = jax.tree.map(lambda x: _strided_chunks(x.reshape(-1), N, Nc, axis=0)[0], inputs)
-    grad_fn = jax.value_and_grad(_token_chunk_values, argnums=(0, 1), has_aux=True)
+    def forward(hidden_xE, w_ExV, inputs):
+        h_NxE, t_N = _flatten(hidden_xE, targets)
+        w32_ExV = w_ExV.astype(jnp.float32)
+        h_CxNcxE, _ = _strided_chunks(h_NxE, N, Nc, axis=0)
+        t_CxNc, _ = _strided_chunks(t_N, N, Nc, axis=0)
+        inp_C = jax.tree.map(lambda x: _strided_chunks(x.reshape(-1), N, Nc, axis=0)[0], inputs)
+        grad_fn = jax.value_and_grad(_token_chunk_values, argnums=(0, 1), has_aux=True)
 
-    def body(carry, xs):
-      loss, dw_ExV = carry
-      h_NcxE, t_Nc, inp = xs
-      (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(h_NcxE, w32_ExV, t_Nc, inp, loss_fn,
-                                                           temperature)
-      return (loss + loss_c, dw_ExV + dw_c), (lp_Nc, ent_Nc, dh_NcxE)
+        def body(carry, xs):
+            loss, dw_ExV = carry
+            h_NcxE, t_Nc, inp = xs
+            (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(h_NcxE, w32_ExV, t_Nc, inp, loss_fn,
+                                                                 temperature)
+            return (loss + loss_c, dw_ExV + dw_c), (lp_Nc, ent_Nc, dh_NcxE)
 
-    init = (jnp.zeros((), jnp.float32), jnp.zeros_like(w32_ExV))
-    (loss, dw_ExV), (lp, ent, dh) = jax.lax.scan(body, init, (h_CxNcxE, t_CxNc, inp_C))
-    lp_N, ent_N = _unchunk(lp, N, 0), _unchunk(ent, N, 0)
-    dh_xE = _unchunk(dh, N, 0).reshape(hidden_xE.shape)
-    return (loss, lp_N.reshape(shape), ent_N.reshape(shape)), (dh_xE, dw_ExV)
+        init = (jnp.zeros((), jnp.float32), jnp.zeros_like(w32_ExV))
+        (loss, dw_ExV), (lp, ent, dh) = jax.lax.scan(body, init, (h_CxNcxE, t_CxNc, inp_C))
+        lp_N, ent_N = _unchunk(lp, N, 0), _unchunk(ent, N, 0)
+        dh_xE = _unchunk(dh, N, 0).reshape(hidden_xE.shape)
+        return (loss, lp_N.reshape(shape), ent_N.reshape(shape)), (dh_xE, dw_ExV)
 
-  @jax.custom_vjp
-  def run(hidden_xE, w_ExV, inputs):
-    return forward(hidden_xE, w_ExV, inputs)[0]
+    @jax.custom_vjp
+    def run(hidden_xE, w_ExV, inputs):
+        return forward(hidden_xE, w_ExV, inputs)[0]
 
-  def fwd(hidden_xE, w_ExV, inputs):
-    out, (dh_xE, dw_ExV) = forward(hidden_xE, w_ExV, inputs)
-    return out, (dh_xE, dw_ExV, inputs)
+    def fwd(hidden_xE, w_ExV, inputs):
+        out, (dh_xE, dw_ExV) = forward(hidden_xE, w_ExV, inputs)
+        return out, (dh_xE, dw_ExV, inputs)
 
-  def bwd(res, cotangents):
-    dh_xE, dw_ExV, inputs = res
-    g = cotangents[0]  # the logprob/entropy outputs are stop-gradient'ed below
-    zeros = jax.tree.map(jnp.zeros_like, inputs)
-    return (g * dh_xE).astype(h_dtype), (g * dw_ExV).astype(w_dtype), zeros
+    def bwd(res, cotangents):
+        dh_xE, dw_ExV, inputs = res
+        g = cotangents[0]  # the logprob/entropy outputs are stop-gradient'ed below
+        zeros = jax.tree.map(jnp.zeros_like, inputs)
+        return (g * dh_xE).astype(h_dtype), (g * dw_ExV).astype(w_dtype), zeros
 
-  run.defvjp(fwd, bwd)
-  loss, lp, ent = run(hidden_xE, w_ExV, inputs)
-  return loss, jax.lax.stop_gradient(lp), jax.lax.stop_gradient(ent)
+    run.defvjp(fwd, bwd)
+    loss, lp, ent = run(hidden_xE, w_ExV, inputs)
+    return loss, jax.lax.stop_gradient(lp), jax.lax.stop_gradient(ent)
