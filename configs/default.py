@@ -19,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mode = "pipeline"            # "pipeline" (in-flight updates) | "conventional"
     c.max_lag = 2                  # pipeline: tokens are at most this many steps stale
     c.conventional_steps = 4       # conventional: steps per frozen-weight generation round
-    c.steps = 400                  # optimizer steps
+    c.steps = 800                  # optimizer steps (about 3-5 minutes on 2 idle cores)
     c.group_size = 8               # attempts per prompt
     c.batch_size = 64              # sequences per optimizer step
     c.log_every = 20
@@ -65,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.workers = 0           # the task reward is cheap: score in the sampler thread
 
     c.trainer = ml_collections.ConfigDict()
-    c.trainer.learning_rate = 3e-3
+    c.trainer.learning_rate = 1e-3
     c.trainer.lr_schedule = "constant"
     c.trainer.warmup_steps = 10
     c.trainer.weight_decay = 0.0
@@ -74,12 +74,15 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.loss = ml_collections.ConfigDict()
     c.loss.objective = "tis_reinforce"
-    c.loss.entropy_coef = 0.0
+    c.loss.entropy_coef = 0.03     # keeps exploring: without it the policy collapsed early
+    c.loss.entropy_coef_end = ml_collections.config_dict.placeholder(float)  # None: constant
+    c.loss.entropy_schedule_steps = 0
 
     c.batch = ml_collections.ConfigDict()
     c.batch.advantage = "group_mean"
-    c.batch.filter_zero_std_groups = True
+    c.batch.filter_zero_std_groups = False
     c.batch.weighting = "sequence_sum"
+    c.batch.normalize_std = True   # per-group std: comparable step sizes across groups
 
     c.eval_every = 100             # held-out evaluation every N steps and at the end (0: never)
     c.eval = ml_collections.ConfigDict()

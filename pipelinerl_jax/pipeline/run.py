@@ -139,8 +139,9 @@ def build(cfg: config_lib.RunConfig, devices=None) -> Components:
     admission = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag,
                           mode=cfg.mode, round_steps=cfg.conventional_steps)
     replicated = NamedSharding(sampler_mesh, P())
+    shared = not set(sampler_devices).isdisjoint(trainer_devices)
     publisher = Publisher(jax.tree.map(lambda _: replicated, params),
-                          publishes=admission.publishes)
+                          publishes=admission.publishes, swap_when_ready=not shared)
     return Components(sampler=sampler, trainer=trainer, state=state, stream=stream,
                       tokenizer=tokenizer, encode_prompt=encode, admission=admission,
                       publisher=publisher, num_sampler_devices=len(sampler_devices),

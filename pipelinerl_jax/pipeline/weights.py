@@ -30,7 +30,12 @@ class Staged:
 class Publisher:
     """Single-slot mailbox between the trainer thread and the sampler thread."""
 
-    def __init__(self, sampler_shardings, *, publishes=lambda version: True):
+    def __init__(self, sampler_shardings, *, publishes=lambda version: True,
+                 swap_when_ready: bool = True):
+        # On separate devices a swap waits until the copy has landed, so decoding never waits
+        # for the train step. Where both roles share the devices their work is serialised
+        # anyway; handing the params over at once lets swaps land mid-sequence there too.
+        self.swap_when_ready = swap_when_ready
         self._shardings = sampler_shardings
         self._publishes = publishes
         self._lock = threading.Lock()
@@ -51,13 +56,16 @@ class Publisher:
             self.published += 1
         return True
 
-    def take_newer(self, current_version: int, *, when_ready: bool = True) -> Staged | None:
+    def take_newer(self, current_version: int, *, when_ready: bool | None = None
+                   ) -> Staged | None:
         """The staged params if they are newer than `current_version`, else None.
 
         With `when_ready` the params are handed over only once every leaf has arrived on the
         sampler devices (the train step that produced them is done): taking them earlier
         would make the next decode chunk wait for the trainer, stalling generation.
         """
+        if when_ready is None:
+            when_ready = self.swap_when_ready
         with self._lock:
             staged = self._staged
             if staged is None or staged.version <= current_version:
