@@ -48,8 +48,10 @@ def test_kill_9_then_resume_continues_exactly(tmp_path):
     while True:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.time() < deadline
-        if (killed / "metrics.jsonl").exists() and len(train_records(killed)) >= kill_after:
-            break
+        ckpts = killed / "checkpoints"
+        saved = ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
+        if saved and len(train_records(killed)) >= kill_after:
+            break  # past a finished checkpoint (saves are asynchronous)
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
