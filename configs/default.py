@@ -105,4 +105,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.devices = ml_collections.ConfigDict()
     c.devices.sampler = 0.5
     c.devices.trainer_tp = 1
+    c.devices.sampler_tp = 1       # tensor-parallel degree of the sampler mesh
     return c

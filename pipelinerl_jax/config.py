@@ -51,6 +51,8 @@ class DeviceSpec:
     """How local devices split into the sampler mesh and the trainer mesh."""
     sampler: float = 0.5              # a count (>= 1) or a fraction (< 1) of the devices
     trainer_tp: int = 1               # tensor-parallel degree inside the trainer mesh
+    sampler_tp: int = 1               # tensor-parallel degree inside the sampler mesh (the
+                                      #   rest of its devices split the slots data-parallel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,9 +199,10 @@ def from_config_dict(cfg) -> RunConfig:
                    max_sequences=batch_size, max_sequence_len=max_len)
 
     dev = _build(DeviceSpec, _section(cfg, "devices"), "devices")
-    if dev.sampler <= 0 or dev.trainer_tp < 1:
+    if dev.sampler <= 0 or dev.trainer_tp < 1 or dev.sampler_tp < 1:
         raise ConfigError(f"config.devices.sampler={dev.sampler} must be > 0 (a count or a "
-                          f"fraction) and devices.trainer_tp={dev.trainer_tp} >= 1")
+                          f"fraction), devices.trainer_tp={dev.trainer_tp} and "
+                          f"devices.sampler_tp={dev.sampler_tp} >= 1")
     reward = _build(RewardSpec, _section(cfg, "reward"), "reward")
     eval_values = _section(cfg, "eval")
     eval_datasets = _dataset_specs(eval_values.pop("datasets", ()) or ())

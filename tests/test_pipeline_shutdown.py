@@ -107,6 +107,17 @@ def test_more_sampler_devices_than_exist_is_refused():
     assert [len(x) for x in run_lib.split_devices(list(range(8)), tiny_config().devices)] == [4, 4]
 
 
+def test_sampler_tp_that_does_not_divide_is_refused():
+    cfg = tiny_config(**{"devices.sampler": 3, "devices.sampler_tp": 2})
+    with pytest.raises(ConfigError, match="sampler_tp=2 does not divide the 3 sampler"):
+        run_lib.split_devices(list(range(8)), cfg.devices)
+    cfg = tiny_config(**{"devices.sampler_tp": 2})
+    with pytest.raises(ConfigError, match="sampler_tp=2"):
+        run_lib.split_devices(list(range(1)), cfg.devices)
+    with pytest.raises(ConfigError, match="sampler_tp=0"):
+        tiny_config(**{"devices.sampler_tp": 0})
+
+
 def test_launch_exits_2_on_bad_config():
     proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config.batch_size=30"],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),

@@ -71,3 +71,24 @@ def test_take_newer_waits_until_every_leaf_arrived():
     publisher._staged = Staged(params={"w": leaf, "b": jnp.ones(2)}, version=6, staged_at=0.0)
     leaf.ready = True
     assert publisher.take_newer(5).version == 6
+
+
+def test_prepare_runs_in_the_publishing_thread_on_a_private_copy():
+    """The sampler's layout conversion is staged with the copy (the trainer thread pays it,
+    not the sampler's chunk boundary), and it never sees the trainer's own buffers."""
+    params = _params(0)
+    expected = np.asarray(params["w"]) * 3.0
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    seen = []
+
+    def prepare(copy):
+        seen.append(copy["w"])
+        return {"w3": copy["w"] * 3.0}
+
+    publisher = Publisher(jax.tree.map(lambda _: sharding, params), prepare=prepare)
+    publisher.publish(params, version=1)
+    assert seen and seen[0] is not params["w"]
+    jax.jit(lambda p: jax.tree.map(lambda x: x * 2.0, p), donate_argnums=0)(params)
+    staged = publisher.wait_newer(0, timeout=10.0)
+    assert staged.prepared and staged.version == 1
+    np.testing.assert_allclose(np.asarray(staged.params["w3"]), expected)

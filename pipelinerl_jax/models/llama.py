@@ -177,8 +177,15 @@ def _dense(x_BxTxI, w: jax.Array, n_in: int) -> jax.Array:
     return (x2 @ w.reshape(math.prod(ins), math.prod(outs))).reshape(*lead, *outs)
 
 
-def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, layer_cache):
-    """One pre-norm decoder block; `lp` holds this layer's params already in compute dtype."""
+def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, layer_cache,
+           reduce=None):
+    """One pre-norm decoder block; `lp` holds this layer's params already in compute dtype.
+
+    `reduce` (tensor parallelism inside shard_map, e.g. a psum over the tp axis) sums the
+    partial outputs of the row-split o_proj and down_proj before each residual add; with
+    column-split q/k/v/gate/up everything else is local to the device's heads and MLP slice.
+    """
+    reduce = reduce or (lambda x: x)
     eps = cfg.rms_norm_eps
     h = rms_norm(x_BxTxE, lp["attn_norm"], eps)
     q_BxTxHxD = _dense(h, lp["q_proj"], 1)
@@ -194,10 +201,10 @@ def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, l
     q_BxTxHxD = rope.apply(q_BxTxHxD, cos, sin)
     k_BxTxKxD = rope.apply(k_BxTxKxD, cos, sin)
     attn_BxTxHxD, layer_cache = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache)
-    x_BxTxE = x_BxTxE + _dense(attn_BxTxHxD, lp["o_proj"], 2)
+    x_BxTxE = x_BxTxE + reduce(_dense(attn_BxTxHxD, lp["o_proj"], 2))
     h = rms_norm(x_BxTxE, lp["mlp_norm"], eps)
     gated_BxTxF = jax.nn.silu(_dense(h, lp["gate_proj"], 1)) * _dense(h, lp["up_proj"], 1)
-    return x_BxTxE + _dense(gated_BxTxF, lp["down_proj"], 1), layer_cache
+    return x_BxTxE + reduce(_dense(gated_BxTxF, lp["down_proj"], 1)), layer_cache
 
 
 def forward_hidden(graphdef: nnx.GraphDef, params, tokens_BxT: jax.Array,

@@ -122,7 +122,7 @@ class Coordinator:
         if staged is None:
             return
         t0 = time.perf_counter()
-        self.sampler.set_params(staged.params, staged.version)
+        self.sampler.set_params(staged.params, staged.version, prepared=staged.prepared)
         self._handed_version = staged.version
         self.swap_pause_s.append(time.perf_counter() - t0)
         self._pending_swap_t = staged.staged_at

@@ -1,13 +1,13 @@
 """Build a run from a RunConfig and execute it: meshes, model, sampler, trainer, data, rewards.
 
     from pipelinerl_jax import config as config_lib
-from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
     from pipelinerl_jax.pipeline.run import run
     summary = run(config_lib.from_config_dict(get_config()), workdir="/tmp/run")
 
 Devices: one device is shared by both roles (JAX serialises their work); with several, the
-first `devices.sampler` (a count, or a fraction of them) form the sampler mesh ("data" axis:
-slots split data-parallel, params replicated) and the rest the trainer mesh (FSDP × TP).
+first `devices.sampler` (a count, or a fraction of them) form the sampler mesh (data × tp:
+groups of `devices.sampler_tp` devices split the params tensor-parallel, the groups split the
+slots data-parallel) and the rest the trainer mesh (FSDP × TP).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
@@ -48,6 +48,10 @@ def split_devices(devices, spec) -> tuple[list, list]:
     devices = list(devices)
     n = len(devices)
     if n == 1:
+        if spec.sampler_tp != 1 or spec.trainer_tp != 1:
+            raise ConfigError(f"devices.sampler_tp={spec.sampler_tp} and devices.trainer_tp="
+                              f"{spec.trainer_tp} need more than the 1 device there is: "
+                              "set both to 1")
         return devices, devices
     count = int(spec.sampler) if spec.sampler >= 1 else int(round(spec.sampler * n))
     if spec.sampler >= 1 and count != spec.sampler:
@@ -59,7 +63,18 @@ def split_devices(devices, spec) -> tuple[list, list]:
     if len(trainer_devices) % spec.trainer_tp:
         raise ConfigError(f"devices.trainer_tp={spec.trainer_tp} does not divide the "
                           f"{len(trainer_devices)} trainer devices")
+    if count % spec.sampler_tp:
+        raise ConfigError(f"devices.sampler_tp={spec.sampler_tp} does not divide the {count} "
+                          "sampler devices")
     return devices[:count], trainer_devices
+
+
+def sampler_mesh(devices, cfg) -> Mesh:
+    """(data, tp) mesh over the sampler devices: tp-sized groups split the params, the groups
+    split the slots."""
+    tp = cfg.devices.sampler_tp
+    grid = np.asarray(devices).reshape(len(devices) // tp, tp)
+    return Mesh(grid, (cfg.sampler.data_axis, cfg.sampler.tp_axis))
 
 
 def build_data(cfg):
@@ -131,16 +146,15 @@ def build(cfg: config_lib.RunConfig, devices=None) -> Components:
     trainer.check_rows(cfg.batch.num_rows)
     state = trainer.init_state(params)
 
-    sampler_mesh = Mesh(np.asarray(sampler_devices), (cfg.sampler.data_axis,))
     eos = tuple(getattr(tokenizer, "eos_token_ids", ()))
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed)
-    sampler = Sampler(graphdef, params, sampler_cfg, eos_token_ids=eos, mesh=sampler_mesh)
+    sampler = Sampler(graphdef, params, sampler_cfg, eos_token_ids=eos,
+                      mesh=sampler_mesh(sampler_devices, cfg))
 
     admission = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag,
                           mode=cfg.mode, round_steps=cfg.conventional_steps)
-    replicated = NamedSharding(sampler_mesh, P())
     shared = not set(sampler_devices).isdisjoint(trainer_devices)
-    publisher = Publisher(jax.tree.map(lambda _: replicated, params),
+    publisher = Publisher(sampler.input_shardings, prepare=sampler.prepare,
                           publishes=admission.publishes, swap_when_ready=not shared)
     return Components(sampler=sampler, trainer=trainer, state=state, stream=stream,
                       tokenizer=tokenizer, encode_prompt=encode, admission=admission,

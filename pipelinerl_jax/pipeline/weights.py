@@ -2,7 +2,9 @@
 
 After every optimizer step the trainer calls `publish(params, version)`. The copy onto the
 sampler's shardings is dispatched at once (`jax.device_put` is asynchronous) and never
-aliases the trainer's buffers, because the next train step donates them. The sampler calls
+aliases the trainer's buffers, because the next train step donates them. `prepare` (the
+sampler's conversion to its per-layer decode layout) is dispatched right after, still in the
+trainer thread, so the sampler's chunk boundary only swaps a reference. The sampler calls
 `take_newer(version)` at each chunk boundary: a reference swap, no recompilation (same
 shardings every version) and no wait, since the decode chunk that consumes the new params
 simply depends on the copy on the device.
@@ -25,18 +27,20 @@ class Staged:
     params: object
     version: int
     staged_at: float  # time.perf_counter() when publication was dispatched
+    prepared: bool = False  # params went through the publisher's `prepare` already
 
 
 class Publisher:
     """Single-slot mailbox between the trainer thread and the sampler thread."""
 
-    def __init__(self, sampler_shardings, *, publishes=lambda version: True,
+    def __init__(self, sampler_shardings, *, prepare=None, publishes=lambda version: True,
                  swap_when_ready: bool = True):
         # On separate devices a swap waits until the copy has landed, so decoding never waits
         # for the train step. Where both roles share the devices their work is serialised
         # anyway; handing the params over at once lets swaps land mid-sequence there too.
         self.swap_when_ready = swap_when_ready
         self._shardings = sampler_shardings
+        self._prepare = prepare
         self._publishes = publishes
         self._lock = threading.Lock()
         self._staged: Staged | None = None
@@ -47,8 +51,12 @@ class Publisher:
         """Copies `params` to the sampler devices (async) and stages them; False if filtered."""
         if not self._publishes(version):
             return False
+        t0 = time.perf_counter()
         copy = jax.device_put(params, self._shardings, may_alias=False)
-        staged = Staged(params=copy, version=version, staged_at=time.perf_counter())
+        if self._prepare is not None:
+            copy = self._prepare(copy)
+        staged = Staged(params=copy, version=version, staged_at=t0,
+                        prepared=self._prepare is not None)
         with self._lock:
             if self._staged is not None:
                 self.skipped += 1

@@ -18,7 +18,14 @@ Data parallelism: every function runs under `shard_map` over the sampler mesh's 
 (a 1-device mesh by default, so there is one code path). Slots and the pool's pages are split
 in D equal ranges; block tables hold global page ids and a slot only ever owns pages of its own
 shard, so inside the shard each device converts ids to local ones and touches only its own
-pages. Params are replicated (the in-spec is P()).
+pages. Params are replicated over the data axis.
+
+Tensor parallelism: when the mesh also has a `tp` axis, params are split Megatron-style over
+it (forward.decode_param_specs), the KV pool by kv heads, and the forward all-reduces the two
+row-split projections per layer and all-gathers the logits (forward.py). Attention (the Triton
+kernel included) then runs on each device's own heads with no communication; slot fields are
+replicated over tp, and every device of a tp group samples the same token (same logits, same
+per-token uniforms).
 
 `window` (static) is how many leading block-table pages attention reads per row; the host
 picks it from a small set of buckets so reads scale with the longest live sequence, not with
@@ -87,11 +94,11 @@ _ENGINES: dict = {}
 
 
 def get_engine(graphdef, ecfg: EngineConfig, mesh: Mesh | None = None,
-               data_axis: str = "data") -> "Engine":
+               data_axis: str = "data", tp_axis: str = "tp") -> "Engine":
     """One Engine (hence one set of compiled executables) per (model, shapes, mesh)."""
-    key = (graphdef, ecfg, mesh, data_axis)
+    key = (graphdef, ecfg, mesh, data_axis, tp_axis)
     if key not in _ENGINES:
-        _ENGINES[key] = Engine(graphdef, ecfg, mesh, data_axis)
+        _ENGINES[key] = Engine(graphdef, ecfg, mesh, data_axis, tp_axis)
     return _ENGINES[key]
 
 
@@ -102,7 +109,7 @@ class Engine:
     """
 
     def __init__(self, graphdef, ecfg: EngineConfig, mesh: Mesh | None = None,
-                 data_axis: str = "data"):
+                 data_axis: str = "data", tp_axis: str = "tp"):
         self.graphdef = graphdef
         self.model_cfg = llama.config_of(graphdef)
         self.ecfg = ecfg
@@ -118,16 +125,29 @@ class Engine:
             raise ValueError(f"num_slots={ecfg.num_slots} and num_pages={ecfg.num_pages} must "
                              f"divide by the {self.num_shards} devices of mesh axis {data_axis!r}")
         self.pages_per_shard = ecfg.num_pages // self.num_shards
-        self.shardings = state_shardings(mesh, data_axis)
+        # Tensor parallelism when the mesh has a tp axis of more than one device.
+        self.tp = mesh.shape[tp_axis] if tp_axis in mesh.axis_names else 1
+        self.tp_axis = tp_axis if self.tp > 1 else None
+        fwd.check_tp(self.model_cfg, self.tp)
+        self.shardings = state_shardings(mesh, data_axis, self.tp_axis)
         self.specs = jax.tree.map(lambda s: s.spec, self.shardings)
         self.replicated = NamedSharding(mesh, Ps())
+        abstract = jax.eval_shape(functools.partial(fwd.decode_params, self.model_cfg),
+                                  llama.abstract_init(self.model_cfg)[1])
+        self.param_specs = fwd.decode_param_specs(self.model_cfg, abstract, self.tp_axis,
+                                                  self.tp)
+        self.param_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec),
+                                            self.param_specs)
+        self._gather_logits = (self.tp_axis if fwd.head_is_split(self.model_cfg, self.tp)
+                               else None)
+        self._reduce = ((lambda x: jax.lax.psum(x, self.tp_axis)) if self.tp_axis else None)
         self.decode_chunk = jax.jit(self._decode_chunk, static_argnames=("k", "window"),
                                     donate_argnames=("state",))
         self.prefill = jax.jit(self._prefill, static_argnames=("window",),
                                donate_argnames=("state",))
         self.copy_pages = jax.jit(self._copy_pages, donate_argnames=("state",))
         self.prepare_params = jax.jit(functools.partial(fwd.decode_params, self.model_cfg),
-                                      out_shardings=self.replicated)
+                                      out_shardings=self.param_shardings)
 
     def _shard_map(self, fn, in_specs, out_specs):
         # check_vma off: every value is per-shard (no collectives), and the checker would
@@ -143,7 +163,7 @@ class Engine:
 
     def _decode_chunk(self, params, state: SamplerState, version, *, k: int, window: int):
         body = functools.partial(self._decode_chunk_local, k=k, window=window)
-        return self._shard_map(body, (Ps(), self.specs, Ps()), self.specs)(
+        return self._shard_map(body, (self.param_specs, self.specs, Ps()), self.specs)(
             params, state, version)
 
     def _decode_chunk_local(self, params, state: SamplerState, version, *, k: int, window: int):
@@ -164,20 +184,21 @@ class Engine:
                                               scale=self.scale)
             hidden_Bx1xE, (k_pages, v_pages) = fwd.forward_hidden(
                 self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend,
-                (state.k_pages, state.v_pages))
+                (state.k_pages, state.v_pages), self._reduce)
         else:
             attend = attn.decode_attend(state.k_pages, state.v_pages,
                                         block_tables_BxM[:, :window], positions_B,
                                         scale=self.scale)
             hidden_Bx1xE, kv = fwd.forward_hidden(
-                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend, ())
+                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend, (),
+                self._reduce)
             k_new, v_new = _stack_kv(kv)
             write_Bx1 = active_B[:, None]
             k_pages = attn.write_new_kv(state.k_pages, k_new, block_tables_BxM,
                                         positions_B[:, None], write_Bx1)
             v_pages = attn.write_new_kv(state.v_pages, v_new, block_tables_BxM,
                                         positions_B[:, None], write_Bx1)
-        logits_BxV = fwd.logits(params, hidden_Bx1xE)[:, 0]
+        logits_BxV = fwd.logits(params, hidden_Bx1xE, self._gather_logits)[:, 0]
         u_B = _uniforms(state.rng_key, state.seeds, state.lengths)
         tokens_B, logprobs_B = sampling.sample(
             logits_BxV, state.temperature, state.top_k, state.top_p, u_B,
@@ -198,8 +219,9 @@ class Engine:
         """Rows are split over the data axis like slots: rows of shard d hold its slots' tables."""
         rows = Ps(self.data_axis)
         body = functools.partial(self._prefill_local, window=window)
-        return self._shard_map(body, (Ps(), self.specs, rows, rows, rows), self.specs)(
-            params, state, tokens_RxT, positions_RxT, block_tables_RxM)
+        return self._shard_map(body, (self.param_specs, self.specs, rows, rows, rows),
+                               self.specs)(params, state, tokens_RxT, positions_RxT,
+                                           block_tables_RxM)
 
     def _prefill_local(self, params, state: SamplerState, tokens_RxT, positions_RxT,
                        block_tables_RxM, *, window: int):
@@ -207,7 +229,7 @@ class Engine:
         attend = attn.prefill_attend(state.k_pages, state.v_pages, block_tables_RxM[:, :window],
                                      positions_RxT, scale=self.scale)
         _, kv = fwd.forward_hidden(self.model_cfg, params, tokens_RxT,
-                                   jnp.maximum(positions_RxT, 0), attend, ())
+                                   jnp.maximum(positions_RxT, 0), attend, (), self._reduce)
         k_new, v_new = _stack_kv(kv)
         write_RxT = positions_RxT >= 0
         return state.replace(

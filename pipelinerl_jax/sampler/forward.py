@@ -10,6 +10,12 @@ at `set_params` time, off the chunk boundary), casts them to the compute dtype o
 the LM head as an f32 [E, V] array, and runs the layers unrolled. The layer math itself is
 the model's (`llama._layer`), so the two forwards cannot drift apart.
 
+Tensor parallelism (Megatron-style, inside the engine's shard_map): `decode_param_specs` splits
+q/k/v (and their biases), gate and up by output heads / columns and o_proj and down by input
+rows over the tp axis, and the LM head by vocabulary; the forward psums the two row-split
+outputs per layer (`reduce`) and all-gathers the logits, so every device of a tp group holds the
+same hidden state and samples the same token. The KV pool is split by kv heads to match.
+
 Dimension letters: B batch, T tokens, E hidden, V vocabulary, L layers.
 """
 
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as Ps
 
+from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import llama, rope
 from pipelinerl_jax.models.config import ModelConfig
 
@@ -33,22 +41,64 @@ def decode_params(cfg: ModelConfig, params) -> dict:
             "head_ExV": llama.lm_head_weight(params).astype(jnp.float32)}
 
 
-def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend, carry):
+# Per-layer param name -> the dimension split over the tp axis (absent: replicated).
+_TP_DIM = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "q_bias": 0, "k_bias": 0, "v_bias": 0,
+           "o_proj": 0, "gate_proj": 1, "up_proj": 1, "down_proj": 0}
+
+
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+    """Raises ConfigError naming the dimension that does not split over `tp` devices."""
+    for name, size in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
+                       ("intermediate_size", cfg.intermediate_size)):
+        if size % tp:
+            raise ConfigError(f"sampler tensor parallelism over {tp} devices needs {name}="
+                             f"{size} to divide by {tp}: lower the sampler's tp degree")
+
+
+def head_is_split(cfg: ModelConfig, tp: int) -> bool:
+    """The LM head is split by vocabulary when it divides (else replicated)."""
+    return tp > 1 and cfg.vocab_size % tp == 0
+
+
+def decode_param_specs(cfg: ModelConfig, dparams, tp_axis: str | None, tp: int):
+    """PartitionSpecs for a `decode_params` pytree (all P() without tensor parallelism)."""
+    def layer_spec(name, w):
+        dim = _TP_DIM.get(name) if tp_axis else None
+        if dim is None:
+            return Ps()
+        return Ps(*([None] * dim + [tp_axis]))
+
+    layers = tuple({name: layer_spec(name, w) for name, w in lp.items()}
+                   for lp in dparams["layers"])
+    head = Ps(None, tp_axis) if tp_axis and head_is_split(cfg, tp) else Ps()
+    return {"embed": Ps(), "layers": layers, "final_norm": Ps(), "head_ExV": head}
+
+
+def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend, carry,
+                   reduce=None):
     """Hidden states after the final norm, and attend's carry after the last layer.
 
     attend(q, k, v, (layer, carry)) -> (out, (layer, carry)) gets the layer index as a Python
     int; the carry threads through the layers in order (collected K/V, or the page pool).
+    `reduce`: the tp all-reduce of the row-split projections (see the module docstring).
     """
     dtype = jnp.dtype(cfg.compute_dtype)
     x_BxTxE = jnp.take(dparams["embed"], tokens_BxT, axis=0)
     inv_freq = rope.inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     cos, sin = rope.cos_sin(positions_BxT, inv_freq, dtype)
     for layer, lp in enumerate(dparams["layers"]):
-        x_BxTxE, (_, carry) = llama._layer(cfg, x_BxTxE, lp, cos, sin, attend, (layer, carry))
+        x_BxTxE, (_, carry) = llama._layer(cfg, x_BxTxE, lp, cos, sin, attend, (layer, carry),
+                                           reduce)
     return llama.rms_norm(x_BxTxE, dparams["final_norm"], cfg.rms_norm_eps), carry
 
 
-def logits(dparams: dict, hidden_BxTxE):
-    """f32 logits [B, T, V] (the head runs in f32, as the trainer's logprobs do)."""
-    return jnp.einsum("bte,ev->btv", hidden_BxTxE.astype(jnp.float32), dparams["head_ExV"],
-                      preferred_element_type=jnp.float32)
+def logits(dparams: dict, hidden_BxTxE, gather_axis: str | None = None):
+    """f32 logits [B, T, V] (the head runs in f32, as the trainer's logprobs do).
+
+    gather_axis: the tp axis when the head is split by vocabulary (each device computes its
+    V / tp columns, then all of them are gathered)."""
+    out = jnp.einsum("bte,ev->btv", hidden_BxTxE.astype(jnp.float32), dparams["head_ExV"],
+                     preferred_element_type=jnp.float32)
+    if gather_axis is not None:
+        out = jax.lax.all_gather(out, gather_axis, axis=2, tiled=True)
+    return out

@@ -16,7 +16,11 @@ as samples with finish_reason "error" and a one-line message, and the rest proce
 
 A preempted sequence keeps its tokens, logprobs and versions; when resumed, its prompt and
 generated tokens are re-prefilled with the params current at that time (its K/V is
-recomputed whatever the kv policy). Only `set_params` may be called from another thread.
+recomputed whatever the kv policy). Only `set_params` and `prepare` may be called from
+another thread.
+
+Mesh: a 1-D ("data",) mesh splits slots data-parallel with params replicated; a 2-D
+("data", "tp") mesh also splits params and the KV pool tensor-parallel (engine.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import threading
 import jax
 import numpy as np
 
+from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.sampler import pages as pg
@@ -56,6 +61,7 @@ class SamplerConfig:
     truncated_logprobs: bool = False    # see sampling.py
     seed: int = 0
     data_axis: str = "data"             # mesh axis the slots are split over
+    tp_axis: str = "tp"                 # mesh axis params / kv heads are split over (if any)
     min_window_pages: int = 1           # attention reads >= this many pages per slot; set it
                                         #   to max_seq_len / page_size for a single compile
     attention: str = "paged"            # decode attention: "paged" | "gather" (engine.py)
@@ -124,7 +130,7 @@ class Sampler:
             pages_per_slot=pages_per_slot, max_stop_tokens=cfg.max_stop_tokens,
             cache_dtype=cache_dtype, truncated_logprobs=cfg.truncated_logprobs,
             attention=cfg.attention),
-            mesh=mesh, data_axis=cfg.data_axis)
+            mesh=mesh, data_axis=cfg.data_axis, tp_axis=cfg.tp_axis)
         self.scheduler = Scheduler(
             num_slots=cfg.num_slots, num_pages=num_pages, page_size=cfg.page_size,
             pages_per_slot=pages_per_slot, max_stop_tokens=cfg.max_stop_tokens,
@@ -136,7 +142,8 @@ class Sampler:
             max_stop_tokens=cfg.max_stop_tokens, chunk_steps=cfg.chunk_steps, seed=cfg.seed,
             shardings=self.engine.shardings)
         self._signature = _signature(params)
-        self.params = self._place(params)
+        self.input_shardings = self._input_shardings(params)
+        self.params = self.prepare(params)
         self.version = int(version)
         self._staged = None
         self._lock = threading.Lock()
@@ -205,22 +212,40 @@ class Sampler:
 
     # --- params ---------------------------------------------------------------------------
 
-    def _place(self, params):
-        """The engine's per-layer view, replicated on the sampler mesh: the same shapes and
-        shardings for every version, so a swap never recompiles."""
-        return self.engine.prepare_params(jax.device_put(params, self.engine.replicated))
+    def _input_shardings(self, params):
+        """Where model params go on the sampler mesh before conversion: replicated, or split
+        over the tp axis by the project's logical-axis rules (never whole on one device)."""
+        engine = self.engine
+        if engine.tp_axis is None:
+            return jax.tree.map(lambda _: engine.replicated, params)
+        rules = tuple((name, engine.tp_axis if axis == shd.TP else None)
+                      for name, axis in shd.RULES)
+        return shd.param_shardings(params, engine.mesh, rules)
 
-    def set_params(self, params, version: int) -> None:
+    def prepare(self, params):
+        """The engine's per-layer view of model `params` on the sampler mesh (dispatched, not
+        waited for): the same shapes and shardings for every version, so a swap never
+        recompiles. Any thread may call it; the pipeline's publisher does, in the trainer
+        thread, so the sampler's chunk boundary only swaps a reference."""
+        if _signature(params) != self._signature:
+            raise ConfigError("new params' shapes/dtypes differ from the sampler's; load them "
+                              "with the same config and param_dtype (a swap must not "
+                              "recompile)")
+        return self.engine.prepare_params(jax.device_put(params, self.input_shardings))
+
+    def set_params(self, params, version: int, *, prepared: bool = False) -> None:
         """Stages new params (thread-safe); the next step() swaps them in.
 
-        The conversion to the engine's per-layer view is dispatched here, in the caller's
-        thread, so the chunk boundary only swaps a reference.
+        Model params are converted here (`prepare`, in the caller's thread); `prepared=True`
+        takes the output of `prepare` as it is.
         """
-        if _signature(params) != self._signature:
-            raise ConfigError(f"set_params(version={version}): the new params' shapes/dtypes "
-                              "differ from the sampler's; load them with the same config "
-                              "and param_dtype (a swap must not recompile)")
-        placed = self._place(params)
+        if prepared:
+            if jax.tree.structure(params) != jax.tree.structure(self.params):
+                raise ConfigError(f"set_params(version={version}, prepared=True): not the "
+                                  "output of this sampler's prepare()")
+            placed = params
+        else:
+            placed = self.prepare(params)
         with self._lock:
             self._staged = (placed, int(version))
 

@@ -86,15 +86,16 @@ def init_state(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads:
     return SamplerState(**fields)
 
 
-def state_shardings(mesh, data_axis: str | None) -> SamplerState:
-    """NamedShardings: pages split along P and slot fields along B over `data_axis`."""
+def state_shardings(mesh, data_axis: str | None, tp_axis: str | None = None) -> SamplerState:
+    """NamedShardings: pages split along P and slot fields along B over `data_axis`; with
+    tensor parallelism the pages are also split along K (kv heads) over `tp_axis`."""
     from jax.sharding import NamedSharding, PartitionSpec as Ps
 
     def spec(*axes):
         return NamedSharding(mesh, Ps(*axes))
 
     per_slot = spec(data_axis)
-    pages = spec(None, data_axis)
+    pages = spec(None, data_axis, None, tp_axis) if tp_axis else spec(None, data_axis)
     return SamplerState(
         k_pages=pages, v_pages=pages, block_tables=per_slot, last_token=per_slot,
         lengths=per_slot, limit=per_slot, active=per_slot, temperature=per_slot,

@@ -1,0 +1,142 @@
+"""Renders the README's table of measured figures from bench/results/*.json.
+
+    python bench/report.py            # print the markdown table
+    python bench/report.py --readme   # also replace the table between the README markers
+
+Only full (non --quick) results are used; a benchmark with no result yet gets a row saying so,
+never a number. Each row names the command that produced it and the machine load it ran under.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+BEGIN, END = "<!-- bench/report.py: begin -->", "<!-- bench/report.py: end -->"
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _load_avg(d: dict) -> str:
+    load = d.get("load") or d.get("load_before") or {}
+    return f"{load['loadavg_1m']:.1f}" if "loadavg_1m" in load else "?"
+
+
+def _forward(d):
+    rows = {(r["impl"], r["dtype"]): r for r in d["rows"]}
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        ours, theirs = rows.get(("pipelinerl_jax", dtype)), rows.get(("transformers", dtype))
+        if ours and theirs:
+            out.append((f"forward {dtype}, 8 x 512 tokens: tokens/s",
+                        f"{ours['tokens_per_s']:.0f} ({ours['frac_f32_peak']:.0%} of f32 "
+                        f"matmul peak)", f"{theirs['tokens_per_s']:.0f}",
+                        f"{theirs['median_s'] / ours['median_s']:.2f}x"))
+    return out
+
+
+def _decode(d):
+    out = []
+    for r in d["rows"]:
+        peak = r.get("frac_f32_matmul_peak")
+        extra = f" ({peak:.0%} of f32 peak)" if peak is not None else ""
+        out.append((f"decode {r['dtype']}, batch {r['batch']}: tokens/s",
+                    f"{r['ours_tok_s']:.0f}{extra}", f"{r['hf_tok_s']:.0f}",
+                    f"{r['ratio']:.2f}x"))
+    swap = d.get("param_swap")
+    if swap:
+        out.append((f"param swap at a chunk boundary, batch {swap['batch']}: extra cost",
+                    f"{swap['extra_cost_in_decode_steps']:.2f} decode steps "
+                    f"(recompiled: {swap['recompiled']})", "-", "-"))
+    return out
+
+
+def _train(d):
+    return [(f"train step {r['dtype']}, {d['config']['sequences']} x "
+             f"{d['config']['seq_len']}: tokens/s", f"{r['ours_tok_s']:.0f}",
+             f"{r['torch_tok_s']:.0f}", f"{r['ratio']:.2f}x") for r in d["rows"]]
+
+
+def _pipeline(d):
+    rows = {r["mode"]: r for r in d["rows"]}
+    p, c = rows.get("pipeline"), rows.get("conventional")
+    if not (p and c):
+        return []
+    return [(f"RL samples/s, {d['config']['devices']} simulated devices, max lag "
+             f"{d['config']['lag']}", f"{p['samples_per_s']:.1f} (pipeline)",
+             f"{c['samples_per_s']:.1f} (conventional)",
+             f"{p['samples_per_s'] / c['samples_per_s']:.2f}x")]
+
+
+def _demo(d):
+    gains = [r["gain"] for r in d["rows"]]
+    walls = [r["process_wall_s"] for r in d["rows"]]
+    return [(f"demo learns: reward gain (last tenth - first 20 steps), {len(gains)} seeds",
+             f"min {min(gains):.2f}, max {max(gains):.2f}; {max(walls):.0f} s per run at most",
+             ">= 0.4 (criterion)", "pass" if d["passed"] else "FAIL")]
+
+
+def _plan(d):
+    out = []
+    for r in d["table"]:
+        if r["quantity"] == "samples_per_s":
+            out.append((f"planner vs real run, {r['run']}: samples/s",
+                        f"{r['measured']:.0f} measured", f"{r['planner']:.0f} predicted",
+                        f"{r['measured/planner']:.2f}"))
+    return out
+
+
+SECTIONS = (
+    ("forward", "python bench/bench_forward.py", "transformers", _forward),
+    ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
+    ("train_step", "python bench/bench_train_step.py --repeats-bf16 1", "torch + transformers",
+     _train),
+    ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode",
+     _pipeline),
+    ("demo_seeds", "python bench/demo_seeds.py", "criterion", _demo),
+    ("plan_validation", "python bench/bench_plan_validation.py", "planner", _plan),
+)
+
+
+def table() -> str:
+    lines = ["| measured | ours | peer | ratio | command (load) |",
+             "| --- | --- | --- | --- | --- |"]
+    for name, command, peer, render in SECTIONS:
+        d = _load(name)
+        if d is None:
+            lines.append(f"| {name}: not measured yet | - | {peer} | - | `{command}` |")
+            continue
+        for what, ours, theirs, ratio in render(d):
+            lines.append(f"| {what} | {ours} | {theirs} | {ratio} | `{command}` "
+                         f"({_load_avg(d)}) |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
+    args = parser.parse_args()
+    text = table()
+    print(text)
+    if args.readme:
+        readme = ROOT / "README.md"
+        content = readme.read_text()
+        if BEGIN not in content or END not in content:
+            print(f"README.md lacks the markers {BEGIN} ... {END}: add them where the table "
+                  "goes", file=sys.stderr)
+            return 2
+        head, rest = content.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
