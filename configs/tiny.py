@@ -16,11 +16,6 @@ def get_config():
     c.batch_size = 16
     c.log_every = 1
     c.batch.filter_zero_std_groups = False
-    # The settings the exact-resume test was validated with (see the closing note of
-    # session 1: with entropy bonus + group-std advantages one resumed loss differed).
-    c.trainer.learning_rate = 3e-3
-    c.loss.entropy_coef = 0.0
-    c.batch.normalize_std = False
     c.generation.max_new_tokens = 12
     c.sampler.num_slots = 16
     c.sampler.max_seq_len = 24

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from absl import flags
 
+from pipelinerl_jax import cli
 from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT
 from pipelinerl_jax.errors import ConfigError
 
@@ -235,20 +236,7 @@ def _write_atomic(path: str, text: str) -> None:
 
 def run_cli(argv: list[str]) -> int:
     """Parses argv (argv[0] is the program name) with fresh flags; returns the exit code."""
-    fv = flags.FlagValues()
-    define_flags(fv)
-    try:
-        fv(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        results = evaluate_cli(fv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(results, indent=2))
-    return 0
+    return cli.run(argv, define_flags, lambda fv: print(json.dumps(evaluate_cli(fv), indent=2)))
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from absl import flags
 
+from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
 
@@ -144,28 +145,20 @@ def export(workdir, out, *, step: int | None = None, tokenizer_dir=None,
 
 def run_cli(argv: list[str]) -> int:
     """Parses argv (argv[0] is the program name) with fresh flags; returns the exit code."""
-    fv = flags.FlagValues()
-    define_flags(fv)
-    try:
-        fv(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        for name in ("workdir", "out"):
-            if not fv[name].value:
-                raise ConfigError(f"--{name} is required")
-        if fv.max_shard_gb <= 0:
-            raise ConfigError(f"--max_shard_gb={fv.max_shard_gb} must be > 0")
-        done = export(fv.workdir, fv.out, step=fv.step, tokenizer_dir=fv.tokenizer_dir,
-                      dtype=fv.dtype, max_shard_bytes=int(fv.max_shard_gb * 2**30))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run(argv, define_flags, _export_cli)
+
+
+def _export_cli(fv) -> None:
+    for name in ("workdir", "out"):
+        if not fv[name].value:
+            raise ConfigError(f"--{name} is required")
+    if fv.max_shard_gb <= 0:
+        raise ConfigError(f"--max_shard_gb={fv.max_shard_gb} must be > 0")
+    done = export(fv.workdir, fv.out, step=fv.step, tokenizer_dir=fv.tokenizer_dir,
+                  dtype=fv.dtype, max_shard_bytes=int(fv.max_shard_gb * 2**30))
     tok = done["tokenizer"] or "none (pass --tokenizer_dir to include one)"
     print(f"exported step {done['step']} of {fv.workdir} to {done['out']}: {done['model_type']}, "
           f"{done['params']:,} params, {done['dtype']}; tokenizer: {tok}", file=sys.stderr)
-    return 0
 
 
 def main() -> None:

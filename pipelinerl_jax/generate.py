@@ -20,8 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
+from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
 
 
@@ -158,23 +159,15 @@ def generate_file(fv: flags.FlagValues) -> dict:
 
 def run_cli(argv: list[str]) -> int:
     """Parses argv (argv[0] is the program name) with fresh flags; returns the exit code."""
-    fv = flags.FlagValues()
-    define_flags(fv)
     # The sampler logs the KV pool size (how many sequences of what length fit) at INFO.
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        fv(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
+
+    def body(fv):
         counts = generate_file(fv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {counts['samples']} samples ({counts['tokens']} tokens, "
-          f"{counts['errors']} errors) to {fv.out}", file=sys.stderr)
-    return 0
+        print(f"wrote {counts['samples']} samples ({counts['tokens']} tokens, "
+              f"{counts['errors']} errors) to {fv.out}", file=sys.stderr)
+
+    return cli.run(argv, define_flags, body)
 
 
 def main() -> None:

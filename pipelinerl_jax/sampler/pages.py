@@ -155,7 +155,7 @@ def describe_pool(pool: PoolSize, num_slots: int) -> str:
             f"{pool.full_length_sequences} sequences of max_seq_len={pool.max_seq_len}, or "
             f"{num_slots} slots x {per_slot} tokens"
             + ("" if per_slot >= pool.max_seq_len else
-               f" (slots that all run to max_seq_len will be preempted)"))
+               " (slots that all run to max_seq_len will be preempted)"))
 
 
 def max_pages_per_slot(max_seq_len: int, page_size: int) -> int:
