@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +39,9 @@ def warn_if_busy(threshold: float = 0.5) -> dict:
 
 
 def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> tuple[float, list[float]]:
-    """Median wall time of fn() in seconds; fn must block until its result is ready."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    """Median wall time of fn() in seconds, and every time; fn must block until ready."""
+    from pipelinerl_jax.plan.measure import call_times
+    times = call_times(fn, repeats=repeats, warmup=warmup)
     return statistics.median(times), times
 
 

@@ -62,9 +62,8 @@ def known_peak_flops(device_kind: str, dtype: str) -> float | None:
     return None
 
 
-def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1,
-              statistic: Callable = statistics.median) -> float:
-    """Seconds of fn() over repeats (median by default); fn must block until ready."""
+def call_times(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Seconds of each of `repeats` calls of fn() after `warmup` calls; fn must block."""
     for _ in range(warmup):
         fn()
     times = []
@@ -72,7 +71,13 @@ def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1,
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistic(times)
+    return times
+
+
+def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1,
+              statistic: Callable = statistics.median) -> float:
+    """Seconds of fn() over repeats (median by default); fn must block until ready."""
+    return statistic(call_times(fn, repeats=repeats, warmup=warmup))
 
 
 def _matmul_seconds(m: int, k: int, n: int, dtype, repeats: int, seed: int) -> float:
