@@ -26,6 +26,7 @@ def _load(name: str) -> dict | None:
 
 def _load_avg(d: dict) -> str:
     load = d.get("load") or d.get("load_before") or {}
+    load = load.get("start", load)  # plan_validation records the load per phase
     return f"{load['loadavg_1m']:.1f}" if "loadavg_1m" in load else "?"
 
 
