@@ -70,10 +70,17 @@ def _pipeline(d):
     p, c = rows.get("pipeline"), rows.get("conventional")
     if not (p and c):
         return []
-    return [(f"RL samples/s, {d['config']['devices']} simulated devices, max lag "
-             f"{d['config']['lag']}", f"{p['samples_per_s']:.1f} (pipeline)",
+    where = f"{d['config']['devices']} simulated devices, max lag {d['config']['lag']}"
+    return [(f"RL samples/s, {where}", f"{p['samples_per_s']:.1f} (pipeline)",
              f"{c['samples_per_s']:.1f} (conventional)",
-             f"{p['samples_per_s'] / c['samples_per_s']:.2f}x")]
+             f"{p['samples_per_s'] / c['samples_per_s']:.2f}x"),
+            (f"sampler / trainer busy fraction, {where}",
+             f"{p['sampler_busy']:.2f} / {p['trainer_busy']:.2f}",
+             f"{c['sampler_busy']:.2f} / {c['trainer_busy']:.2f}", "-"),
+            (f"sampler pause per weight swap, {where}", f"{p['swap_pause_ms']:.2f} ms",
+             f"{c['swap_pause_ms']:.2f} ms", "-"),
+            (f"sequences holding tokens of 2+ policy versions, {where}",
+             f"{p['mixed_seq_frac']:.0%}", f"{c['mixed_seq_frac']:.0%}", "-")]
 
 
 def _demo(d):
