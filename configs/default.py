@@ -10,7 +10,7 @@ and training run in two threads; after every optimizer step the new weights are 
 the sampler between two decode chunks, so sequences mix tokens of two policy versions (lag
 bound 2).
 
-What you should see (800 steps; ~3 min on 2 idle cores, ~6 min on a busy machine): reward
+What you should see (800 steps; ~2 min on 2 idle cores, ~6 min on a busy machine): reward
 ~0.03 (random) for the first ~100-200 steps, then the model learns the first digit and where
 to stop, and the sampled reward climbs to ~0.6 by step ~500 (held-out greedy score ~0.7,
 ~30% exact); later digits come slowly. The final `done:` line shows reward (first 20 steps)
@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mode = "pipeline"            # "pipeline" (in-flight updates) | "conventional"
     c.max_lag = 2                  # pipeline: tokens are at most this many steps stale
     c.conventional_steps = 4       # conventional: steps per frozen-weight generation round
-    c.steps = 800                  # optimizer steps: ~3 min on 2 idle cores, ~6 min on a busy one
+    c.steps = 800                  # optimizer steps: ~2 min on 2 idle cores, ~6 min on a busy one
     c.group_size = 8               # attempts per prompt
     c.batch_size = 64              # sequences per optimizer step
     c.log_every = 20
