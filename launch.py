@@ -8,6 +8,7 @@ Bad configuration exits with code 2 and a one-line message before anything compi
 
 import logging
 import os
+import signal
 import sys
 
 from absl import app, flags
@@ -21,6 +22,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (metrics.jsonl, c
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    # Ctrl-C / SIGINT must stop the run even when the parent ignored or blocked SIGINT (signal
+    # dispositions and masks are inherited through fork + exec, e.g. from test runners and
+    # job wrappers). Done before JAX starts its threads, which inherit this thread's mask.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from pipelinerl_jax import config as config_lib
     from pipelinerl_jax.errors import ConfigError
     from pipelinerl_jax.pipeline.run import run
