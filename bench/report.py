@@ -109,7 +109,8 @@ def _plan(d):
 SECTIONS = (
     ("forward", "python bench/bench_forward.py", "transformers", _forward),
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
-    ("train_step", "python bench/bench_train_step.py --dtypes float32", "torch + transformers",
+    ("train_step", "python bench/bench_train_step.py --no-peer-dtypes bfloat16 --repeats-bf16 2",
+     "torch + transformers",
      _train),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode",
      _pipeline),
