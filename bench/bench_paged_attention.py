@@ -31,7 +31,7 @@ def make_case(batch, context, *, kv_heads, group, head_dim, page, dtype, dense=F
     pages_per_seq = math.ceil(context / page)
     num_pages = batch * pages_per_seq
     key_q, key_k, key_v = jax.random.split(jax.random.key(seed), 3)
-    shape = (num_pages, page, kv_heads, head_dim)
+    shape = (num_pages, kv_heads, page, head_dim)   # [P, K, S, D], the engine's layout
     k = jax.random.normal(key_k, shape, jnp.float32).astype(dtype)
     v = jax.random.normal(key_v, shape, jnp.float32).astype(dtype)
     perm = np.random.default_rng(seed).permutation(num_pages)
@@ -41,7 +41,8 @@ def make_case(batch, context, *, kv_heads, group, head_dim, page, dtype, dense=F
     case = dict(q=q, k=k, v=v, tables=tables, lengths=lengths)
     if dense:
         case["dense_k"], case["dense_v"] = (
-            x[tables].reshape(batch, pages_per_seq * page, kv_heads, head_dim) for x in (k, v))
+            x[tables].transpose(0, 1, 3, 2, 4).reshape(batch, pages_per_seq * page, kv_heads,
+                                                       head_dim) for x in (k, v))
     return case
 
 

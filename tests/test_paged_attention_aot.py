@@ -56,7 +56,7 @@ def compile_config(cfg):
     dtype, head_dim, kv_heads, group, page = cfg
     batch, pages, pages_per_seq = 64, 4096, 128
     params = pt.contiguous_launch_params(
-        (batch, kv_heads * group, head_dim), (pages, page, kv_heads, head_dim),
+        (batch, kv_heads * group, head_dim), (pages, kv_heads, page, head_dim),
         (batch, pages_per_seq), dtype=dtype, scale=head_dim ** -0.5)
     target = GPUTarget("cuda", 90, 32)
     backend = triton.compiler.make_backend(target)

@@ -21,8 +21,8 @@ from pipelinerl_jax.kernels.paged_attention_ref import paged_decode_attention_re
 def _inputs(dtype=jnp.float32, seed=0):
     rng = np.random.default_rng(seed)
     q = jnp.asarray(rng.standard_normal((3, 8, 64)), dtype)
-    k = jnp.asarray(rng.standard_normal((10, 16, 2, 64)), dtype)
-    v = jnp.asarray(rng.standard_normal((10, 16, 2, 64)), dtype)
+    k = jnp.asarray(rng.standard_normal((10, 2, 16, 64)), dtype)    # [P, K, S, D]
+    v = jnp.asarray(rng.standard_normal((10, 2, 16, 64)), dtype)
     tables = rng.permutation(10)[:9].reshape(3, 3)  # numpy int64: the call site casts
     lengths = np.asarray([5, 0, 48], np.int64)
     return q, k, v, tables, lengths

@@ -46,8 +46,8 @@ def _check(out_path):
         batch, pages_per_seq = len(lengths), 64
         num_pages = batch * pages_per_seq + 4
         q = rng.standard_normal((batch, kv_heads * group, head_dim))
-        k = rng.standard_normal((num_pages, page, kv_heads, head_dim))
-        v = rng.standard_normal((num_pages, page, kv_heads, head_dim))
+        k = rng.standard_normal((num_pages, kv_heads, page, head_dim))   # [P, K, S, D]
+        v = rng.standard_normal((num_pages, kv_heads, page, head_dim))
         k[-4:] = v[-4:] = np.nan  # garbage pages past every sequence's end
         tables = rng.choice(np.arange(num_pages - 4, num_pages), (batch, pages_per_seq))
         owned = rng.permutation(batch * pages_per_seq).reshape(batch, pages_per_seq)

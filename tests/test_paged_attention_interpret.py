@@ -62,11 +62,12 @@ def make_inputs(case, seed):
         return rng.standard_normal(shape).astype(np_dtype).astype(np.float32)
 
     q_BxHxD = rand(batch, kv_heads * group, head_dim)
-    k_PxSxKxD = rand(num_pages, page, kv_heads, head_dim)
-    v_PxSxKxD = rand(num_pages, page, kv_heads, head_dim)
+    # The engine's layout [P, K, S, D]; PSKD cases hand the kernel a transposed copy.
+    k_PxKxSxD = rand(num_pages, kv_heads, page, head_dim)
+    v_PxKxSxD = rand(num_pages, kv_heads, page, head_dim)
     nan_pages = np.arange(batch * pages_per_seq, num_pages)
-    k_PxSxKxD[nan_pages] = np.nan
-    v_PxSxKxD[nan_pages] = np.nan
+    k_PxKxSxD[nan_pages] = np.nan
+    v_PxKxSxD[nan_pages] = np.nan
     owned = rng.permutation(batch * pages_per_seq).reshape(batch, pages_per_seq)
     block_tables_BxM = rng.choice(nan_pages, size=(batch, pages_per_seq)).astype(np.int32)
     for b, length in enumerate(LENGTHS):
@@ -74,10 +75,10 @@ def make_inputs(case, seed):
         block_tables_BxM[b, :used] = owned[b, :used]
         # Slots past the length inside the sequence's pages were never written.
         for pos in range(length, pages_per_seq * page):
-            k_PxSxKxD[owned[b, pos // page], pos % page] = np.nan
-            v_PxSxKxD[owned[b, pos // page], pos % page] = np.nan
+            k_PxKxSxD[owned[b, pos // page], :, pos % page] = np.nan
+            v_PxKxSxD[owned[b, pos // page], :, pos % page] = np.nan
     lengths_B = np.asarray(LENGTHS, np.int32)
-    return q_BxHxD, k_PxSxKxD, v_PxSxKxD, block_tables_BxM, lengths_B
+    return q_BxHxD, k_PxKxSxD, v_PxKxSxD, block_tables_BxM, lengths_B
 
 
 def run_case(case, *, interpret_flag=True, seed=0):
@@ -94,8 +95,8 @@ def run_case(case, *, interpret_flag=True, seed=0):
     torch_dtype = getattr(torch, case["dtype"])
     q_t = torch.from_numpy(q).to(torch_dtype)
     k_t, v_t = (torch.from_numpy(x).to(torch_dtype) for x in (k, v))
-    if case["layout"] == "PKSD":
-        # Same values, [P, K, S, D] storage: the kernel only sees different strides.
+    if case["layout"] == "PSKD":
+        # Same values, [P, S, K, D] storage: the kernel only sees different strides.
         k_t, v_t = (x.transpose(1, 2).contiguous() for x in (k_t, v_t))
     bt_t, len_t = torch.from_numpy(bt), torch.from_numpy(lengths)
     out_t = torch.full_like(q_t, float("nan"))

@@ -24,8 +24,8 @@ def make_cache(rng, *, lengths, kv_heads, head_dim, extra_pages=3):
     and block-table entries past a sequence's pages that are garbage (NaN pages, out of range)."""
     batch = len(lengths)
     num_pages = batch * PAGES_PER_SEQ + extra_pages
-    k = rng.standard_normal((num_pages, PAGE, kv_heads, head_dim))
-    v = rng.standard_normal((num_pages, PAGE, kv_heads, head_dim))
+    k = rng.standard_normal((num_pages, kv_heads, PAGE, head_dim))   # [P, K, S, D]
+    v = rng.standard_normal((num_pages, kv_heads, PAGE, head_dim))
     spare = np.arange(batch * PAGES_PER_SEQ, num_pages)
     k[spare] = v[spare] = np.nan
     owned = rng.permutation(batch * PAGES_PER_SEQ).reshape(batch, PAGES_PER_SEQ)
@@ -35,16 +35,17 @@ def make_cache(rng, *, lengths, kv_heads, head_dim, extra_pages=3):
         used = -(-length // PAGE)
         tables[b, :used] = owned[b, :used]
         for pos in range(length, PAGES_PER_SEQ * PAGE):
-            k[owned[b, pos // PAGE], pos % PAGE] = np.nan
-            v[owned[b, pos // PAGE], pos % PAGE] = np.nan
+            k[owned[b, pos // PAGE], :, pos % PAGE] = np.nan
+            v[owned[b, pos // PAGE], :, pos % PAGE] = np.nan
     return k, v, tables.astype(np.int32)
 
 
 def dense_kv(k, v, tables, b, length):
     """The first `length` cached positions of sequence b as dense [length, K, D] arrays."""
     rows = [(tables[b, pos // PAGE], pos % PAGE) for pos in range(length)]
-    return (np.array([k[p, s] for p, s in rows]).reshape(length, *k.shape[2:]),
-            np.array([v[p, s] for p, s in rows]).reshape(length, *v.shape[2:]))
+    kv_shape = (length, k.shape[1], k.shape[3])
+    return (np.array([k[p, :, s] for p, s in rows]).reshape(kv_shape),
+            np.array([v[p, :, s] for p, s in rows]).reshape(kv_shape))
 
 
 def naive_attention(q_HxD, k_LxKxD, v_LxKxD, scale):
@@ -85,11 +86,13 @@ def test_decode_matches_naive(group, use_jit, pages_per_step):
 
 
 def test_pages_per_step_sizes():
-    """The bench model (4 kv heads, head_dim 64, page 16, 10 pages): one block at batch 1,
-    32-token blocks from batch 8 on."""
+    """The bench model (4 kv heads, head_dim 64, page 16): one block up to 24 MB of gathered
+    K and V, 4 MB blocks (at least 32 tokens) beyond."""
     sizes = {b: decode_pages_per_step(b, 16, 10, 4, 64, 4) for b in (1, 8, 32, 64)}
-    assert sizes == {1: 10, 8: 2, 32: 2, 64: 2}
-    assert decode_pages_per_step(1, 16, 128, 8, 128, 2) == 8  # 8B-like, long context: 128 tokens
+    assert sizes == {1: 10, 8: 10, 32: 10, 64: 10}                  # context 160: one block
+    sizes = {b: decode_pages_per_step(b, 16, 64, 4, 64, 4) for b in (8, 16, 32, 64, 256)}
+    assert sizes == {8: 64, 16: 8, 32: 4, 64: 2, 256: 2}             # context 1024
+    assert decode_pages_per_step(64, 16, 128, 8, 128, 2) == 2  # 8B-like, long context
 
 
 def test_decode_bf16_keeps_dtype_and_accuracy():

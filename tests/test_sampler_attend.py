@@ -20,9 +20,9 @@ SCALE = D ** -0.5
 
 
 def _pool(rng):
-    """Random pools in the sampler's layout [L, P, S, K, D]."""
-    k = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
-    v = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
+    """Random pools in the sampler's layout [L, P, K, S, D]."""
+    k = rng.normal(size=(L, P, K, S, D)).astype(np.float32)
+    v = rng.normal(size=(L, P, K, S, D)).astype(np.float32)
     return k, v
 
 
@@ -112,7 +112,7 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
 
 
 def test_write_new_kv_targets_pages_and_null_page():
-    pool = jnp.zeros((2, 5, 4, 2, 1))                     # [L, P, S, K, D]
+    pool = jnp.zeros((2, 5, 2, 4, 1))                     # [L, P, K, S, D]
     new = jnp.arange(1, 7, dtype=jnp.float32).reshape(1, 2, 3, 1, 1) * jnp.asarray(
         [1.0, 10.0]).reshape(2, 1, 1, 1, 1)
     new = jnp.concatenate([new, -new], axis=3)            # [L, B, T, K, D]; head 1 negated
@@ -123,8 +123,8 @@ def test_write_new_kv_targets_pages_and_null_page():
                                                          positions >= 0)
     np.testing.assert_array_equal(np.asarray(one)[1], np.asarray(out)[1])
     assert not np.asarray(one)[0].any()                   # the other layer is untouched
-    np.testing.assert_array_equal(np.asarray(out)[..., 1, :], -np.asarray(out)[..., 0, :])
-    out = np.asarray(out)[..., 0, 0]                      # head 0: [L, P, S]
+    np.testing.assert_array_equal(np.asarray(out)[:, :, 1], -np.asarray(out)[:, :, 0])
+    out = np.asarray(out)[:, :, 0, :, 0]                  # head 0: [L, P, S]
     for layer, mult in ((0, 1.0), (1, 10.0)):
         assert out[layer, 3, 3] == 1 * mult and out[layer, 1, 0] == 2 * mult
         assert out[layer, 1, 1] == 3 * mult

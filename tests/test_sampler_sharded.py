@@ -2,8 +2,8 @@
 
 Data parallel: slots over a 2-device mesh, with a page pool so small that sequences are
 preempted and resumed, two attempts per prompt sharing its prefill. Tensor parallel: params,
-KV pool and attention split over a tp axis (alone and with a data axis), both decode attention
-paths, a weight swap that must not recompile, and sampled tokens equal to a 1-device run.
+KV pool and attention split over a tp axis (alone and with a data axis), all three decode
+attention paths (gather, paged, staged), a weight swap that must not recompile, and sampled tokens equal to a 1-device run.
 
 Runs in a subprocess because simulated CPU devices must be configured before JAX starts.
 """
@@ -42,7 +42,7 @@ CHILD = textwrap.dedent("""
                            num_pages=3 * data, chunk_steps=4, prefill_chunk=16,
                            max_prefill_rows=2, min_window_pages=3, attention=attention)
     sampler = Sampler(graphdef, params, config, mesh=mesh)
-    pages_spec = tuple(sampler.state.k_pages.sharding.spec)     # [L, P, S, K, D]
+    pages_spec = tuple(sampler.state.k_pages.sharding.spec)     # [L, P, K, S, D]
     q_spec = tuple(sampler.params["layers"][0]["q_proj"].sharding.spec)
     # n=2: the attempts of a prompt share its full pages and copy its partial last page.
     greedy = SamplingParams(temperature=0.0, max_new_tokens=%d)
@@ -75,7 +75,7 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("data,tp,attention", [(2, 1, "gather"), (1, 2, "paged"),
-                                                (2, 2, "gather")])
+                                                (2, 2, "staged")])
 def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -97,7 +97,7 @@ def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
     assert got["preemptions"] > 0, "the tiny pool should have forced preemption"
     assert got["pages_spec"][1] == "data"
     if tp > 1:
-        assert got["pages_spec"][3] == "tp" and got["q_spec"] == [None, "tp"]  # [E, H, D]
+        assert got["pages_spec"][2] == "tp" and got["q_spec"] == ["tp"]  # [H * D, E] split by heads
     assert len(got["tokens"]) == 2 * len(prompts)
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([prompt])

@@ -38,7 +38,7 @@ def paged_decode_attention(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_
                            impl: str = "auto"):
     """Decode attention of one query token per sequence over its paged KV cache.
 
-    q_BxHxD: [B, H, D]; k_pages, v_pages: [P, S, K, D]; block_tables_BxM: int [B, M] page indices
+    q_BxHxD: [B, H, D]; k_pages, v_pages: [P, K, S, D]; block_tables_BxM: int [B, M] page indices
     (entries past a sequence's pages may be anything); lengths_B: int [B] valid cached tokens
     (the current token's K/V already written). Returns [B, H, D] in q's dtype; f32 accumulation;
     a length of 0 gives zeros. impl: "auto" (Triton on an NVIDIA GPU with jax-triton, else

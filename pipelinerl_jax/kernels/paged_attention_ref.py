@@ -6,11 +6,19 @@ reshapes query heads into (kv head, group) so GQA never repeats K/V, computes an
 masked by length, and returns in the query dtype. Decode gathers the pages in blocks sized for
 the CPU cache, combined by an online softmax (one block, no scan, at batch 1).
 
+Page layout [P, K, S, D] (kv-head major inside a page, as vLLM's original paged attention):
+a gathered block [B, C, K, S, D] already has each (sequence, kv head)'s tokens as contiguous
+[S, D] rows, so XLA:CPU runs the score and value dots on it directly. With the [P, S, K, D]
+layout used before, XLA copied every gathered block into a transposed [B, K, D, N] buffer
+first; on the bench model (8 layers, context 160, f32, 2-core EPYC) the whole attention took
+31 ms per decode step at batch 32 that way and 18 ms in this layout (54 vs 29 ms at batch 64).
+The Triton kernel reads either layout through its strides.
+
 Dimension letters:
   B batch (sequences)       T query tokens per sequence (prefill chunk)
   H query heads = K * G      K kv heads        G query heads per kv head (GQA group)
   D head dim                 P pages in pool   S tokens per page (page size)
-  M pages per sequence (block-table width)     L = M * S gathered cache positions
+  M pages per sequence (block-table width)     C pages per decode block   L = M * S positions
 
 Garbage safety: block-table entries past a sequence's pages and cache slots past its length may
 hold anything, NaN included. Masked scores are replaced (not multiplied) and masked V rows are
@@ -33,12 +41,12 @@ def check_paged_inputs(q_shape, k_pages, v_pages, block_tables, *, where: str) -
     if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
         raise PagedAttentionShapeError(
             f"{where}: k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} must both "
-            "be [pages, page_size, kv_heads, head_dim] with equal shapes")
+            "be [pages, kv_heads, page_size, head_dim] with equal shapes")
     if k_pages.dtype != v_pages.dtype:
         raise PagedAttentionShapeError(
             f"{where}: k_pages dtype {k_pages.dtype} != v_pages dtype {v_pages.dtype}; store K and V "
             "in one dtype")
-    _, page_size, kv_heads, head_dim = k_pages.shape
+    _, kv_heads, page_size, head_dim = k_pages.shape
     num_heads, q_head_dim = q_shape[-2], q_shape[-1]
     if q_head_dim != head_dim:
         raise PagedAttentionShapeError(
@@ -57,33 +65,35 @@ def check_paged_inputs(q_shape, k_pages, v_pages, block_tables, *, where: str) -
     return kv_heads, num_heads // kv_heads, page_size, head_dim
 
 
-def _gather_pages(pages_PxSxKxD, block_tables_BxM):
-    """[P, S, K, D] pages -> [B, M*S, K, D]: each sequence's own pages, in table order."""
+def _gather_pages(pages_PxKxSxD, block_tables_BxM):
+    """[P, K, S, D] pages -> [B, M, K, S, D]: each sequence's own pages, in table order."""
     # Garbage table entries may be out of range: clip so the gather is defined (masked later;
     # the default "fill" mode would also cost a bounds select per element).
-    gathered_BxMxSxKxD = jnp.take(pages_PxSxKxD, block_tables_BxM, axis=0, mode="clip")
-    b, m, s, k, d = gathered_BxMxSxKxD.shape
-    return gathered_BxMxSxKxD.reshape(b, m * s, k, d)
+    return jnp.take(pages_PxKxSxD, block_tables_BxM, axis=0, mode="clip")
 
 
-# Decode gathers the pages in blocks combined by an online softmax, so each gathered block is
-# still in cache when the two matmuls read it. Measured on the bench model (context 160, f32,
-# 2-core EPYC, best-of-60 on a loaded machine): 32-token blocks beat one big gather by ~1.3x at
-# batch 8 and 1.1-1.6x at batch 32-64; small batches keep the whole context in one block (no
-# scan), so the per-step overhead of the loop is only paid where it is amortised.
+# Decode gathers all of a sequence's pages in one block while the gathered K and V are small
+# and in blocks of about STEP_BYTES (combined by an online softmax) beyond that, so a long
+# context never materialises a copy of the whole cache. Measured on the bench model's heads
+# (8 layers, f32, 2-core EPYC): one block won at batch 1-64 with 10 pages (20 MB at batch 64:
+# 28 vs 36 ms in 2-page blocks) and at batch 8 with 64 pages (16 MB: 29 vs 38 ms); blocks won
+# at batch 16 and 32 with 64 pages (32 MB: 45 vs 54 ms; 64 MB: 102 vs 115 ms in 4 MB blocks).
+SINGLE_BLOCK_BYTES = 24 << 20
+STEP_BYTES = 4 << 20
 MIN_STEP_TOKENS = 32
-CPU_STEP_BYTES = 512 << 10
 
 
 def decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads, head_dim, itemsize) -> int:
     """Pages gathered per online-softmax step of the decode reference (static)."""
-    page_bytes = 2 * batch * page_size * kv_heads * head_dim * itemsize
-    pages = max(-(-MIN_STEP_TOKENS // page_size), CPU_STEP_BYTES // page_bytes)
+    page_bytes = 2 * batch * page_size * kv_heads * head_dim * itemsize   # K and V, all rows
+    if page_bytes * pages_per_seq <= SINGLE_BLOCK_BYTES:
+        return int(pages_per_seq)
+    pages = max(-(-MIN_STEP_TOKENS // page_size), STEP_BYTES // page_bytes)
     return int(min(pages_per_seq, max(1, pages)))
 
 
 @jax.named_call
-def paged_decode_attention_ref(q_BxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, block_tables_BxM,
+def paged_decode_attention_ref(q_BxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
                                lengths_B, *, scale, pages_per_step=None):
     """One query token per sequence attending to its first lengths_B cached positions.
 
@@ -99,12 +109,12 @@ def paged_decode_attention_ref(q_BxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, block_
             f"paged_decode_attention: lengths {tuple(lengths_B.shape)} must be [batch="
             f"{q_BxHxD.shape[0]}]")
     kv_heads, group, page_size, head_dim = check_paged_inputs(
-        q_BxHxD.shape, k_pages_PxSxKxD, v_pages_PxSxKxD, block_tables_BxM,
+        q_BxHxD.shape, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
         where="paged_decode_attention")
     batch, pages_per_seq = block_tables_BxM.shape
     if pages_per_step is None:
         pages_per_step = decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads,
-                                               head_dim, jnp.dtype(k_pages_PxSxKxD.dtype).itemsize)
+                                               head_dim, jnp.dtype(k_pages_PxKxSxD.dtype).itemsize)
     pages_per_step = max(1, min(int(pages_per_step), pages_per_seq))
     num_steps = -(-pages_per_seq // pages_per_step)
     lengths_B = jnp.minimum(lengths_B, pages_per_seq * page_size)
@@ -116,7 +126,7 @@ def paged_decode_attention_ref(q_BxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, block_
 
     def step(carry, xs):
         tables_BxC, first_pos = xs
-        return _decode_step(carry, q_BxKxGxD, k_pages_PxSxKxD, v_pages_PxSxKxD, tables_BxC,
+        return _decode_step(carry, q_BxKxGxD, k_pages_PxKxSxD, v_pages_PxKxSxD, tables_BxC,
                             first_pos, lengths_B, scale), None
 
     if num_steps == 1:
@@ -138,34 +148,36 @@ def paged_decode_attention_ref(q_BxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, block_
 def _decode_step(carry, q_BxKxGxD, k_pages, v_pages, tables_BxC, first_pos, lengths_B, scale):
     """One online-softmax step over the C pages in tables_BxC (positions first_pos onwards)."""
     max_BxKxG, denom_BxKxG, acc_BxKxGxD = carry
-    k_BxNxKxD = _gather_pages(k_pages, tables_BxC)
-    v_BxNxKxD = _gather_pages(v_pages, tables_BxC)
-    pos_N = first_pos + jnp.arange(k_BxNxKxD.shape[1])
-    valid_BxN = pos_N[None, :] < lengths_B[:, None]
+    k_BxCxKxSxD = _gather_pages(k_pages, tables_BxC)
+    v_BxCxKxSxD = _gather_pages(v_pages, tables_BxC)
+    batch, pages, _, page_size, _ = k_BxCxKxSxD.shape
+    pos_CxS = first_pos + jnp.arange(pages * page_size).reshape(pages, page_size)
+    valid_BxCxS = pos_CxS[None] < lengths_B[:, None, None]
     # Zero unused V rows so masked probabilities (exact zeros) never meet a NaN.
-    v_BxNxKxD = jnp.where(valid_BxN[:, :, None, None], v_BxNxKxD, 0)
-    valid_Bx1x1xN = valid_BxN[:, None, None, :]
+    v_BxCxKxSxD = jnp.where(valid_BxCxS[:, :, None, :, None], v_BxCxKxSxD, 0)
+    valid_Bx1x1xCxS = valid_BxCxS[:, None, None]
     # f32 operands: exact for bf16/f16 inputs, and XLA's CPU f32 dots beat its 16-bit ones
     # (the convert fuses into the gather).
-    s_BxKxGxN = jnp.einsum("bkgd,bnkd->bkgn", q_BxKxGxD.astype(jnp.float32),
-                           k_BxNxKxD.astype(jnp.float32),
-                           preferred_element_type=jnp.float32) * jnp.float32(scale)
-    s_BxKxGxN = jnp.where(valid_Bx1x1xN, s_BxKxGxN, -jnp.inf)
-    new_max_BxKxG = jnp.maximum(max_BxKxG, jnp.max(s_BxKxGxN, axis=-1))
+    s_BxKxGxCxS = jnp.einsum("bkgd,bcksd->bkgcs", q_BxKxGxD.astype(jnp.float32),
+                             k_BxCxKxSxD.astype(jnp.float32),
+                             preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s_BxKxGxCxS = jnp.where(valid_Bx1x1xCxS, s_BxKxGxCxS, -jnp.inf)
+    new_max_BxKxG = jnp.maximum(max_BxKxG, jnp.max(s_BxKxGxCxS, axis=(-2, -1)))
     # While nothing is valid yet the max is -inf; shift by 0 instead (every term is masked).
     shift_BxKxG = jnp.where(jnp.isfinite(new_max_BxKxG), new_max_BxKxG, 0.0)
     alpha_BxKxG = jnp.exp(max_BxKxG - shift_BxKxG)  # exp(-inf) = 0 on the first valid step
-    p_BxKxGxN = jnp.where(valid_Bx1x1xN, jnp.exp(s_BxKxGxN - shift_BxKxG[..., None]), 0.0)
-    denom_BxKxG = denom_BxKxG * alpha_BxKxG + jnp.sum(p_BxKxGxN, axis=-1)
+    p_BxKxGxCxS = jnp.where(valid_Bx1x1xCxS,
+                            jnp.exp(s_BxKxGxCxS - shift_BxKxG[..., None, None]), 0.0)
+    denom_BxKxG = denom_BxKxG * alpha_BxKxG + jnp.sum(p_BxKxGxCxS, axis=(-2, -1))
     # Probabilities stay f32 (the oracle should not round them); V is promoted.
-    pv_BxKxGxD = jnp.einsum("bkgn,bnkd->bkgd", p_BxKxGxN, v_BxNxKxD.astype(jnp.float32),
+    pv_BxKxGxD = jnp.einsum("bkgcs,bcksd->bkgd", p_BxKxGxCxS, v_BxCxKxSxD.astype(jnp.float32),
                             preferred_element_type=jnp.float32)
     acc_BxKxGxD = acc_BxKxGxD * alpha_BxKxG[..., None] + pv_BxKxGxD
     return new_max_BxKxG, denom_BxKxG, acc_BxKxGxD
 
 
 @jax.named_call
-def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, block_tables_BxM,
+def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
                                 q_positions_BxT, *, scale):
     """Causal chunked prefill: the query at absolute position p sees cached positions 0..p.
 
@@ -180,30 +192,33 @@ def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxSxKxD, v_pages_PxSxKxD, blo
         raise PagedAttentionShapeError(
             f"paged_prefill_attention: q_positions {tuple(q_positions_BxT.shape)} must be "
             f"[batch, tokens]={tuple(q_BxTxHxD.shape[:2])}")
-    kv_heads, group, _, head_dim = check_paged_inputs(
-        q_BxTxHxD.shape, k_pages_PxSxKxD, v_pages_PxSxKxD, block_tables_BxM,
+    kv_heads, group, page_size, head_dim = check_paged_inputs(
+        q_BxTxHxD.shape, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
         where="paged_prefill_attention")
     batch, tokens = q_BxTxHxD.shape[:2]
+    pages = block_tables_BxM.shape[1]
 
-    k_BxLxKxD = _gather_pages(k_pages_PxSxKxD, block_tables_BxM)
-    v_BxLxKxD = _gather_pages(v_pages_PxSxKxD, block_tables_BxM)
-    pos_L = jnp.arange(k_BxLxKxD.shape[1])
-    valid_BxTxL = pos_L[None, None, :] <= q_positions_BxT[:, :, None]
+    k_BxMxKxSxD = _gather_pages(k_pages_PxKxSxD, block_tables_BxM)
+    v_BxMxKxSxD = _gather_pages(v_pages_PxKxSxD, block_tables_BxM)
+    pos_MxS = jnp.arange(pages * page_size).reshape(pages, page_size)
+    valid_BxTxMxS = pos_MxS[None, None] <= q_positions_BxT[:, :, None, None]
     # Every position any query of the sequence may see is <= its largest query position.
     last_B = jnp.max(q_positions_BxT, axis=1)
-    v_BxLxKxD = jnp.where((pos_L[None, :] <= last_B[:, None])[:, :, None, None], v_BxLxKxD, 0)
+    seen_BxMxS = pos_MxS[None] <= last_B[:, None, None]
+    v_BxMxKxSxD = jnp.where(seen_BxMxS[:, :, None, :, None], v_BxMxKxSxD, 0)
 
     q_BxTxKxGxD = q_BxTxHxD.reshape(batch, tokens, kv_heads, group, head_dim)
-    s_BxKxGxTxL = jnp.einsum("btkgd,blkd->bkgtl", q_BxTxKxGxD, k_BxLxKxD,
-                             preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s_BxKxGxTxMxS = jnp.einsum("btkgd,bmksd->bkgtms", q_BxTxKxGxD, k_BxMxKxSxD,
+                               preferred_element_type=jnp.float32) * jnp.float32(scale)
     # jnp.where (not multiplication) keeps NaN scores of garbage slots out of max, exp and sum.
-    valid_Bx1x1xTxL = valid_BxTxL[:, None, None, :, :]
-    s_BxKxGxTxL = jnp.where(valid_Bx1x1xTxL, s_BxKxGxTxL, -jnp.inf)
-    max_BxKxGxTx1 = jnp.max(s_BxKxGxTxL, axis=-1, keepdims=True)
-    max_BxKxGxTx1 = jnp.where(jnp.isfinite(max_BxKxGxTx1), max_BxKxGxTx1, 0.0)
-    p_BxKxGxTxL = jnp.where(valid_Bx1x1xTxL, jnp.exp(s_BxKxGxTxL - max_BxKxGxTx1), 0.0)
-    denom_BxTxKxGx1 = jnp.moveaxis(jnp.sum(p_BxKxGxTxL, axis=-1), 3, 1)[..., None]
-    out_BxTxKxGxD = jnp.einsum("bkgtl,blkd->btkgd", p_BxKxGxTxL, v_BxLxKxD.astype(jnp.float32),
+    valid_Bx1x1xTxMxS = valid_BxTxMxS[:, None, None]
+    s_BxKxGxTxMxS = jnp.where(valid_Bx1x1xTxMxS, s_BxKxGxTxMxS, -jnp.inf)
+    max_BxKxGxTx1x1 = jnp.max(s_BxKxGxTxMxS, axis=(-2, -1), keepdims=True)
+    max_BxKxGxTx1x1 = jnp.where(jnp.isfinite(max_BxKxGxTx1x1), max_BxKxGxTx1x1, 0.0)
+    p_BxKxGxTxMxS = jnp.where(valid_Bx1x1xTxMxS, jnp.exp(s_BxKxGxTxMxS - max_BxKxGxTx1x1), 0.0)
+    denom_BxTxKxGx1 = jnp.moveaxis(jnp.sum(p_BxKxGxTxMxS, axis=(-2, -1)), 3, 1)[..., None]
+    out_BxTxKxGxD = jnp.einsum("bkgtms,bmksd->btkgd", p_BxKxGxTxMxS,
+                               v_BxMxKxSxD.astype(jnp.float32),
                                preferred_element_type=jnp.float32)
     # Padding queries (nothing valid) have a zero denominator and give zeros.
     out_BxTxKxGxD = jnp.where(denom_BxTxKxGx1 > 0, out_BxTxKxGxD / jnp.where(

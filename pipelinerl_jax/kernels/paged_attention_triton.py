@@ -187,12 +187,12 @@ def launch_params(*, q_shape, q_strides, cache_shape, cache_strides, cache_layou
 
 def contiguous_launch_params(q_shape, cache_shape, block_tables_shape, *, dtype: str, scale: float,
                              interpret: bool = False) -> LaunchParams:
-    """launch_params for contiguous row-major [B,H,D] q/out, [P,S,K,D] cache: the JAX path."""
+    """launch_params for contiguous row-major [B,H,D] q/out, [P,K,S,D] cache: the JAX path."""
     if not math.isfinite(scale):
         raise PagedKernelConfigError(f"paged_decode_kernel: scale {scale} must be finite")
     return launch_params(
         q_shape=q_shape, q_strides=row_major_strides(q_shape),
         cache_shape=cache_shape, cache_strides=row_major_strides(cache_shape),
-        block_tables_shape=block_tables_shape,
+        cache_layout="PKSD", block_tables_shape=block_tables_shape,
         block_tables_strides=row_major_strides(block_tables_shape),
         out_strides=row_major_strides(q_shape), dtype=dtype, scale=scale, interpret=interpret)

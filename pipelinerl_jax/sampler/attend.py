@@ -16,7 +16,7 @@ could not leak NaN into a live row (0 * NaN = NaN).
 
 The layer index arrives as a Python int (the sampler's forward is unrolled, see forward.py).
 
-Pool layout [L, P, S, K, D]: flattened to [L*P, S, K, D] it is the layout of
+Pool layout [L, P, K, S, D]: flattened to [L*P, K, S, D] it is the layout of
 `kernels.paged_attention` with block tables offset by layer * P, so the second decode hook,
 `decode_attend_paged`, can write the step's K/V into the pool first and then call the one paged
 attention dispatcher (the Triton kernel on NVIDIA GPUs, its jnp reference elsewhere) without
@@ -25,9 +25,8 @@ in-place scatter per layer); `decode_attend` keeps the pool closed over and merg
 token itself. The engine's `attention` option picks one ("paged", the default, was faster on
 CPU too: the reference gathers in cache-sized blocks with an online softmax).
 
-Decode scores are a broadcast-multiply-reduce over D rather than a batched einsum: XLA:CPU ran
-the [G, D] x [D, N] blocks of the einsum ~2x slower (40 vs 22 ms for 8 layers at batch 64,
-N = 160, against 12 ms to merely read K).
+Within a page the kv heads are major ([K, S, D], see kernels/paged_attention_ref.py): a
+gathered [B, W, K, S, D] block feeds the score and value dots with no transposed copy.
 
 Dimension letters: B rows, T query tokens, H query heads, K kv heads, G = H / K, D head dim,
 L layers, P pages per layer, S page size, W pages read per row (window), N = W * S.
@@ -40,31 +39,31 @@ import jax.numpy as jnp
 from pipelinerl_jax.kernels.paged_attention import paged_decode_attention
 
 
-def _gather_old(pages_LxPxSxKxD, layer: int, block_tables_BxW):
-    """This layer's pages named by the block tables -> [B, W*S, K, D]."""
-    num_layers, num_pages, page_size, kv_heads, head_dim = pages_LxPxSxKxD.shape
-    flat = pages_LxPxSxKxD.reshape(num_layers * num_pages, page_size, kv_heads, head_dim)
-    batch, window = block_tables_BxW.shape
+def _gather_old(pages_LxPxKxSxD, layer: int, block_tables_BxW):
+    """This layer's pages named by the block tables -> [B, W, K, S, D]."""
+    num_layers, num_pages = pages_LxPxKxSxD.shape[:2]
+    flat = pages_LxPxKxSxD.reshape((num_layers * num_pages,) + pages_LxPxKxSxD.shape[2:])
     # mode="clip": an out-of-range id must never gather NaN fill into a live computation.
-    gathered = jnp.take(flat, block_tables_BxW + layer * num_pages, axis=0, mode="clip")
-    return gathered.reshape(batch, window * page_size, kv_heads, head_dim)
+    return jnp.take(flat, block_tables_BxW + layer * num_pages, axis=0, mode="clip")
 
 
 def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
     """f32 softmax over [old | new] scores (already -inf where masked), then @ V of each part.
 
-    s_old/v_old may be None (nothing cached yet). Returns (unnormalised out, denominator).
+    s_new ends in one key axis; s_old ends in two (window page, slot in page) and has s_new's
+    leading axes. s_old/v_old may be None (nothing cached yet). Returns (unnormalised out,
+    denominator).
     """
-    row_max = jnp.max(s_new, axis=-1, keepdims=True)
+    row_max = jnp.max(s_new, axis=-1)
     if s_old is not None:
-        row_max = jnp.maximum(row_max, jnp.max(s_old, axis=-1, keepdims=True))
-    p_new = jnp.exp(s_new - row_max)
+        row_max = jnp.maximum(row_max, jnp.max(s_old, axis=(-2, -1)))
+    p_new = jnp.exp(s_new - row_max[..., None])
     denom = jnp.sum(p_new, axis=-1)
     out = jnp.einsum(new_spec, p_new.astype(v_new.dtype), v_new,
                      preferred_element_type=jnp.float32)
     if s_old is not None:
-        p_old = jnp.exp(s_old - row_max)
-        denom = denom + jnp.sum(p_old, axis=-1)
+        p_old = jnp.exp(s_old - row_max[..., None, None])
+        denom = denom + jnp.sum(p_old, axis=(-2, -1))
         out = out + jnp.einsum(old_spec, p_old.astype(v_old.dtype), v_old,
                                preferred_element_type=jnp.float32)
     return out, denom
@@ -73,33 +72,34 @@ def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
 def decode_attend(k_pages, v_pages, block_tables_BxW, positions_B, *, scale: float):
     """attend() for one new token per row at `positions_B` (it sees positions < its own + itself).
 
-    k_pages, v_pages: [L, P, S, K, D], closed over (read only). Returns
+    k_pages, v_pages: [L, P, K, S, D], closed over (read only). Returns
     attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, (layer, kv)) -> (out_Bx1xHxD, (layer, kv + ((k, v),)))
     collecting each layer's new K/V for the engine to scatter after the forward.
     """
-    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[2])
-    old_valid_BxN = window_positions_N[None, :] < positions_B[:, None]
+    batch, window = block_tables_BxW.shape
+    page_size = k_pages.shape[3]
+    window_positions_WxS = jnp.arange(window * page_size).reshape(window, page_size)
+    old_valid_BxWxS = window_positions_WxS[None] < positions_B[:, None, None]
 
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_kv):
         layer, kv = layer_and_kv
-        batch, _, heads, head_dim = q_Bx1xHxD.shape
+        heads, head_dim = q_Bx1xHxD.shape[2:]
         kv_heads = k_Bx1xKxD.shape[2]
         group = heads // kv_heads
         f32 = jnp.float32
-        k_old_BxNxKxD = _gather_old(k_pages, layer, block_tables_BxW)
-        v_old_BxNxKxD = _gather_old(v_pages, layer, block_tables_BxW)
+        k_old_BxWxKxSxD = _gather_old(k_pages, layer, block_tables_BxW)
+        v_old_BxWxKxSxD = _gather_old(v_pages, layer, block_tables_BxW)
         # Zeroed, not just given zero weight: 0 * NaN from a corrupted page would leak in.
-        v_old_BxNxKxD = jnp.where(old_valid_BxN[:, :, None, None], v_old_BxNxKxD, 0)
+        v_old_BxWxKxSxD = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old_BxWxKxSxD, 0)
         q_BxKxGxD = q_Bx1xHxD.reshape(batch, kv_heads, group, head_dim).astype(f32)
-        s_old_BxNxKxG = jnp.sum(k_old_BxNxKxD[:, :, :, None, :].astype(f32)
-                                * q_BxKxGxD[:, None], axis=-1) * scale
-        s_old = jnp.where(old_valid_BxN[:, None, None, :],
-                          jnp.transpose(s_old_BxNxKxG, (0, 2, 3, 1)), -jnp.inf)
-        s_new = jnp.sum(q_BxKxGxD * k_Bx1xKxD[:, 0, :, None, :].astype(f32),
-                        axis=-1)[..., None] * scale
+        s_old_BxKxGxWxS = jnp.einsum("bkgd,bwksd->bkgws", q_BxKxGxD, k_old_BxWxKxSxD.astype(f32),
+                                     preferred_element_type=f32) * scale
+        s_old_BxKxGxWxS = jnp.where(old_valid_BxWxS[:, None, None], s_old_BxKxGxWxS, -jnp.inf)
+        s_new_BxKxGx1 = jnp.sum(q_BxKxGxD * k_Bx1xKxD[:, 0, :, None, :].astype(f32),
+                                axis=-1)[..., None] * scale
         out_BxKxGxD, denom_BxKxG = _merge_softmax(
-            s_old, s_new, v_old_BxNxKxD, v_Bx1xKxD[:, 0, :, None, :],
-            "bkgn,bnkd->bkgd", "bkgn,bknd->bkgd")
+            s_old_BxKxGxWxS, s_new_BxKxGx1, v_old_BxWxKxSxD, v_Bx1xKxD[:, 0, :, None, :],
+            "bkgws,bwksd->bkgd", "bkgn,bknd->bkgd")
         out_BxKxGxD = out_BxKxGxD / denom_BxKxG[..., None]
         out = out_BxKxGxD.reshape(batch, 1, heads, head_dim).astype(q_Bx1xHxD.dtype)
         return out, (layer, kv + ((k_Bx1xKxD, v_Bx1xKxD),))
@@ -111,7 +111,7 @@ def decode_attend_paged(block_tables_BxM, positions_B, write_B, window: int, *, 
                         impl: str = "auto"):
     """attend() that writes the token's K/V into the pool, then runs paged decode attention.
 
-    Carry: (layer, (k_pages, v_pages)) with pages [L, P, S, K, D]; the updated pool comes back
+    Carry: (layer, (k_pages, v_pages)) with pages [L, P, K, S, D]; the updated pool comes back
     in the carry. Rows with write False (inactive slots) write to the null page.
     """
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_pages):
@@ -138,8 +138,9 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
     chunk's own tokens at positions <= p. Carry and result as `decode_attend`.
     """
     start_B = positions_BxT[:, 0]   # chunk start; -1 for an all-padding row (sees nothing old)
-    window_positions_N = jnp.arange(block_tables_BxW.shape[1] * k_pages.shape[2])
-    old_valid_BxN = window_positions_N[None, :] < start_B[:, None]
+    window, page_size = block_tables_BxW.shape[1], k_pages.shape[3]
+    window_positions_WxS = jnp.arange(window * page_size).reshape(window, page_size)
+    old_valid_BxWxS = window_positions_WxS[None] < start_B[:, None, None]
     valid_BxT = positions_BxT >= 0
     tokens = positions_BxT.shape[1]
     causal_TxT = jnp.tril(jnp.ones((tokens, tokens), bool))
@@ -155,15 +156,15 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
                            preferred_element_type=jnp.float32) * scale
         s_new = jnp.where(new_valid_BxTxT[:, None, None], s_new, -jnp.inf)
         s_old = v_old = None   # first chunk: nothing cached yet
-        if block_tables_BxW.shape[1]:
+        if window:
             k_old = _gather_old(k_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
             v_old = _gather_old(v_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
-            v_old = jnp.where(old_valid_BxN[:, :, None, None], v_old, 0)
-            s_old = jnp.einsum("btkgd,bnkd->bkgtn", q_BxTxKxGxD, k_old,
+            v_old = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old, 0)
+            s_old = jnp.einsum("btkgd,bwksd->bkgtws", q_BxTxKxGxD, k_old,
                                preferred_element_type=jnp.float32) * scale
-            s_old = jnp.where(old_valid_BxN[:, None, None, None, :], s_old, -jnp.inf)
+            s_old = jnp.where(old_valid_BxWxS[:, None, None, None], s_old, -jnp.inf)
         out_BxTxKxGxD, denom_BxKxGxT = _merge_softmax(
-            s_old, s_new, v_old, v_BxTxKxD, "bkgtn,bnkd->btkgd", "bkgts,bskd->btkgd")
+            s_old, s_new, v_old, v_BxTxKxD, "bkgtws,bwksd->btkgd", "bkgts,bskd->btkgd")
         denom_BxTxKxG = jnp.moveaxis(denom_BxKxGxT, 3, 1)
         out_BxTxKxGxD = out_BxTxKxGxD / denom_BxTxKxG[..., None]
         out = out_BxTxKxGxD.reshape(batch, tokens, heads, head_dim).astype(q_BxTxHxD.dtype)
@@ -180,22 +181,25 @@ def _targets(page_size, block_tables_BxM, positions_BxT, write_BxT):
     return jnp.where(write_BxT, page_BxT, 0), jnp.where(write_BxT, safe_pos_BxT % page_size, 0)
 
 
-def write_new_kv(pages_LxPxSxKxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT, write_BxT):
+def write_new_kv(pages_LxPxKxSxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT, write_BxT):
     """Scatters every layer's new K (or V) at their positions; unwritten ones go to the null page.
 
     Rows/tokens with write False (inactive slots, padding) target page 0, offset 0: many
     writes of finite garbage to a page nobody reads unmasked.
     """
-    page_BxT, offset_BxT = _targets(pages_LxPxSxKxD.shape[2], block_tables_BxM, positions_BxT,
+    page_BxT, offset_BxT = _targets(pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT,
                                     write_BxT)
-    return pages_LxPxSxKxD.at[:, page_BxT, offset_BxT].set(
-        new_LxBxTxKxD.astype(pages_LxPxSxKxD.dtype))
+    # The page and offset indices are split by the kv-head axis, so (numpy rules) the indexed
+    # view is [B, T, L, K, D]: the update is laid out to match.
+    new_BxTxLxKxD = jnp.moveaxis(new_LxBxTxKxD, 0, 2)
+    return pages_LxPxKxSxD.at[:, page_BxT, :, offset_BxT].set(
+        new_BxTxLxKxD.astype(pages_LxPxKxSxD.dtype))
 
 
-def write_layer_kv(pages_LxPxSxKxD, layer: int, new_BxTxKxD, block_tables_BxM, positions_BxT,
+def write_layer_kv(pages_LxPxKxSxD, layer: int, new_BxTxKxD, block_tables_BxM, positions_BxT,
                    write_BxT):
-    """`write_new_kv` for one layer."""
-    page_BxT, offset_BxT = _targets(pages_LxPxSxKxD.shape[2], block_tables_BxM, positions_BxT,
+    """`write_new_kv` for one layer (the indexed view is [B, T, K, D])."""
+    page_BxT, offset_BxT = _targets(pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT,
                                     write_BxT)
-    return pages_LxPxSxKxD.at[layer, page_BxT, offset_BxT].set(
-        new_BxTxKxD.astype(pages_LxPxSxKxD.dtype))
+    return pages_LxPxKxSxD.at[layer, page_BxT, :, offset_BxT].set(
+        new_BxTxKxD.astype(pages_LxPxKxSxD.dtype))

@@ -46,14 +46,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as Ps
 
+from pipelinerl_jax.kernels.paged_attention import triton_available
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import sampling
+from pipelinerl_jax.sampler import staged
 from pipelinerl_jax.sampler.state import SamplerState, state_shardings
 
 
-ATTENTION_IMPLS = ("paged", "gather")
+ATTENTION_IMPLS = ("auto", "staged", "paged", "gather")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +68,15 @@ class EngineConfig:
     max_stop_tokens: int      # X
     cache_dtype: str = "float32"
     truncated_logprobs: bool = False   # see sampling.py: default records tempered logprobs
-    attention: str = "paged"  # decode attention: "paged" writes the step's K/V into the pool and
-                              #   calls kernels.paged_decode_attention (Triton on NVIDIA GPUs,
-                              #   its blocked jnp reference elsewhere); "gather" merges the new
-                              #   token with the gathered pages itself (attend.decode_attend).
-                              #   Measured on the bench model (CPU, 8 layers, context 160):
-                              #   paged 143 / 37 ms per step at batch 64 / 8, gather 202 / 46.
+    attention: str = "auto"   # decode attention: "paged" writes the step's K/V into the pool and
+                              #   calls kernels.paged_decode_attention (the Triton kernel on
+                              #   NVIDIA GPUs, its jnp reference elsewhere); "staged" also writes
+                              #   the pool but reads a dense copy of the window made once per
+                              #   chunk (staged.py; the CPU path); "gather" merges the new token
+                              #   with the gathered pages itself (attend.decode_attend); "auto":
+                              #   "paged" where the Triton kernel runs, else "staged".
+                              #   Measured on the bench model (CPU, 8 layers, context 160, batch
+                              #   64, one step): staged ~18 ms of attention, paged ~43 ms.
 
 
 def window_buckets(max_pages: int) -> tuple[int, ...]:
@@ -117,6 +122,8 @@ class Engine:
         if ecfg.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention={ecfg.attention!r}: use one of {ATTENTION_IMPLS}")
         self.attention = ecfg.attention
+        if self.attention == "auto":
+            self.attention = "paged" if triton_available() else "staged"
         if mesh is None:
             mesh = Mesh(np.asarray(jax.devices()[:1]), (data_axis,))
         self.mesh, self.data_axis = mesh, data_axis
@@ -169,17 +176,31 @@ class Engine:
     def _decode_chunk_local(self, params, state: SamplerState, version, *, k: int, window: int):
         block_tables_BxM = self._to_local(state.block_tables)
         step = functools.partial(self._decode_step, params, block_tables_BxM, window)
-        state, (tokens_CxB, logprobs_CxB, valid_CxB) = jax.lax.scan(step, state, None, length=k)
+        stage = None
+        if self.attention == "staged":
+            # K/V are cached for positions < lengths - 1 (the last token's come this step).
+            stage = staged.stage(state.k_pages, state.v_pages, block_tables_BxM[:, :window],
+                                 state.lengths - 1)
+        (state, _), (tokens_CxB, logprobs_CxB, valid_CxB) = jax.lax.scan(
+            step, (state, stage), None, length=k)
         version = jnp.asarray(version, jnp.int32)
         return state.replace(
             out_tokens=tokens_CxB.T, out_logprobs=logprobs_CxB.T, out_valid=valid_CxB.T,
             out_versions=jnp.where(valid_CxB.T, version, -1))
 
-    def _decode_step(self, params, block_tables_BxM, window, state: SamplerState, _):
+    def _decode_step(self, params, block_tables_BxM, window, state_and_stage, _):
+        state, stage = state_and_stage
         positions_B = state.lengths - 1
         active_B = state.active
         tokens_Bx1 = state.last_token[:, None]
-        if self.attention == "paged":
+        if self.attention == "staged":
+            attend = staged.decode_attend_staged(block_tables_BxM, positions_B, active_B,
+                                                 scale=self.scale)
+            hidden_Bx1xE, (k_pages, v_pages, *stage) = fwd.forward_hidden(
+                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend,
+                (state.k_pages, state.v_pages, *stage), self._reduce)
+            stage = tuple(stage)
+        elif self.attention == "paged":
             attend = attn.decode_attend_paged(block_tables_BxM, positions_B, active_B, window,
                                               scale=self.scale)
             hidden_Bx1xE, (k_pages, v_pages) = fwd.forward_hidden(
@@ -210,7 +231,7 @@ class Engine:
             k_pages=k_pages, v_pages=v_pages,
             last_token=jnp.where(active_B, tokens_B, state.last_token),
             lengths=lengths_B, active=active_B & ~done_B)
-        return state, (tokens_B, logprobs_B, active_B)
+        return (state, stage), (tokens_B, logprobs_B, active_B)
 
     # --- prefill --------------------------------------------------------------------------
 

@@ -5,18 +5,18 @@ XLA:CPU materialises each layer's weight slice (a `dynamic-slice` fusion) before
 so every decode step copies all layer weights once more: 3x the weight memory traffic of a
 step that is memory-bound at small batch. Measured on the bench model (57.9M params): the
 layer stack at batch 1 took 18 ms CPU scanned vs 8 ms unrolled over separate arrays (batch 8:
-45 vs 28 ms). The sampler therefore unstacks the params once per version (`decode_params`,
-at `set_params` time, off the chunk boundary), casts them to the compute dtype once, keeps
-the LM head as an f32 [E, V] array, and runs the layers unrolled. The layer math itself is
-the model's (`llama._layer`), so the two forwards cannot drift apart.
+45 vs 28 ms). The sampler therefore converts the params once per version (`decode_params`,
+at `set_params` time or in the publisher's thread, off the chunk boundary): unstacked, cast to
+the compute dtype once, projections transposed for the feature-major block of layer.py (which
+says why), the LM head kept as an f32 [E, V] array; the layers run unrolled.
 
 Tensor parallelism (Megatron-style, inside the engine's shard_map): `decode_param_specs` splits
 q/k/v (and their biases), gate and up by output heads / columns and o_proj and down by input
-rows over the tp axis, and the LM head by vocabulary; the forward psums the two row-split
+columns over the tp axis, and the LM head by vocabulary; the forward psums the two partial
 outputs per layer (`reduce`) and all-gathers the logits, so every device of a tp group holds the
 same hidden state and samples the same token. The KV pool is split by kv heads to match.
 
-Dimension letters: B batch, T tokens, E hidden, V vocabulary, L layers.
+Dimension letters: B batch, T tokens, N = B * T, E hidden, V vocabulary, L layers.
 """
 
 from __future__ import annotations
@@ -28,22 +28,26 @@ from jax.sharding import PartitionSpec as Ps
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import llama, rope
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.sampler import layer as block
 
 
 def decode_params(cfg: ModelConfig, params) -> dict:
-    """Stacked model params -> {embed, layers: (per-layer dict, ...), final_norm, head_ExV}."""
+    """Stacked model params -> {embed, layers: (per-layer dict, ...), final_norm, head_ExV};
+    each layer as `layer.prepare_layer` lays it out."""
     p = llama.arrays(params)
     dtype = jnp.dtype(cfg.compute_dtype)
-    layers = tuple({name: w[i].astype(dtype) for name, w in p["layers"].items()}
+    layers = tuple(block.prepare_layer({name: w[i] for name, w in p["layers"].items()}, dtype)
                    for i in range(cfg.num_layers))
     return {"embed": p["embed"].astype(dtype), "layers": layers,
             "final_norm": p["final_norm"],
             "head_ExV": llama.lm_head_weight(params).astype(jnp.float32)}
 
 
-# Per-layer param name -> the dimension split over the tp axis (absent: replicated).
-_TP_DIM = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "q_bias": 0, "k_bias": 0, "v_bias": 0,
-           "o_proj": 0, "gate_proj": 1, "up_proj": 1, "down_proj": 0}
+# Per-layer param name -> the dimension split over the tp axis (absent: replicated). The
+# projections are output-major [O, I] (layer.py): q/k/v/gate/up split their output rows (whole
+# heads: O = heads * D, heads major), o_proj/down their input columns.
+_TP_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "q_bias": 0, "k_bias": 0, "v_bias": 0,
+           "o_proj": 1, "gate_proj": 0, "up_proj": 0, "down_proj": 1}
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
@@ -76,20 +80,22 @@ def decode_param_specs(cfg: ModelConfig, dparams, tp_axis: str | None, tp: int):
 
 def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend, carry,
                    reduce=None):
-    """Hidden states after the final norm, and attend's carry after the last layer.
+    """Hidden states [B, T, E] after the final norm, and attend's carry after the last layer.
 
     attend(q, k, v, (layer, carry)) -> (out, (layer, carry)) gets the layer index as a Python
     int; the carry threads through the layers in order (collected K/V, or the page pool).
-    `reduce`: the tp all-reduce of the row-split projections (see the module docstring).
+    `reduce`: the tp all-reduce of the partial o_proj / down outputs (see the module docstring).
     """
     dtype = jnp.dtype(cfg.compute_dtype)
-    x_BxTxE = jnp.take(dparams["embed"], tokens_BxT, axis=0)
+    batch_shape = tokens_BxT.shape
+    x_ExN = jnp.take(dparams["embed"], tokens_BxT.reshape(-1), axis=0).T
     inv_freq = rope.inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     cos, sin = rope.cos_sin(positions_BxT, inv_freq, dtype)
-    for layer, lp in enumerate(dparams["layers"]):
-        x_BxTxE, (_, carry) = llama._layer(cfg, x_BxTxE, lp, cos, sin, attend, (layer, carry),
-                                           reduce)
-    return llama.rms_norm(x_BxTxE, dparams["final_norm"], cfg.rms_norm_eps), carry
+    for index, lp in enumerate(dparams["layers"]):
+        x_ExN, (_, carry) = block.layer(cfg, x_ExN, lp, batch_shape, cos, sin, attend,
+                                        (index, carry), reduce)
+    hidden_ExN = block.rms_norm_fm(x_ExN, dparams["final_norm"], cfg.rms_norm_eps)
+    return hidden_ExN.T.reshape(*batch_shape, -1), carry
 
 
 def logits(dparams: dict, hidden_BxTxE, gather_axis: str | None = None):

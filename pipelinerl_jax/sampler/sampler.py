@@ -64,7 +64,8 @@ class SamplerConfig:
     tp_axis: str = "tp"                 # mesh axis params / kv heads are split over (if any)
     min_window_pages: int = 1           # attention reads >= this many pages per slot; set it
                                         #   to max_seq_len / page_size for a single compile
-    attention: str = "paged"            # decode attention: "paged" | "gather" (engine.py)
+    attention: str = "auto"             # decode attention: "auto" | "staged" | "paged" |
+                                        #   "gather" (engine.EngineConfig says which is which)
 
 
 @dataclasses.dataclass

@@ -27,8 +27,8 @@ SLOT_FIELDS = {
 @struct.dataclass
 class SamplerState:
     """Device state of the sampler (a registered pytree; all fields are arrays)."""
-    k_pages: jax.Array        # [L, P, S, K, D] cache dtype: keys; page 0 is the null page
-    v_pages: jax.Array        # [L, P, S, K, D] cache dtype: values
+    k_pages: jax.Array        # [L, P, K, S, D] cache dtype: keys; page 0 is the null page
+    v_pages: jax.Array        # [L, P, K, S, D] cache dtype: values
     block_tables: jax.Array   # [B, M] int32: page of each slot's m-th S-token block (0 = none)
     last_token: jax.Array     # [B] int32: token at position lengths-1, input of the next step
     lengths: jax.Array        # [B] int32: tokens in the sequence; K/V cached for lengths-1
@@ -53,7 +53,7 @@ def init_state(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads:
                max_stop_tokens: int, chunk_steps: int, seed: int,
                shardings: "SamplerState | None" = None) -> SamplerState:
     """A fresh state: zeroed pages (finite garbage only), all slots empty."""
-    page_shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+    page_shape = (num_layers, num_pages, num_kv_heads, page_size, head_dim)
     b, c = num_slots, chunk_steps
     host = dict(
         k_pages=None, v_pages=None,
@@ -95,7 +95,7 @@ def state_shardings(mesh, data_axis: str | None, tp_axis: str | None = None) -> 
         return NamedSharding(mesh, Ps(*axes))
 
     per_slot = spec(data_axis)
-    pages = spec(None, data_axis, None, tp_axis) if tp_axis else spec(None, data_axis)
+    pages = spec(None, data_axis, tp_axis) if tp_axis else spec(None, data_axis)
     return SamplerState(
         k_pages=pages, v_pages=pages, block_tables=per_slot, last_token=per_slot,
         lengths=per_slot, limit=per_slot, active=per_slot, temperature=per_slot,

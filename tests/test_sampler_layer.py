@@ -1,0 +1,97 @@
+"""The sampler's feature-major forward against the model's own forward, every model option on.
+
+The sampler runs its own block (sampler/layer.py: output-major weights, [E, N] activations);
+transformers parity is checked end to end in test_sampler_engine.py on a plain Llama. Here the
+options that test does not reach (q/k/v bias, qk-norm, llama3 RoPE, tied and untied heads,
+bf16 compute) are checked against `llama.forward` with the same causal attention, and the
+converted weights are checked against the model's by hand.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from pipelinerl_jax.models import llama
+from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.sampler import forward as fwd
+from pipelinerl_jax.sampler import layer as block
+
+CFG = ModelConfig(
+    model_type="qwen3", vocab_size=80, hidden_size=32, intermediate_size=48, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4,
+    rope_scaling=(("factor", 4.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                  ("original_max_position_embeddings", 8), ("rope_type", "llama3")),
+    max_position_embeddings=64, tie_word_embeddings=False, attention_bias=True, qk_norm=True)
+
+
+def _model(cfg, seed):
+    graphdef, params = llama.init(cfg, jax.random.key(seed))
+    pure = nnx.to_pure_dict(params)
+    rng = np.random.default_rng(seed)
+    # Random norms and biases, so a misplaced norm weight or bias shows.
+    for key in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"):
+        if key in pure["layers"]:
+            w = pure["layers"][key]
+            pure["layers"][key] = w + 0.3 * jnp.asarray(rng.standard_normal(w.shape), w.dtype)
+    nnx.replace_by_pure_dict(params, pure)
+    return graphdef, params
+
+
+def _sampler_logits(cfg, params, tokens_BxT, positions_BxT):
+    causal = llama.segment_causal_attention(jnp.zeros(tokens_BxT.shape, jnp.int32))
+
+    def attend(q, k, v, layer_and_carry):
+        out, _ = causal(q, k, v, None)
+        return out, layer_and_carry
+
+    dparams = fwd.decode_params(cfg, params)
+    hidden, carry = fwd.forward_hidden(cfg, dparams, tokens_BxT, positions_BxT, attend, "c")
+    assert carry == "c"
+    return fwd.logits(dparams, hidden)
+
+
+@pytest.mark.parametrize("options", [
+    dict(),                                                            # every option on
+    dict(tie_word_embeddings=True, attention_bias=False, qk_norm=False, rope_scaling=None,
+         model_type="llama"),
+    dict(compute_dtype="bfloat16"),
+])
+def test_sampler_forward_equals_model_forward(options):
+    cfg = dataclasses.replace(CFG, **options)
+    graphdef, params = _model(cfg, seed=len(options))
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (3, 7)), jnp.int32)
+    positions = jnp.asarray(rng.integers(0, 40, (3, 1)) + np.arange(7), jnp.int32)
+    want = jax.jit(llama.forward, static_argnums=0)(graphdef, params, tokens, positions)
+    got = jax.jit(_sampler_logits, static_argnums=0)(cfg, params, tokens, positions)
+    assert got.shape == want.shape == (3, 7, cfg.vocab_size) and got.dtype == jnp.float32
+    tol = 5e-2 if cfg.compute_dtype == "bfloat16" else 2e-5
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=tol, rtol=tol)
+
+
+def test_prepare_layer_is_output_major():
+    graphdef, params = _model(CFG, seed=0)
+    p = llama.arrays(params)
+    lp = {name: w[1] for name, w in p["layers"].items()}
+    out = block.prepare_layer(lp, jnp.float32)
+    e, h, k, d, f = 32, 4, 2, 8, 48
+    shapes = {"q_proj": (h * d, e), "k_proj": (k * d, e), "v_proj": (k * d, e),
+              "o_proj": (e, h * d), "gate_proj": (f, e), "up_proj": (f, e), "down_proj": (e, f)}
+    for name, shape in shapes.items():
+        assert out[name].shape == shape, name
+    # Row 2 * d + 3 of q is head 2, dim 3; column 1 * d + 5 of o_proj is head 1, dim 5.
+    np.testing.assert_array_equal(out["q_proj"][2 * d + 3], lp["q_proj"][:, 2, 3])
+    np.testing.assert_array_equal(out["o_proj"][:, 1 * d + 5], lp["o_proj"][1, 5, :])
+    np.testing.assert_array_equal(out["down_proj"], lp["down_proj"].T)
+    np.testing.assert_array_equal(out["q_bias"], lp["q_bias"])       # non-projections as is
+
+
+def test_rms_norm_fm_equals_token_major():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((6, 16)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal(16), jnp.float32)
+    np.testing.assert_array_equal(block.rms_norm_fm(x.T, w, 1e-6).T, llama.rms_norm(x, w, 1e-6))
