@@ -93,14 +93,16 @@ def dense_decode_attention(q_BxHxD, k_BxKxDxN, v_BxKxNxD, positions_B, *, scale:
     batch, heads, head_dim = q_BxHxD.shape
     kv_heads, n = k_BxKxDxN.shape[1], k_BxKxDxN.shape[3]
     f32 = jnp.float32
-    q_BxKxGxD = q_BxHxD.reshape(batch, kv_heads, heads // kv_heads, head_dim).astype(f32)
-    s_BxKxGxN = jnp.einsum("bkgd,bkdn->bkgn", q_BxKxGxD, k_BxKxDxN.astype(f32),
-                           preferred_element_type=f32) * f32(scale)
+    # Broadcast-multiply-reduce rather than einsum: with G = H / K query heads per kv head the
+    # two products are batches of [G, D] @ [D, N] matmuls too small for YNNPACK; as loop
+    # fusions they read each staged array once (8 layers, N = 160, f32: 13.8 vs 16.2 ms at
+    # batch 64, 7.3 vs 9.0 at 32; 2.6 vs 2.2 at 8).
+    q_BxKxGxDx1 = q_BxHxD.reshape(batch, kv_heads, heads // kv_heads, head_dim, 1).astype(f32)
+    s_BxKxGxN = jnp.sum(q_BxKxGxDx1 * k_BxKxDxN.astype(f32)[:, :, None], axis=3) * f32(scale)
     valid_Bx1x1xN = (jnp.arange(n)[None, :] <= positions_B[:, None])[:, None, None]
     s_BxKxGxN = jnp.where(valid_Bx1x1xN, s_BxKxGxN, -jnp.inf)
     # Every row sees at least position 0 (its own token at position >= 0): the max is finite.
     p_BxKxGxN = jnp.exp(s_BxKxGxN - jnp.max(s_BxKxGxN, axis=-1, keepdims=True))
-    out_BxKxGxD = jnp.einsum("bkgn,bknd->bkgd", p_BxKxGxN, v_BxKxNxD.astype(f32),
-                             preferred_element_type=f32)
+    out_BxKxGxD = jnp.sum(p_BxKxGxN[..., None] * v_BxKxNxD.astype(f32)[:, :, None], axis=3)
     out_BxKxGxD = out_BxKxGxD / jnp.sum(p_BxKxGxN, axis=-1)[..., None]
     return out_BxKxGxD.reshape(batch, heads, head_dim).astype(q_BxHxD.dtype)
