@@ -109,3 +109,21 @@ def test_top1_equals_greedy_and_rows_are_independent():
 def test_first_argmax_breaks_ties_low_like_numpy():
     x = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0], [-jnp.inf, -2.0, -2.0, -3.0]])
     np.testing.assert_array_equal(np.asarray(sampling.first_argmax(x)), [1, 0, 1])
+
+
+def test_vocab_major_reductions_equal_row_major():
+    """The engine samples from [V, B] logits: axis-0 argmax / log-softmax equal the [B, V] ones,
+    ties and -inf included, and an all-greedy batch gives argmax with its T = 1 logprob."""
+    x = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0], [-jnp.inf, -2.0, -2.0, -3.0]])
+    np.testing.assert_array_equal(np.asarray(sampling.first_argmax(x.T, axis=0)), [1, 0, 1])
+    rng = np.random.default_rng(5)
+    y = jnp.asarray(rng.normal(size=(7, 300)).astype(np.float32) * 3)
+    tokens = jnp.asarray(rng.integers(0, 300, 7), jnp.int32)
+    np.testing.assert_allclose(np.asarray(sampling.log_softmax_at(y.T, tokens, axis=0)),
+                               np.asarray(sampling.log_softmax_at(y, tokens)), rtol=1e-6)
+    zeros = jnp.zeros(7)
+    got_t, got_lp = jax.jit(sampling.sample_vocab_major)(
+        y.T, zeros, jnp.zeros(7, jnp.int32), jnp.ones(7), zeros + 0.5)
+    np.testing.assert_array_equal(np.asarray(got_t), np.argmax(np.asarray(y), -1))
+    want = np.asarray(jax.nn.log_softmax(y))[np.arange(7), np.asarray(got_t)]
+    np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)

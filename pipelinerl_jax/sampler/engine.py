@@ -219,10 +219,10 @@ class Engine:
                                         positions_B[:, None], write_Bx1)
             v_pages = attn.write_new_kv(state.v_pages, v_new, block_tables_BxM,
                                         positions_B[:, None], write_Bx1)
-        logits_BxV = fwd.logits(params, hidden_Bx1xE, self._gather_logits)[:, 0]
+        logits_VxB = fwd.logits_vocab_major(params, hidden_Bx1xE[:, 0].T, self._gather_logits)
         u_B = _uniforms(state.rng_key, state.seeds, state.lengths)
-        tokens_B, logprobs_B = sampling.sample(
-            logits_BxV, state.temperature, state.top_k, state.top_p, u_B,
+        tokens_B, logprobs_B = sampling.sample_vocab_major(
+            logits_VxB, state.temperature, state.top_k, state.top_p, u_B,
             truncated=self.ecfg.truncated_logprobs)
         lengths_B = state.lengths + active_B.astype(jnp.int32)
         stopped_B = jnp.any(state.stop_tokens == tokens_B[:, None], axis=-1)

@@ -102,16 +102,21 @@ def logits(dparams: dict, hidden_BxTxE, gather_axis: str | None = None):
     """f32 logits [B, T, V] (the head runs in f32, as the trainer's logprobs do).
 
     gather_axis: the tp axis when the head is split by vocabulary (each device computes its
-    V / tp columns, then all of them are gathered)."""
-    # Vocabulary-major, as the layers' projections (layer.py): [V, E] @ [E, N] gives YNNPACK
-    # 32000 rows to split over both cores, where [N, E] @ [E, V] at decode batch sizes did not
-    # (bench model head alone, f32: 3.9 vs 5.9 ms at N = 8, 8.7 vs 11.8 at 32, 16.5 vs 15.4
-    # at 64; whole decode +4% at batch 8, equal within noise at 64).
-    # The barrier keeps the transpose of the small result out of the matmul (layer._heads).
+    V / tp rows, then all of them are gathered)."""
     batch_shape = hidden_BxTxE.shape[:2]
-    hidden_ExN = hidden_BxTxE.reshape(-1, hidden_BxTxE.shape[-1]).astype(jnp.float32).T
-    out_VxN = jnp.matmul(dparams["head_VxE"], hidden_ExN, preferred_element_type=jnp.float32)
-    out = jax.lax.optimization_barrier(out_VxN).T.reshape(*batch_shape, -1)
+    hidden_ExN = hidden_BxTxE.reshape(-1, hidden_BxTxE.shape[-1]).T
+    return logits_vocab_major(dparams, hidden_ExN, gather_axis).T.reshape(*batch_shape, -1)
+
+
+def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None):
+    """f32 logits [V, N]: the head's product as it leaves the matmul (what decode samples from).
+
+    Vocabulary-major, as the layers' projections (layer.py): [V, E] @ [E, N] gives YNNPACK
+    32000 rows to split over both cores, where [N, E] @ [E, V] at decode batch sizes did not
+    (bench model head alone, f32: 3.9 vs 5.9 ms at N = 8, 8.7 vs 11.8 at 32, 16.5 vs 15.4 at
+    64), and the sampler reduces over V without transposing [V, N] (sampling.py)."""
+    out_VxN = jnp.matmul(dparams["head_VxE"], hidden_ExN.astype(jnp.float32),
+                         preferred_element_type=jnp.float32)
     if gather_axis is not None:
-        out = jax.lax.all_gather(out, gather_axis, axis=2, tiled=True)
-    return out
+        out_VxN = jax.lax.all_gather(out_VxN, gather_axis, axis=0, tiled=True)
+    return out_VxN
