@@ -69,6 +69,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampler.prefill_chunk = 16
     c.sampler.max_prefill_rows = 16
     c.sampler.kv_policy = "keep"   # "keep" (the paper) | "recompute"
+    c.sampler.attention = "auto"   # "auto": Triton paged kernel on GPU, "staged" on CPU |
+                                   # "paged" | "staged" | "gather" (README: paged attention)
 
     c.reward = ml_collections.ConfigDict()
     c.reward.fn = "task"

@@ -165,6 +165,7 @@ def from_config_dict(cfg) -> RunConfig:
     max_new_tokens = int(gen.get("max_new_tokens", 256))
     max_prompt_tokens = int(gen.get("max_prompt_tokens", 256))
     sampler_cfg = _build(SamplerConfig, _section(cfg, "sampler"), "sampler")
+    sampler_cfg.validate()
     if max_prompt_tokens + max_new_tokens > sampler_cfg.max_seq_len:
         raise ConfigError(
             f"generation.max_prompt_tokens={max_prompt_tokens} + max_new_tokens="

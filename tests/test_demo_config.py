@@ -101,3 +101,7 @@ def test_bad_override_of_the_default_fails_in_one_line():
     c.batch_size = c.group_size * 3 + 1
     with pytest.raises(ConfigError, match="not divisible by config.group_size"):
         config_lib.from_config_dict(c)
+    c = default_config.get_config()
+    c.sampler.attention = "flash"
+    with pytest.raises(ConfigError, match="attention='flash'"):
+        config_lib.from_config_dict(c)

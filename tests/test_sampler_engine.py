@@ -249,6 +249,11 @@ def test_bad_requests_become_error_samples(models):
     with pytest.raises(ConfigError, match="num_slots"):
         sampler.submit([1], n=CONFIG.num_slots + 1)
 
+    for bad, match in (({"attention": "flash"}, "attention='flash'"),
+                       ({"kv_policy": "drop"}, "kv_policy='drop'")):
+        with pytest.raises(ConfigError, match=match):
+            Sampler(graphdef, params, dataclasses.replace(CONFIG, **bad))
+
 
 def test_window_buckets():
     from pipelinerl_jax.sampler.engine import pick_window, window_buckets

@@ -36,7 +36,7 @@ from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.sampler import pages as pg
-from pipelinerl_jax.sampler.engine import EngineConfig, get_engine, pick_window
+from pipelinerl_jax.sampler.engine import ATTENTION_IMPLS, EngineConfig, get_engine, pick_window
 from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
 
@@ -66,6 +66,21 @@ class SamplerConfig:
                                         #   to max_seq_len / page_size for a single compile
     attention: str = "auto"             # decode attention: "auto" | "staged" | "paged" |
                                         #   "gather" (engine.EngineConfig says which is which)
+
+    def validate(self) -> None:
+        """Raises a one-line ConfigError naming the first bad field (the run config calls it
+        before anything is built)."""
+        if self.kv_policy not in KV_POLICIES:
+            raise ConfigError(f"kv_policy={self.kv_policy!r}: use one of {KV_POLICIES}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ConfigError(f"sampler attention={self.attention!r}: use one of "
+                              f"{ATTENTION_IMPLS}")
+        if self.prefill_chunk % self.page_size or self.prefill_chunk < self.page_size:
+            raise ConfigError(f"prefill_chunk={self.prefill_chunk} must be a positive multiple "
+                              f"of page_size={self.page_size}")
+        if self.num_slots < 1 or self.chunk_steps < 1 or self.max_seq_len < 2:
+            raise ConfigError(f"num_slots={self.num_slots}, chunk_steps={self.chunk_steps} must "
+                              f"be >= 1 and max_seq_len={self.max_seq_len} >= 2")
 
 
 @dataclasses.dataclass
@@ -99,14 +114,7 @@ class Sampler:
                  version: int = 0, eos_token_ids=(), mesh=None):
         cfg = config
         model_cfg = llama.config_of(graphdef)
-        if cfg.kv_policy not in KV_POLICIES:
-            raise ConfigError(f"kv_policy={cfg.kv_policy!r}: use one of {KV_POLICIES}")
-        if cfg.prefill_chunk % cfg.page_size or cfg.prefill_chunk < cfg.page_size:
-            raise ConfigError(f"prefill_chunk={cfg.prefill_chunk} must be a positive multiple "
-                              f"of page_size={cfg.page_size}")
-        if cfg.num_slots < 1 or cfg.chunk_steps < 1 or cfg.max_seq_len < 2:
-            raise ConfigError(f"num_slots={cfg.num_slots}, chunk_steps={cfg.chunk_steps} must "
-                              f"be >= 1 and max_seq_len={cfg.max_seq_len} >= 2")
+        cfg.validate()
         self.config, self.model_cfg = cfg, model_cfg
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         cache_dtype = cfg.cache_dtype or model_cfg.compute_dtype
