@@ -51,7 +51,8 @@ def _sampler_logits(cfg, params, tokens_BxT, positions_BxT):
     dparams = fwd.decode_params(cfg, params)
     hidden, carry = fwd.forward_hidden(cfg, dparams, tokens_BxT, positions_BxT, attend, "c")
     assert carry == "c"
-    return fwd.logits(dparams, hidden)
+    logits_VxN = fwd.logits_vocab_major(dparams, hidden.reshape(-1, hidden.shape[-1]).T)
+    return logits_VxN.T.reshape(*tokens_BxT.shape, -1)
 
 
 @pytest.mark.parametrize("options", [

@@ -33,7 +33,8 @@ from pipelinerl_jax.sampler import layer as block
 
 def decode_params(cfg: ModelConfig, params) -> dict:
     """Stacked model params -> {embed, layers: (per-layer dict, ...), final_norm, head_VxE};
-    each layer as `layer.prepare_layer` lays it out, the head vocabulary-major (see `logits`)."""
+    each layer as `layer.prepare_layer` lays it out, the head vocabulary-major
+    (see `logits_vocab_major`)."""
     p = llama.arrays(params)
     dtype = jnp.dtype(cfg.compute_dtype)
     layers = tuple(block.prepare_layer({name: w[i] for name, w in p["layers"].items()}, dtype)
@@ -98,18 +99,12 @@ def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, a
     return hidden_ExN.T.reshape(*batch_shape, -1), carry
 
 
-def logits(dparams: dict, hidden_BxTxE, gather_axis: str | None = None):
-    """f32 logits [B, T, V] (the head runs in f32, as the trainer's logprobs do).
+def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None):
+    """f32 logits [V, N] (the head runs in f32, as the trainer's logprobs do), as they leave
+    the matmul: decode samples from them without a transpose.
 
     gather_axis: the tp axis when the head is split by vocabulary (each device computes its
-    V / tp rows, then all of them are gathered)."""
-    batch_shape = hidden_BxTxE.shape[:2]
-    hidden_ExN = hidden_BxTxE.reshape(-1, hidden_BxTxE.shape[-1]).T
-    return logits_vocab_major(dparams, hidden_ExN, gather_axis).T.reshape(*batch_shape, -1)
-
-
-def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None):
-    """f32 logits [V, N]: the head's product as it leaves the matmul (what decode samples from).
+    V / tp rows, then all of them are gathered).
 
     Vocabulary-major, as the layers' projections (layer.py): [V, E] @ [E, N] gives YNNPACK
     32000 rows to split over both cores, where [N, E] @ [E, V] at decode batch sizes did not

@@ -184,7 +184,7 @@ def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
 
     # All-greedy batches (evaluation, benchmarks) skip the sampler's passes over [B, V].
     tokens_B, logprobs_B = jax.lax.cond(
-        jnp.any(~greedy_B), sampled, lambda l, u: (greedy_tokens_B, greedy_logprobs_B),
+        jnp.any(~greedy_B), sampled, lambda *_: (greedy_tokens_B, greedy_logprobs_B),
         logits_VxB, u_B)
     return (jnp.where(greedy_B, greedy_tokens_B, tokens_B),
             jnp.where(greedy_B, greedy_logprobs_B, logprobs_B))
