@@ -5,6 +5,7 @@ greedy, and the behaviour-logprob conventions."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pipelinerl_jax.sampler import sampling
 
@@ -126,4 +127,20 @@ def test_vocab_major_reductions_equal_row_major():
         y.T, zeros, jnp.zeros(7, jnp.int32), jnp.ones(7), zeros + 0.5)
     np.testing.assert_array_equal(np.asarray(got_t), np.argmax(np.asarray(y), -1))
     want = np.asarray(jax.nn.log_softmax(y))[np.arange(7), np.asarray(got_t)]
+    np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_vocab_major_greedy_one_row(rows):
+    """B = 1 takes the row view of [V, 1] (a different reduction than B >= 2): same argmax
+    (first of tied maxima) and T = 1 logprob as numpy, also with -inf entries."""
+    rng = np.random.default_rng(rows)
+    y = rng.normal(size=(rows, 500)).astype(np.float32) * 4
+    y[:, 7] = y[:, 300] = y.max() + 1.0          # tie: the lower index wins
+    y[:, 11] = -np.inf
+    ones = jnp.ones(rows)
+    got_t, got_lp = jax.jit(sampling.sample_vocab_major)(
+        jnp.asarray(y.T), ones * 0.0, jnp.zeros(rows, jnp.int32), ones, ones * 0.5)
+    np.testing.assert_array_equal(np.asarray(got_t), [7] * rows)
+    want = np.asarray(jax.nn.log_softmax(jnp.asarray(y)))[:, 7]
     np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)

@@ -168,10 +168,7 @@ def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
     """
     logits_VxB = logits_VxB.astype(jnp.float32)
     greedy_B = temperature_B <= 0
-    # Greedy rows use the T = 1 distribution (module docstring): plain logits.
-    max_1xB = jnp.max(logits_VxB, axis=0, keepdims=True)
-    greedy_tokens_B = first_argmax(logits_VxB, max_1xB, axis=0)
-    greedy_logprobs_B = log_softmax_at(logits_VxB, greedy_tokens_B, max_1xB, axis=0)
+    greedy_tokens_B, greedy_logprobs_B = _greedy_vocab_major(logits_VxB)
 
     def sampled(logits_VxB, u_B):
         temp_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
@@ -188,3 +185,18 @@ def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
         logits_VxB, u_B)
     return (jnp.where(greedy_B, greedy_tokens_B, tokens_B),
             jnp.where(greedy_B, greedy_logprobs_B, logprobs_B))
+
+
+def _greedy_vocab_major(logits_VxB):
+    """(argmax, log_softmax at it) per column of [V, B] f32 logits: the T = 1 distribution.
+
+    One row (B = 1) is reduced as the free [1, V] view: XLA:CPU runs a column reduction over
+    [V, 1] as a scalar loop (the exp-sum alone took 0.9 ms per step, 12% of a batch-1 decode
+    step on the bench model; 0.08 ms for both reductions as a row). From B = 2 on the column
+    reductions vectorise over B and beat transposing (at B = 8: 0.44 vs 0.53 ms).
+    """
+    axis = 1 if logits_VxB.shape[1] == 1 else 0
+    logits = logits_VxB.reshape(1, -1) if axis == 1 else logits_VxB
+    max_keep = jnp.max(logits, axis=axis, keepdims=True)
+    tokens_B = first_argmax(logits, max_keep, axis=axis)
+    return tokens_B, log_softmax_at(logits, tokens_B, max_keep, axis=axis)
