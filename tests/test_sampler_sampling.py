@@ -144,3 +144,23 @@ def test_vocab_major_greedy_one_row(rows):
     np.testing.assert_array_equal(np.asarray(got_t), [7] * rows)
     want = np.asarray(jax.nn.log_softmax(jnp.asarray(y)))[:, 7]
     np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [128 * 5, 600])
+def test_vocab_major_greedy_blocked_argmax_ties(vocab):
+    """V a multiple of 128 takes the blocked argmax: the first maximum wins across blocks and
+    inside one, also when the tie sits in a later block or at a block's first entry."""
+    rng = np.random.default_rng(vocab)
+    y = rng.normal(size=(6, vocab)).astype(np.float32)
+    top = y.max() + 1.0
+    y[0, [300, 129]] = top                            # two blocks: the lower index wins
+    y[1, [128, 255]] = top                            # first entry of a block
+    y[2, [vocab - 1]] = top                           # last entry of the last block
+    y[3, :] = -np.inf
+    y[3, [17, 18]] = 0.0                              # all but a tie are -inf
+    zeros = jnp.zeros(6)
+    got_t, got_lp = jax.jit(sampling.sample_vocab_major)(
+        jnp.asarray(y.T), zeros, jnp.zeros(6, jnp.int32), zeros + 1.0, zeros + 0.5)
+    np.testing.assert_array_equal(np.asarray(got_t), np.argmax(y, axis=-1))
+    want = np.asarray(jax.nn.log_softmax(jnp.asarray(y)))[np.arange(6), np.argmax(y, axis=-1)]
+    np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)

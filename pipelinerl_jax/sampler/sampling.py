@@ -195,8 +195,30 @@ def _greedy_vocab_major(logits_VxB):
     step on the bench model; 0.08 ms for both reductions as a row). From B = 2 on the column
     reductions vectorise over B and beat transposing (at B = 8: 0.44 vs 0.53 ms).
     """
-    axis = 1 if logits_VxB.shape[1] == 1 else 0
-    logits = logits_VxB.reshape(1, -1) if axis == 1 else logits_VxB
-    max_keep = jnp.max(logits, axis=axis, keepdims=True)
-    tokens_B = first_argmax(logits, max_keep, axis=axis)
-    return tokens_B, log_softmax_at(logits, tokens_B, max_keep, axis=axis)
+    vocab, batch = logits_VxB.shape
+    if batch == 1:
+        row_1xV = logits_VxB.reshape(1, vocab)
+        max_1x1 = jnp.max(row_1xV, axis=1, keepdims=True)
+        tokens_B = first_argmax(row_1xV, max_1x1, axis=1)
+        return tokens_B, log_softmax_at(row_1xV, tokens_B, max_1x1, axis=1)
+    if vocab % _BLOCK:
+        max_1xB = jnp.max(logits_VxB, axis=0, keepdims=True)
+        tokens_B = first_argmax(logits_VxB, max_1xB, axis=0)
+    else:
+        max_1xB, tokens_B = _blocked_argmax(logits_VxB)
+    return tokens_B, log_softmax_at(logits_VxB, tokens_B, max_1xB, axis=0)
+
+
+def _blocked_argmax(logits_VxB):
+    """(max [1, B], first argmax [B]) over [V, B] with V a multiple of `_BLOCK`, in one pass
+    over the logits: block maxima [R, B], the first block holding the maximum, then the first
+    maximum inside that block. `first_argmax` over the whole [V, B] materialises an int32
+    [V, B] index array and reduces it again (bench model, batch 64: 1.34 vs 0.91 ms for max,
+    argmax and log-softmax together)."""
+    vocab, batch = logits_VxB.shape
+    blocks_RxCxB = logits_VxB.reshape(vocab // _BLOCK, _BLOCK, batch)
+    block_max_RxB = jnp.max(blocks_RxCxB, axis=1)
+    max_1xB = jnp.max(block_max_RxB, axis=0, keepdims=True)
+    block_B = first_argmax(block_max_RxB, max_1xB, axis=0)
+    block_CxB = jnp.take_along_axis(blocks_RxCxB, block_B[None, None, :], axis=0)[0]
+    return max_1xB, block_B * _BLOCK + first_argmax(block_CxB, max_1xB, axis=0)
