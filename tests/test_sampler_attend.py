@@ -10,6 +10,7 @@ copy. NaN planted in unused pool rows checks that garbage never leaks into live 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pipelinerl_jax.kernels.paged_attention_ref import (paged_decode_attention_ref,
                                                         paged_prefill_attention_ref)
@@ -131,3 +132,25 @@ def test_write_new_kv_targets_pages_and_null_page():
         assert out[layer, 2, 0] == 4 * mult and out[layer, 2, 1] == 5 * mult
         assert out[layer, 0, 0] == 6 * mult          # the padding write went to the null page
         assert np.count_nonzero(out[layer]) == 6
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_set_at_equals_scatter_for_float_and_bit_views(dtype):
+    """set_at writes exactly what `.at[].set` writes, on the array itself and on its uint16
+    bit view (how the decode loop carries 16-bit caches), with out-of-range rows dropped."""
+    rng = np.random.default_rng(7)
+    base = jnp.asarray(rng.normal(size=(6, 3, 5)), dtype)
+    values = jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)    # cast to dtype on write
+    rows, cols = jnp.asarray([0, 5, 2, 9]), jnp.asarray([4, 0, 4, 1])  # row 9: dropped
+    index = (rows, slice(None), cols)
+    want = base.at[index].set(values.astype(dtype), mode="drop")
+    got = jax.jit(lambda a, v: attn.set_at(a, index, v, mode="drop"))(base, values)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    bits = attn.bits_view(base)
+    assert bits.dtype == (jnp.float32 if dtype == jnp.float32 else jnp.uint16)
+    got_bits = jax.jit(lambda a, v: attn.set_at(a, index, v, dtype=dtype, mode="drop"))(
+        bits, values)
+    assert got_bits.dtype == bits.dtype
+    np.testing.assert_array_equal(np.asarray(attn.float_view(got_bits, dtype), np.float32),
+                                  np.asarray(want, np.float32))

@@ -14,6 +14,7 @@ full table (`min_window_pages`) so that no test waits for a second compile.
 """
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -230,6 +231,27 @@ def test_bf16_sampler_tracks_f32(models, prompts, tmp_path):
             checked += 1
         assert all(np.isfinite(b.logprobs))
     assert checked >= 3
+
+
+def test_bf16_decode_chunk_makes_no_f32_copy_of_the_pool(models, prompts, tmp_path):
+    """XLA:CPU has no bf16 scatter: written naively, every K/V write upcasts the whole pool
+    to f32 and back (attend.set_at). The compiled bf16 decode chunk must hold no f32 array of
+    the pool's shape."""
+    hf, _, _, _ = models
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    _, graphdef16, params16 = hf_io.load_hf(tmp_path, param_dtype="bfloat16")
+    sampler = Sampler(graphdef16, params16, CONFIG)
+    engine, state = sampler.engine, sampler.state
+    window = engine.ecfg.pages_per_slot
+    hlo = engine.decode_chunk.lower(sampler.params, state, np.int32(0), k=2,
+                                    window=window).compile().as_text()
+    pool = ",".join(str(d) for d in state.k_pages.shape)
+    assert f"bf16[{pool}]" in hlo
+    # A fusion, scatter or copy whose result is an f32 pool is a materialised copy (before the
+    # fix: 48 of them in this chunk); an f32 convert inside a fused gather reads only the
+    # gathered elements and is fine.
+    copies = re.findall(r"= f32\[" + pool + r"\]\{[^}]*\} (?:fusion|scatter|copy)\(", hlo)
+    assert not copies
 
 
 def test_bad_requests_become_error_samples(models):

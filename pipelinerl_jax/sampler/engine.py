@@ -181,8 +181,16 @@ class Engine:
             # K/V are cached for positions < lengths - 1 (the last token's come this step).
             stage = staged.stage(state.k_pages, state.v_pages, block_tables_BxM[:, :window],
                                  state.lengths - 1)
+            # 16-bit caches travel through the loop as their bit patterns, so the per-step
+            # writes are integer scatters with no conversion copies (attend.set_at says why).
+            stage = jax.tree.map(attn.bits_view, stage)
+            state = state.replace(k_pages=attn.bits_view(state.k_pages),
+                                  v_pages=attn.bits_view(state.v_pages))
         (state, _), (tokens_CxB, logprobs_CxB, valid_CxB) = jax.lax.scan(
             step, (state, stage), None, length=k)
+        cache_dtype = jnp.dtype(self.ecfg.cache_dtype)
+        state = state.replace(k_pages=attn.float_view(state.k_pages, cache_dtype),
+                              v_pages=attn.float_view(state.v_pages, cache_dtype))
         version = jnp.asarray(version, jnp.int32)
         return state.replace(
             out_tokens=tokens_CxB.T, out_logprobs=logprobs_CxB.T, out_valid=valid_CxB.T,
@@ -195,7 +203,8 @@ class Engine:
         tokens_Bx1 = state.last_token[:, None]
         if self.attention == "staged":
             attend = staged.decode_attend_staged(block_tables_BxM, positions_B, active_B,
-                                                 scale=self.scale)
+                                                 scale=self.scale,
+                                                 cache_dtype=self.ecfg.cache_dtype)
             hidden_Bx1xE, (k_pages, v_pages, *stage) = fwd.forward_hidden(
                 self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend,
                 (state.k_pages, state.v_pages, *stage), self._reduce)
@@ -269,8 +278,9 @@ class Engine:
 
     def _copy_pages_local(self, state: SamplerState, src_N, dst_N):
         src_N, dst_N = self._to_local(src_N), self._to_local(dst_N)
-        return state.replace(k_pages=state.k_pages.at[:, dst_N].set(state.k_pages[:, src_N]),
-                             v_pages=state.v_pages.at[:, dst_N].set(state.v_pages[:, src_N]))
+        dst = (slice(None), dst_N)
+        return state.replace(k_pages=attn.set_at(state.k_pages, dst, state.k_pages[:, src_N]),
+                             v_pages=attn.set_at(state.v_pages, dst, state.v_pages[:, src_N]))
 
 
 def _stack_kv(kv):

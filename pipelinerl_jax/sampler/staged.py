@@ -29,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.sampler.attend import write_layer_kv
+from pipelinerl_jax.sampler.attend import float_view, set_at, write_layer_kv
 
 
 @jax.named_call
@@ -56,30 +56,34 @@ def stage(k_pages, v_pages, block_tables_BxW, cached_B):
     return tuple(k_stage), tuple(v_stage)
 
 
-def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float):
+def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float,
+                         cache_dtype=None):
     """attend() for one token per row over the staged window (and the token itself).
 
     Carry: (layer, (k_pages, v_pages, k_stage, v_stage)); the step's K/V is written into the
     pool and into this layer's staged arrays (rows with write False write to the null page
     and not at all into the stage), then attention reads positions <= positions_B.
+    cache_dtype: given when the carried pool and stage are `attend.bits_view`s of 16-bit
+    floats (the engine carries them that way through the chunk; `attend.set_at` says why).
     """
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_carry):
         layer, (k_pages, v_pages, k_stage, v_stage) = layer_and_carry
         k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, block_tables_BxM,
-                                 positions_B[:, None], write_B[:, None])
+                                 positions_B[:, None], write_B[:, None], cache_dtype)
         v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, block_tables_BxM,
-                                 positions_B[:, None], write_B[:, None])
+                                 positions_B[:, None], write_B[:, None], cache_dtype)
         k_BxKxDxN, v_BxKxNxD = k_stage[layer], v_stage[layer]
         batch, kv_heads, head_dim, n = k_BxKxDxN.shape
         rows_B = jnp.arange(batch)
         # Out of range for rows that do not write: mode="drop" leaves their stage untouched.
         at_B = jnp.where(write_B, positions_B, n)
-        k_BxKxDxN = k_BxKxDxN.at[rows_B, :, :, at_B].set(
-            k_Bx1xKxD[:, 0].astype(k_BxKxDxN.dtype), mode="drop")
-        v_BxKxNxD = v_BxKxNxD.at[rows_B, :, at_B, :].set(
-            v_Bx1xKxD[:, 0].astype(v_BxKxNxD.dtype), mode="drop")
-        out_BxHxD = dense_decode_attention(q_Bx1xHxD[:, 0], k_BxKxDxN, v_BxKxNxD,
-                                           positions_B, scale=scale)
+        k_BxKxDxN = set_at(k_BxKxDxN, (rows_B, slice(None), slice(None), at_B),
+                           k_Bx1xKxD[:, 0], dtype=cache_dtype, mode="drop")
+        v_BxKxNxD = set_at(v_BxKxNxD, (rows_B, slice(None), at_B, slice(None)),
+                           v_Bx1xKxD[:, 0], dtype=cache_dtype, mode="drop")
+        out_BxHxD = dense_decode_attention(
+            q_Bx1xHxD[:, 0], float_view(k_BxKxDxN, cache_dtype),
+            float_view(v_BxKxNxD, cache_dtype), positions_B, scale=scale)
         k_stage = k_stage[:layer] + (k_BxKxDxN,) + k_stage[layer + 1:]
         v_stage = v_stage[:layer] + (v_BxKxNxD,) + v_stage[layer + 1:]
         return out_BxHxD[:, None], (layer, (k_pages, v_pages, k_stage, v_stage))
