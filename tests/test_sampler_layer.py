@@ -96,3 +96,18 @@ def test_rms_norm_fm_equals_token_major():
     x = jnp.asarray(rng.standard_normal((6, 16)), jnp.bfloat16)
     w = jnp.asarray(rng.standard_normal(16), jnp.float32)
     np.testing.assert_array_equal(block.rms_norm_fm(x.T, w, 1e-6).T, llama.rms_norm(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_project_accumulates_in_f32_in_both_forms(dtype, tokens):
+    """`project` (the row-vector form for one 16-bit token, the matrix form otherwise) equals
+    the f32 product of the same values, rounded once to the input dtype."""
+    rng = np.random.default_rng(tokens)
+    w = jnp.asarray(rng.standard_normal((24, 40)), dtype)
+    x = jnp.asarray(rng.standard_normal((40, tokens)), dtype)
+    got = jax.jit(block.project)(w, x)
+    assert got.shape == (24, tokens) and got.dtype == jnp.dtype(dtype)
+    want = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
+    tol = 1e-2 if dtype == "bfloat16" else 1e-5      # one bf16 rounding of the output
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
