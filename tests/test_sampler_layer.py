@@ -101,7 +101,7 @@ def test_rms_norm_fm_equals_token_major():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_project_accumulates_in_f32_in_both_forms(dtype, tokens):
-    """`project` (the row-vector form for one 16-bit token, the matrix form otherwise) equals
+    """`project` (two columns for one 16-bit token, the plain product otherwise) equals
     the f32 product of the same values, rounded once to the input dtype."""
     rng = np.random.default_rng(tokens)
     w = jnp.asarray(rng.standard_normal((24, 40)), dtype)

@@ -55,16 +55,18 @@ def project(w_OxI, x_IxN):
     """w @ x for output-major weights, accumulated in f32 and returned in x's dtype.
 
     For 16-bit weights the f32 accumulation is what lets XLA:CPU take its fast path: a bf16
-    product with a bf16 result ran at ~220 GFLOP/s at N = 64 on the Xeon (AMX) and at ~2 GB/s
-    of weights at N = 1, the same product with f32 accumulation at ~930 GFLOP/s and ~30 GB/s
-    from N = 2 on. One token (N = 1) runs as the row-vector product x^T @ w^T (~17 GB/s; the
-    matrix-vector form stays at ~2 GB/s). f32 weights keep the plain product, which is the
-    fast one for them at every N.
+    product with a bf16 result ran at ~220 GFLOP/s at N = 64 on the Xeon (AMX) and the same
+    product with f32 accumulation at ~930 GFLOP/s (~30 GB/s of weights from N = 2 on). One
+    16-bit token (N = 1) runs as two identical columns: XLA rewrites a matrix-vector product
+    into an f32 multiply-reduce that converts the weights to f32 (~2 GB/s of weights; ~17 GB/s
+    as a row-vector product, ~30 GB/s as two columns). f32 weights keep the plain product,
+    the fast one for them at every N.
     """
     f32 = jnp.float32
     if x_IxN.shape[1] == 1 and w_OxI.dtype != f32:
-        y_1xO = jnp.matmul(x_IxN.T, w_OxI.T, preferred_element_type=f32)
-        return y_1xO.T.astype(x_IxN.dtype)
+        y_Ox2 = jnp.matmul(w_OxI, jnp.concatenate([x_IxN, x_IxN], axis=1),
+                           preferred_element_type=f32)
+        return y_Ox2[:, :1].astype(x_IxN.dtype)
     return jnp.matmul(w_OxI, x_IxN, preferred_element_type=f32).astype(x_IxN.dtype)
 
 
