@@ -60,18 +60,6 @@ print(json.dumps(out))
 """
 
 
-def cpu_features() -> dict:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        flags = []
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                  if line.startswith("model name")), "unknown") if os.path.exists(
-        "/proc/cpuinfo") else "unknown"
-    return {"model": model, **{f: f in flags for f in
-                                ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")}}
-
-
 def make_checkpoint(path: Path):
     """Random BENCH_MODEL weights saved by transformers; both engines load this directory."""
     import torch
@@ -245,7 +233,7 @@ def main():
                           "new_tokens": new_tokens, "greedy": True, "chunk_steps": chunk,
                           "quick": args.quick},
                "load_before": load, "load_after": common.load_average(),
-               "cpu": cpu_features(), "f32_matmul_gflops": gflops,
+               "cpu": common.cpu_features(), "f32_matmul_gflops": gflops,
                "flop_per_token": flop_per_token, "rows": rows, "param_swap": swap,
                "xla_bf16_flags": flags}
     common.print_table(rows, ["batch", "dtype", "ours_tok_s", "hf_tok_s", "ratio",

@@ -58,6 +58,19 @@ def f32_matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / med / 1e9
 
 
+def cpu_features() -> dict:
+    """CPU model and the vector / matrix units that decide XLA's and torch's matmul paths."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = []
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                  if line.startswith("model name")), "unknown") if os.path.exists(
+        "/proc/cpuinfo") else "unknown"
+    return {"model": model, **{f: f in flags for f in
+                                ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")}}
+
+
 def write_result(name: str, payload: dict) -> Path:
     """Writes bench/results/<name>.json with machine facts attached; returns the path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -66,6 +79,7 @@ def write_result(name: str, payload: dict) -> Path:
         "platform": platform.platform(), "python": platform.python_version(),
         "processor": platform.processor(),
     })
+    payload.setdefault("cpu", cpu_features())
     payload.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat())
     path = RESULTS_DIR / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")

@@ -30,6 +30,19 @@ def _load_avg(d: dict) -> str:
     return f"{load['loadavg_1m']:.1f}" if "loadavg_1m" in load else "?"
 
 
+def _machine(d: dict) -> str:
+    """Short CPU label and date: figures from different machines do not compare (the same
+    code ran 1.3-2x apart on the 2-core AMD EPYC and the 2-core Xeon with AMX)."""
+    date = str(d.get("date", "?"))[:10]
+    cpu = d.get("cpu")
+    if not isinstance(cpu, dict):
+        return f"cpu not recorded, {date}"
+    units = "AMX" if cpu.get("amx_bf16") else "AVX-512" if cpu.get("avx512f") else \
+        "AVX2" if cpu.get("avx2") else "no AVX2"
+    model = str(cpu.get("model", "?")).replace("(R)", "").replace(" Processor", "")
+    return f"{model} ({units}), {date}"
+
+
 def _forward(d):
     rows = {(r["impl"], r["dtype"]): r for r in d["rows"]}
     out = []
@@ -120,16 +133,16 @@ SECTIONS = (
 
 
 def table() -> str:
-    lines = ["| measured | ours | peer | ratio | command (load) |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| measured | ours | peer | ratio | command (load) | machine |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, command, peer, render in SECTIONS:
         d = _load(name)
         if d is None:
-            lines.append(f"| {name}: not measured yet | - | {peer} | - | `{command}` |")
+            lines.append(f"| {name}: not measured yet | - | {peer} | - | `{command}` | - |")
             continue
         for what, ours, theirs, ratio in render(d):
             lines.append(f"| {what} | {ours} | {theirs} | {ratio} | `{command}` "
-                         f"({_load_avg(d)}) |")
+                         f"({_load_avg(d)}) | {_machine(d)} |")
     return "\n".join(lines)
 
 
