@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,7 @@ def write_result(name: str, payload: dict) -> Path:
         "processor": platform.processor(),
     })
     payload.setdefault("cpu", cpu_features())
+    payload.setdefault("command", " ".join(["python", *sys.argv]))
     payload.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat())
     path = RESULTS_DIR / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")

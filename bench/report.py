@@ -122,9 +122,7 @@ def _plan(d):
 SECTIONS = (
     ("forward", "python bench/bench_forward.py", "transformers", _forward),
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
-    ("train_step", "python bench/bench_train_step.py --no-peer-dtypes bfloat16 --repeats-bf16 2",
-     "torch + transformers",
-     _train),
+    ("train_step", "python bench/bench_train_step.py", "torch + transformers", _train),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode",
      _pipeline),
     ("demo_seeds", "python bench/demo_seeds.py", "criterion", _demo),
@@ -140,6 +138,9 @@ def table() -> str:
         if d is None:
             lines.append(f"| {name}: not measured yet | - | {peer} | - | `{command}` | - |")
             continue
+        # The full command line the result recorded (common.write_result), if it did.
+        recorded = str(d.get("command", ""))
+        command = recorded if recorded.startswith("python ") else command
         for what, ours, theirs, ratio in render(d):
             lines.append(f"| {what} | {ours} | {theirs} | {ratio} | `{command}` "
                          f"({_load_avg(d)}) | {_machine(d)} |")
