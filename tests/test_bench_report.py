@@ -29,6 +29,9 @@ def test_table_renders_results_and_marks_missing_ones(tmp_path, monkeypatch):
         {"impl": "transformers", "dtype": "float32", "tokens_per_s": 1009.0,
          "median_s": 1.14}]}))
     assert "| cpu not recorded, 2026-11-22 |" in report.table()  # older results say so
+    decode["command"] = "python bench/bench_decode.py --batches 8"
+    (tmp_path / "decode.json").write_text(json.dumps(decode))
+    assert "`python bench/bench_decode.py --batches 8` (0.2)" in report.table()
 
 
 def test_readme_without_markers_is_refused(tmp_path, monkeypatch, capsys):
