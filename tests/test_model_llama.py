@@ -171,3 +171,27 @@ def test_config_hf_round_trip():
     assert ModelConfig.from_hf(CFG.to_hf(), attention_bias=True, qk_norm=True) == CFG
     tied = dataclasses.replace(CFG, model_type="qwen2", qk_norm=False, tie_word_embeddings=True)
     assert ModelConfig.from_hf(tied.to_hf()) == tied
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dense_values_and_grads_accumulate_in_f32(dtype):
+    """`_dense` (f32 accumulation, rounded once to the compute dtype) gives the f64
+    product and its gradients within one rounding to the compute dtype."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((2, 5, 3, 8)), dtype)      # [B, T, H, D], n_in = 2
+    w = jnp.asarray(rng.standard_normal((3, 8, 12)), dtype)
+    g = rng.standard_normal((2, 5, 12))
+
+    def loss(x, w):
+        return jnp.sum(llama._dense(x, w, 2).astype(jnp.float32) * g)
+
+    value, (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype
+    x64, w64 = np.asarray(x, np.float64).reshape(10, 24), np.asarray(w, np.float64).reshape(24, 12)
+    g64 = g.reshape(10, 12)
+    tol = 2e-2 if dtype == "bfloat16" else 1e-5
+    np.testing.assert_allclose(float(value), float(np.sum((x64 @ w64) * g64)), rtol=tol)
+    np.testing.assert_allclose(np.asarray(dx, np.float64).reshape(10, 24), g64 @ w64.T,
+                               rtol=tol, atol=tol * 4)
+    np.testing.assert_allclose(np.asarray(dw, np.float64).reshape(24, 12), x64.T @ g64,
+                               rtol=tol, atol=tol * 4)
