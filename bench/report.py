@@ -140,9 +140,9 @@ def table() -> str:
             continue
         # The full command line the result recorded (common.write_result), if it did.
         recorded = str(d.get("command", ""))
-        command = recorded if recorded.startswith("python ") else command
+        shown = recorded if recorded.startswith("python ") else command
         for what, ours, theirs, ratio in render(d):
-            lines.append(f"| {what} | {ours} | {theirs} | {ratio} | `{command}` "
+            lines.append(f"| {what} | {ours} | {theirs} | {ratio} | `{shown}` "
                          f"({_load_avg(d)}) | {_machine(d)} |")
     return "\n".join(lines)
 

@@ -183,6 +183,7 @@ def _targets(page_size, block_tables_BxM, positions_BxT, write_BxT):
 
 
 def _is_half(dtype) -> bool:
+    """bf16 / fp16: the float dtypes XLA:CPU cannot scatter."""
     dtype = jnp.dtype(dtype)
     return jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize == 2
 

@@ -188,9 +188,10 @@ class Engine:
                                   v_pages=attn.bits_view(state.v_pages))
         (state, _), (tokens_CxB, logprobs_CxB, valid_CxB) = jax.lax.scan(
             step, (state, stage), None, length=k)
-        cache_dtype = jnp.dtype(self.ecfg.cache_dtype)
-        state = state.replace(k_pages=attn.float_view(state.k_pages, cache_dtype),
-                              v_pages=attn.float_view(state.v_pages, cache_dtype))
+        if self.attention == "staged":
+            cache_dtype = jnp.dtype(self.ecfg.cache_dtype)
+            state = state.replace(k_pages=attn.float_view(state.k_pages, cache_dtype),
+                                  v_pages=attn.float_view(state.v_pages, cache_dtype))
         version = jnp.asarray(version, jnp.int32)
         return state.replace(
             out_tokens=tokens_CxB.T, out_logprobs=logprobs_CxB.T, out_valid=valid_CxB.T,
