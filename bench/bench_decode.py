@@ -6,8 +6,9 @@
 Fixed config (bench/common.BENCH_MODEL, 57.9M params, untied head), prompts of 32 random
 tokens, 128 forced new tokens (no EOS), greedy, batch 1 / 8 / 32 / 64. Tokens/s = generated
 tokens / wall time of the whole generate call (prefill included) for both engines; medians
-over repeats and ratios. Also: the same rates as a fraction of this machine's f32 large-matmul
-rate (2 * matmul params FLOPs per token), a bf16 row against transformers bf16, what XLA does
+over repeats timed in alternating rounds (common.alternating_medians says why) and ratios.
+Also: the same rates as a fraction of this machine's f32 large-matmul rate (2 * matmul
+params FLOPs per token), a bf16 row against transformers bf16, what XLA does
 with bf16 matmuls under several CPU flags (subprocesses, since XLA_FLAGS is read at start-up),
 and the cost of an in-flight param swap. Writes bench/results/decode.json.
 """
@@ -109,12 +110,12 @@ def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parit
                                                     (batch, PROMPT_LEN))
     sampler, params = our_sampler(path, dtype, batch, new_tokens, chunk_steps)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
-    ours_out = []
-    ours_fn = lambda: ours_out.append(sampler.generate(list(prompts), params=greedy))
-    ours_s, _ = common.median_time(ours_fn, repeats=repeats, warmup=1)
+    ours_out, hf_out = [], []
     hf_fn = hf_generate_fn(path, dtype, prompts, new_tokens)
-    hf_out = []
-    hf_s, _ = common.median_time(lambda: hf_out.append(hf_fn()), repeats=repeats, warmup=1)
+    medians = common.alternating_medians(
+        {"ours": lambda: ours_out.append(sampler.generate(list(prompts), params=greedy)),
+         "hf": lambda: hf_out.append(hf_fn())}, repeats=repeats, warmup=1)
+    ours_s, hf_s = medians["ours"][0], medians["hf"][0]
     row = {"batch": batch, "dtype": dtype, "ours_tok_s": batch * new_tokens / ours_s,
            "hf_tok_s": batch * new_tokens / hf_s}
     row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]

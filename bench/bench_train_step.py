@@ -136,19 +136,21 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         first_ours = ours()  # compiles; also the warm-up step
         compile_s = time.perf_counter() - t0
-        ours_s, _ = common.median_time(ours, repeats=repeats, warmup=0)
         tokens = num_seq * seq_len
-        row = dict(dtype=dtype, ours_s=ours_s, ours_tok_s=tokens / ours_s,
-                   first_loss_ours=first_ours, compile_s=compile_s)
+        row = dict(dtype=dtype, first_loss_ours=first_ours, compile_s=compile_s)
+        steps = {"ours": ours}
         if dtype in args.no_peer_dtypes.split(","):
             row["torch_not_timed"] = ("--no-peer-dtypes: torch's CPU step in this dtype is "
                                       "too slow to time on this machine")
         else:
-            theirs = torch_step(cfg, params, batch, dtype == "bfloat16")
-            first_theirs = theirs()  # warm-up step
-            theirs_s, _ = common.median_time(theirs, repeats=repeats, warmup=0)
-            row.update(torch_s=theirs_s, torch_tok_s=tokens / theirs_s, ratio=theirs_s / ours_s,
-                       first_loss_torch=first_theirs)
+            steps["torch"] = torch_step(cfg, params, batch, dtype == "bfloat16")
+            row["first_loss_torch"] = steps["torch"]()  # warm-up step
+        medians = common.alternating_medians(steps, repeats=repeats, warmup=1)
+        ours_s = medians["ours"][0]
+        row.update(ours_s=ours_s, ours_tok_s=tokens / ours_s)
+        if "torch" in medians:
+            theirs_s = medians["torch"][0]
+            row.update(torch_s=theirs_s, torch_tok_s=tokens / theirs_s, ratio=theirs_s / ours_s)
         rows.append(row)
     common.print_table(rows, ["dtype", "ours_tok_s", "torch_tok_s", "ratio", "ours_s", "torch_s",
                               "first_loss_ours", "first_loss_torch", "compile_s"])

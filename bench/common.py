@@ -46,6 +46,31 @@ def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> tuple[float, list[f
     return statistics.median(times), times
 
 
+def alternating_medians(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict:
+    """{name: (median seconds, every time)} for each fn() of `fns`, timed in alternating rounds.
+
+    Every round runs each fn in turn (ours, peer, ours, peer, ...): `warmup` untimed calls of
+    it, then one timed call. Why alternate: this machine is a shared VM whose speed drifts
+    (both engines measured ~15% faster one day than the day before), and timing all of one
+    engine's repeats before the other's puts such drift into their ratio. Why warm up before
+    every timed call: the first call after switching runs slow. torch's OpenMP workers keep
+    spinning after a torch call, so an XLA call right after one shares the two cores with them
+    (a 166 MB f32 matrix-vector product read 30-34 GB/s alone, 20-23 GB/s right after a torch
+    one), and pausing instead of warming up made both sides slower still (15 GB/s after a
+    0.2 s sleep: the cores had gone idle). Each fn must block until its work is done.
+    """
+    import time
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(t), t) for name, t in times.items()}
+
+
 def f32_matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     """This machine's large f32 matmul rate through XLA (GFLOP/s): the roofline we report against."""
     import jax

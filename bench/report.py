@@ -72,6 +72,20 @@ def _decode(d):
     return out
 
 
+def _projections(d):
+    out = []
+    for r in d["rows"]:
+        out.append((f"decode layer stack without attention, f32, N = {r['tokens']}: us per layer",
+                    f"{r['ours_us_per_layer']:.0f} ({r['ours_weight_gb_s']:.1f} GB/s of weights)",
+                    f"{r['torch_us_per_layer']:.0f}", f"{r['ratio']:.2f}x"))
+    ceiling = d.get("gemv_ceiling_gb_s")
+    if ceiling:
+        out.append(("one 166 MB f32 matrix-vector product: GB/s (the memory ceiling)",
+                    f"{ceiling['xla']:.1f}", f"{ceiling['torch']:.1f}",
+                    f"{ceiling['xla'] / ceiling['torch']:.2f}x"))
+    return out
+
+
 def _train(d):
     out = []
     for r in d["rows"]:
@@ -122,6 +136,7 @@ def _plan(d):
 SECTIONS = (
     ("forward", "python bench/bench_forward.py", "transformers", _forward),
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
+    ("projections", "python bench/bench_projections.py", "torch", _projections),
     ("train_step", "python bench/bench_train_step.py", "torch + transformers", _train),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode",
      _pipeline),
