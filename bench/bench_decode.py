@@ -127,44 +127,58 @@ def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parit
 
 
 def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
-    """Staged params -> first chunk with them, against chunks without a swap.
+    """Staged params -> first chunk with them, against the same chunk without a swap.
 
-    `params` are model params (stacked, as the trainer publishes them). As in the pipeline,
-    the conversion to the engine's per-layer view (`Sampler.prepare`) happens before staging
-    (the publisher runs it in the trainer thread); its time is reported separately.
+    The same requests run in passes without swaps and passes that stage new params before
+    every chunk after the first (alternating between two versions), `repeats` passes of each,
+    interleaved, after one untimed swapping pass; chunk i of a swapping pass is compared with chunk i of a plain pass (same
+    lengths and attention window), and the extra cost is the median over chunks of the
+    difference of their median times. `params` are model params (stacked, as the trainer
+    publishes them); as in the pipeline, the conversion to the engine's per-layer view
+    (`Sampler.prepare`) happens before staging (the publisher runs it in the trainer thread),
+    and its time is reported separately.
     """
     import jax
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     batch = sampler.config.num_slots
-    new_params = jax.tree.map(lambda x: x * 1.001, params)
+    t = time.perf_counter()
+    versions = [jax.block_until_ready(sampler.prepare(jax.tree.map(lambda x: x * f, params)))
+                for f in (1.001, 0.999)]
+    prepare_s = (time.perf_counter() - t) / len(versions)
     prompts = np.random.default_rng(1).integers(0, 1000, (batch, PROMPT_LEN))
     budget = sampler.config.max_seq_len - PROMPT_LEN
-    for p in prompts:
-        sampler.submit(p, params=SamplingParams(temperature=0.0, max_new_tokens=budget))
-    sampler.step()                                    # admission + prefill
-    plain = []
-    for _ in range(max(1, min(repeats + 1, budget // chunk_steps - 2))):
-        t = time.perf_counter()
-        sampler.step()
-        plain.append(time.perf_counter() - t)
-    chunk_s = float(np.median(plain))
+
+    def one_pass(swap: bool) -> list[float]:
+        for p in prompts:
+            sampler.submit(p, params=SamplingParams(temperature=0.0, max_new_tokens=budget))
+        times, index = [], 0
+        while sampler.has_work():
+            start = time.perf_counter()
+            if swap and index > 0:   # chunk 0 also admits and prefills
+                sampler.set_params(versions[index % 2], version=sampler.version + 1,
+                                   prepared=True)
+            sampler.step()
+            times.append(time.perf_counter() - start)
+            index += 1
+        return times
+
+    one_pass(swap=True)   # warm-up: compiles every window the passes use
     compiles = sampler.engine.decode_chunk._cache_size()
-    t = time.perf_counter()
-    prepared = jax.block_until_ready(sampler.prepare(new_params))
-    prepare_s = time.perf_counter() - t
-    staged = time.perf_counter()
-    sampler.set_params(prepared, version=sampler.version + 1, prepared=True)
-    sampler.step()
-    swap_s = time.perf_counter() - staged
-    recompiled = sampler.engine.decode_chunk._cache_size() != compiles
-    while sampler.has_work():
-        sampler.step()
-    step_s = chunk_s / chunk_steps
-    return {"batch": batch, "chunk_steps": chunk_steps, "chunk_s": chunk_s,
+    plain, swapped = [], []
+    for _ in range(max(1, repeats)):
+        plain.append(one_pass(swap=False))
+        swapped.append(one_pass(swap=True))
+    chunks = min(map(len, plain + swapped))
+    plain_i = [float(np.median([p[i] for p in plain])) for i in range(1, chunks)]
+    swap_i = [float(np.median([s[i] for s in swapped])) for i in range(1, chunks)]
+    step_s = float(np.median(plain_i)) / chunk_steps
+    extra_s = float(np.median(np.subtract(swap_i, plain_i)))
+    return {"batch": batch, "chunk_steps": chunk_steps, "chunk_s": float(np.median(plain_i)),
             "prepare_s_off_the_sampler_thread": prepare_s,
-            "staged_to_first_token_visible_s": swap_s,
-            "extra_cost_in_decode_steps": (swap_s - chunk_s) / step_s,
-            "recompiled": recompiled}
+            "staged_to_first_token_visible_s": float(np.median(swap_i)),
+            "extra_cost_in_decode_steps": extra_s / step_s,
+            "swaps_timed": (chunks - 1) * max(1, repeats),
+            "recompiled": sampler.engine.decode_chunk._cache_size() != compiles}
 
 
 def flags_study(quick: bool) -> dict:
