@@ -219,11 +219,7 @@ def main():
     chunk = 4 if args.quick else min(args.chunk_steps, new_tokens)
 
     load = common.warn_if_busy()
-    from pipelinerl_jax.models.config import ModelConfig
-    flop_per_token = 2 * ModelConfig(
-        model_type="llama", rms_norm_eps=1e-5, rope_theta=1e4, rope_scaling=None,
-        max_position_embeddings=2048, attention_bias=False, qk_norm=False,
-        **common.BENCH_MODEL).matmul_params_per_token()
+    flop_per_token = 2 * common.bench_model_config().matmul_params_per_token()
     gflops = common.f32_matmul_gflops(n=1024 if args.quick else 2048)
     rows, swap = [], None
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,17 +29,6 @@ import numpy as np  # noqa: E402
 from bench import common  # noqa: E402
 
 
-def model_config(quick: bool):
-    from pipelinerl_jax.models.config import ModelConfig
-    shape = dict(common.BENCH_MODEL)
-    if quick:
-        shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=16)
-    return ModelConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
-                       rope_scaling=None, max_position_embeddings=2048, attention_bias=False,
-                       qk_norm=False, **shape)
-
-
 def ours_stack(cfg, dparams, tokens: int):
     """Jitted: the sampler's blocks on [E, N] activations with attention output = q."""
     import jax
@@ -135,7 +124,7 @@ def main():
     from pipelinerl_jax.sampler import forward as fwd
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
-    cfg = model_config(args.quick)
+    cfg = common.bench_model_config(args.quick)
     _, params = llama.init(cfg, jax.random.key(0))
     dparams = fwd.decode_params(cfg, params)
     weight_bytes = sum(w.nbytes for lp in dparams["layers"] for name, w in lp.items()

@@ -35,16 +35,6 @@ from pipelinerl_jax.rl.config import BatchConfig, LossConfig  # noqa: E402
 LR, CLIP_C, GRAD_CLIP, WEIGHT_DECAY = 1e-5, 5.0, 1.0, 0.01
 
 
-def model_config(quick: bool, compute_dtype: str) -> ModelConfig:
-    shape = dict(common.BENCH_MODEL)
-    if quick:
-        shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=16)
-    return ModelConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
-                       rope_scaling=None, max_position_embeddings=2048, attention_bias=False,
-                       qk_norm=False, compute_dtype=compute_dtype, **shape)
-
-
 def make_batch(cfg: ModelConfig, num_seq: int, seq_len: int, prompt_len: int):
     rng = np.random.default_rng(0)
     samples = []
@@ -129,7 +119,7 @@ def main(argv=None) -> dict:
     rows = []
     for dtype in args.dtypes.split(","):
         repeats = 2 if args.quick else (args.repeats if dtype == "float32" else args.repeats_bf16)
-        cfg = model_config(args.quick, dtype)
+        cfg = common.bench_model_config(args.quick, dtype)
         _, params = llama.init(cfg, jax.random.key(0))
         batch = make_batch(cfg, num_seq, seq_len, prompt_len)
         ours = jax_step(cfg, params, batch, args.token_chunk)

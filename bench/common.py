@@ -24,6 +24,18 @@ BENCH_MODEL = dict(
 )
 
 
+def bench_model_config(quick: bool = False, compute_dtype: str = "float32"):
+    """BENCH_MODEL as a Llama ModelConfig; `quick`: a tiny shape for checks that things run."""
+    from pipelinerl_jax.models.config import ModelConfig
+    shape = dict(BENCH_MODEL)
+    if quick:
+        shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16)
+    return ModelConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
+                       rope_scaling=None, max_position_embeddings=2048, attention_bias=False,
+                       qk_norm=False, compute_dtype=compute_dtype, **shape)
+
+
 def load_average() -> dict:
     """1-minute load average and core count: a busy machine makes timings meaningless."""
     one, five, _ = os.getloadavg()
