@@ -11,6 +11,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,6 @@ def alternating_medians(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict
     one), and pausing instead of warming up made both sides slower still (15 GB/s after a
     0.2 s sleep: the cores had gone idle). Each fn must block until its work is done.
     """
-    import time
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
