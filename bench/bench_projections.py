@@ -7,12 +7,12 @@ Why this exists: it isolates the part of an f32 decode step that XLA's matmul li
 Ours is the sampler's own block (`sampler.layer.layer`: norms, q/k/v/o, RoPE, gate/up/down,
 residuals) over the 8 layers of the bench model, with attention replaced by "output = q", at
 N = 1 / 8 / 32 / 64 tokens; the peer is the same arithmetic in torch (F.linear, token-major,
-as transformers runs it). Every layer has its own weights (12.6 MB in f32), so, as in a real
-step, they come from memory and not from cache: a single matmul timed in a loop keeps its
-weights in cache and overstates the rate at small N. Reports per-layer time, GFLOP/s, the
-weight read rate, and the ratio; the weight read rate of one large matrix-vector product
-(a 166 MB [41600, 1000] f32 matrix, as much as the bench model's weights) is the memory
-ceiling next to it. Writes bench/results/projections.json.
+as transformers runs it). Every layer has its own weights (12.6 MB in f32), so a pass streams
+101 MB of weights through the caches as a real step does; a single matmul timed in a loop
+re-reads one small matrix from the nearest cache and overstates the rate at small N 1.5-2x.
+Reports per-layer time, GFLOP/s, the weight read rate, and the ratio; the read rate of one
+large matrix-vector product (a 166 MB [41600, 1000] f32 matrix, as much as the bench model's
+weights) is the ceiling next to it. Writes bench/results/projections.json.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _projections(d):
                     f"{r['torch_us_per_layer']:.0f}", f"{r['ratio']:.2f}x"))
     ceiling = d.get("gemv_ceiling_gb_s")
     if ceiling:
-        out.append(("one 166 MB f32 matrix-vector product: GB/s (the memory ceiling)",
+        out.append(("one 166 MB f32 matrix-vector product: GB/s (the read-rate ceiling)",
                     f"{ceiling['xla']:.1f}", f"{ceiling['torch']:.1f}",
                     f"{ceiling['xla'] / ceiling['torch']:.2f}x"))
     return out
