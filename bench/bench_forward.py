@@ -3,9 +3,9 @@
 The project's benchmark model (bench.common.BENCH_MODEL, Llama-style, 57.9M params, untied
 head) at batch 8 x 512 tokens, f32 and bf16. Our params are random, exported with save_hf
 and loaded by transformers, so both run the same weights on the same tokens (the script
-checks that their logits agree). Reports median seconds, tokens/s, the ratio ours /
-transformers, and the forward's achieved GFLOP/s as a fraction of this machine's measured f32
-matmul rate (FLOPs = 2 * matmul params * tokens + 4 * B * T^2 * H * D * L for the attention
+checks that their logits agree). Reports median seconds (the two timed in alternating rounds,
+bench.common.alternating_medians), tokens/s, the ratio ours / transformers, and the forward's
+achieved GFLOP/s as a fraction of this machine's measured f32 matmul rate (FLOPs = 2 * matmul params * tokens + 4 * B * T^2 * H * D * L for the attention
 scores and weighted sum, which both implementations compute in full before masking).
 
   .venv/bin/python bench/bench_forward.py            # full size (idle machine, a few minutes)
@@ -26,8 +26,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.common import (BENCH_MODEL, f32_matmul_gflops, median_time, print_table,  # noqa: E402
-                          warn_if_busy, write_result)
+from bench.common import (BENCH_MODEL, alternating_medians, f32_matmul_gflops,  # noqa: E402
+                          print_table, warn_if_busy, write_result)
 from pipelinerl_jax.models import hf_io, llama  # noqa: E402
 from pipelinerl_jax.models.config import ModelConfig  # noqa: E402
 
@@ -97,8 +97,9 @@ def main() -> None:
         results = {}
         # bf16 on CPU is several times slower (no native bf16 matmul): fewer repeats there.
         n = repeats if dtype == "float32" else max(2, (repeats + 1) // 2)
-        for name, fn in (("pipelinerl_jax", ours), ("transformers", theirs)):
-            med, times = median_time(fn, repeats=n, warmup=1)
+        timed = alternating_medians({"pipelinerl_jax": ours, "transformers": theirs},
+                                    repeats=n, warmup=1)
+        for name, (med, times) in timed.items():
             results[name] = med
             rows.append({
                 "impl": name, "dtype": dtype, "batch": batch, "seq": seq, "median_s": med,
