@@ -5,8 +5,9 @@ head) at batch 8 x 512 tokens, f32 and bf16. Our params are random, exported wit
 and loaded by transformers, so both run the same weights on the same tokens (the script
 checks that their logits agree). Reports median seconds (the two timed in alternating rounds,
 bench.common.alternating_medians), tokens/s, the ratio ours / transformers, and the forward's
-achieved GFLOP/s as a fraction of this machine's measured f32 matmul rate (FLOPs = 2 * matmul params * tokens + 4 * B * T^2 * H * D * L for the attention
-scores and weighted sum, which both implementations compute in full before masking).
+achieved GFLOP/s as a fraction of this machine's measured f32 matmul rate (FLOPs = 2 * matmul
+params * tokens + 4 * B * T^2 * H * D * L for the attention scores and weighted sum, which both
+implementations compute in full before masking).
 
   .venv/bin/python bench/bench_forward.py            # full size (idle machine, a few minutes)
   .venv/bin/python bench/bench_forward.py --quick    # reduced size, to check it runs
