@@ -131,9 +131,9 @@ def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
 
     The same requests run in passes without swaps and passes that stage new params before
     every chunk after the first (alternating between two versions), `repeats` passes of each,
-    interleaved, after one untimed swapping pass; chunk i of a swapping pass is compared with chunk i of a plain pass (same
-    lengths and attention window), and the extra cost is the median over chunks of the
-    difference of their median times. `params` are model params (stacked, as the trainer
+    interleaved, after one untimed swapping pass; chunk i of a swapping pass is compared with
+    chunk i of a plain pass (same lengths and attention window), and the extra cost is the
+    median over chunks of the difference of their median times. `params` are model params (stacked, as the trainer
     publishes them); as in the pipeline, the conversion to the engine's per-layer view
     (`Sampler.prepare`) happens before staging (the publisher runs it in the trainer thread),
     and its time is reported separately.
