@@ -169,6 +169,9 @@ def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
         plain.append(one_pass(swap=False))
         swapped.append(one_pass(swap=True))
     chunks = min(map(len, plain + swapped))
+    if chunks < 2:
+        raise SystemExit("the swap benchmark needs 2+ decode chunks per pass: raise --new_tokens "
+                         "or lower --chunk_steps")
     plain_i = [float(np.median([p[i] for p in plain])) for i in range(1, chunks)]
     swap_i = [float(np.median([s[i] for s in swapped])) for i in range(1, chunks)]
     step_s = float(np.median(plain_i)) / chunk_steps
