@@ -164,3 +164,42 @@ def test_vocab_major_greedy_blocked_argmax_ties(vocab):
     np.testing.assert_array_equal(np.asarray(got_t), np.argmax(y, axis=-1))
     want = np.asarray(jax.nn.log_softmax(jnp.asarray(y)))[np.arange(6), np.argmax(y, axis=-1)]
     np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)
+
+
+def test_unfiltered_batch_frequencies_and_tempered_logprobs():
+    """No row filters: the draw's own max and exp-sum give the logprob (the `unfiltered`
+    branch); it must equal log_softmax(logits / T), and frequencies the softmax."""
+    logits = np.array([0.3, -1.2, 2.1, 0.0, 1.4], np.float32)
+    n = 20000
+    u = jax.random.uniform(jax.random.key(7), (n,))
+    temperature = np.full(n, 1.3, np.float32)
+    tokens, logprobs = sample(jnp.tile(logits, (n, 1)), temperature, np.zeros(n, np.int32),
+                              np.ones(n, np.float32), u)
+    tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+    probs = np.exp(logits / 1.3) / np.exp(logits / 1.3).sum()
+    counts = np.bincount(tokens, minlength=len(logits))
+    chi2 = ((counts - n * probs) ** 2 / (n * probs)).sum()
+    assert chi2 < 18.5, (chi2, counts)                  # 99.9% quantile, 4 dof
+    np.testing.assert_allclose(logprobs, np.log(probs)[tokens], rtol=1e-5)
+
+
+@pytest.mark.parametrize("truncated", [False, True])
+def test_filtered_batch_logprob_conventions(truncated):
+    """Rows that filter and rows that do not, in one batch (the `filtered` branch): by default
+    every row records log_softmax(logits / T) at its token; truncated=True records the
+    renormalised truncated distribution for the filtering rows."""
+    rng = np.random.default_rng(11)
+    x = (rng.normal(size=(6, 400)) * 2).astype(np.float32)
+    temperature = np.array([0.8, 1.0, 1.5, 0.8, 1.0, 1.5], np.float32)
+    top_k = np.array([0, 10, 0, 0, 3, 50], np.int32)
+    top_p = np.array([1.0, 1.0, 0.7, 1.0, 0.9, 0.5], np.float32)
+    u = jax.random.uniform(jax.random.key(3), (6,))
+    tokens, lp = sample(jnp.asarray(x), temperature, top_k, top_p, u, truncated=truncated)
+    tokens, lp = np.asarray(tokens), np.asarray(lp)
+    scaled = x / temperature[:, None]
+    for i in range(6):
+        keep = _np_filter(scaled[i], top_k[i], top_p[i])
+        assert keep[tokens[i]], i
+        z = np.where(keep, scaled[i], -np.inf) if truncated else scaled[i]
+        want = z[tokens[i]] - (z.max() + np.log(np.exp(z - z.max()).sum()))
+        np.testing.assert_allclose(lp[i], want, rtol=1e-5, atol=1e-6, err_msg=f"row {i}")

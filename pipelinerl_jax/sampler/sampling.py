@@ -12,8 +12,10 @@ T = 1 distribution (what transformers' scores give for greedy decoding). Always 
 
 CPU cost notes (why no sort and no cumsum over V): on XLA:CPU sorting [64, 32000] takes ~0.6 s
 and a cumsum over V tens of ms, more than a whole decode step. So:
-  * argmax is max + first-index-of-max (two plain reductions), over vocabulary-major [V, B]
-    logits as the engine's LM head makes them (`sample_vocab_major`);
+  * everything reduces over axis 0 of the vocabulary-major [V, B] logits the engine's LM head
+    makes (`sample_vocab_major`); the row-major [B, V] functions (`sample`, `categorical`,
+    `filter_top_k_top_p`) transpose and call them;
+  * argmax is max + first-index-of-max (two plain reductions);
   * categorical sampling is a two-level inverse CDF: cumsum over R = V/128 block sums, then
     over the 128 entries of the chosen block, with one uniform per row;
   * top-k / top-p thresholds come from a 32-step bisection over the float bit patterns (exact,
@@ -62,8 +64,8 @@ def _ordered_key(x):
     return jnp.where(bits >= _UINT_SIGN, ~bits, bits | _UINT_SIGN)
 
 
-def _top_k_key_threshold(keys_BxV, k_B):
-    """Largest t with count(keys >= t) >= k, per row: the key of the k-th largest entry."""
+def _top_k_key_threshold(keys_VxB, k_B):
+    """Largest t with count(keys >= t) >= k, per column: the key of the k-th largest entry."""
     lo_B = jnp.zeros(k_B.shape, jnp.uint32)
     hi_B = jnp.full(k_B.shape, 0xFFFFFFFF, jnp.uint32)
 
@@ -71,27 +73,27 @@ def _top_k_key_threshold(keys_BxV, k_B):
         lo, hi = carry
         span = hi - lo
         mid = lo + span // 2 + (span & 1)   # ceil midpoint without uint32 overflow
-        ok = jnp.sum(keys_BxV >= mid[:, None], axis=-1) >= k_B
+        ok = jnp.sum(keys_VxB >= mid[None, :], axis=0) >= k_B
         return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
 
     lo_B, _ = jax.lax.fori_loop(0, 32, step, (lo_B, hi_B))
     return lo_B
 
 
-def _top_p_prob_threshold(probs_BxV, top_p_B):
+def _top_p_prob_threshold(probs_VxB, top_p_B):
     """Smallest t with (mass of probs strictly above t) < top_p, as a uint32 float pattern.
 
     Keeping probs >= t keeps exactly the tokens whose strictly-more-likely mass is below top_p:
     the nucleus of the sorted definition, ties at the boundary kept together.
     """
-    bits_BxV = jax.lax.bitcast_convert_type(probs_BxV, jnp.uint32)  # probs >= 0: monotone
+    bits_VxB = jax.lax.bitcast_convert_type(probs_VxB, jnp.uint32)  # probs >= 0: monotone
     lo_B = jnp.zeros(top_p_B.shape, jnp.uint32)
-    hi_B = jnp.max(bits_BxV, axis=-1)
+    hi_B = jnp.max(bits_VxB, axis=0)
 
     def step(_, carry):
         lo, hi = carry
         mid = lo + (hi - lo) // 2
-        above = jnp.sum(jnp.where(bits_BxV > mid[:, None], probs_BxV, 0.0), axis=-1)
+        above = jnp.sum(jnp.where(bits_VxB > mid[None, :], probs_VxB, 0.0), axis=0)
         ok = above < top_p_B
         return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
 
@@ -99,52 +101,84 @@ def _top_p_prob_threshold(probs_BxV, top_p_B):
     return hi_B
 
 
-def filter_top_k_top_p(scaled_BxV, top_k_B, top_p_B):
-    """Sets entries outside the top-k, then outside the top-p nucleus, to -inf.
+def filter_key_threshold(scaled_VxB, top_k_B, top_p_B):
+    """Per column, the smallest `_ordered_key` that top-k, then top-p, keep (uint32 [B]).
 
-    top_k_B: int, 0 = off. top_p_B: f32 in (0, 1], 1 = off. Top-p applies to the distribution
-    renormalised over the top-k set (the order transformers and vLLM use).
+    Keeping the entries whose key is >= it is exactly the sort-based filter: top-k keeps the
+    keys >= the k-th largest (ties with it included); the top-p nucleus of the renormalised
+    top-k distribution is {probs >= t}, and since probs are a monotone function of the logits
+    that set is every key >= the smallest kept one. Returned as a threshold, not as masked
+    logits, so a `lax.cond` around this returns [B] values instead of a copy of [V, B].
+    top_k_B: int, 0 = off. top_p_B: f32 in (0, 1], 1 = off. Each bisection (32 passes over
+    the logits) runs only when some column asks for it.
     """
-    vocab = scaled_BxV.shape[-1]
+    vocab = scaled_VxB.shape[0]
+    keys_VxB = _ordered_key(scaled_VxB)
     k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, vocab), vocab)
-    keys_BxV = _ordered_key(scaled_BxV)
-    kth_B = _top_k_key_threshold(keys_BxV, k_B)
-    masked_BxV = jnp.where(keys_BxV >= kth_B[:, None], scaled_BxV, -jnp.inf)
-    probs_BxV = jax.nn.softmax(masked_BxV, axis=-1)
-    t_B = _top_p_prob_threshold(probs_BxV, top_p_B)
-    keep_BxV = jax.lax.bitcast_convert_type(probs_BxV, jnp.uint32) >= t_B[:, None]
-    keep_BxV = keep_BxV | (top_p_B[:, None] >= 1.0)
-    return jnp.where(keep_BxV, masked_BxV, -jnp.inf)
+    kth_B = jax.lax.cond(jnp.any(k_B < vocab), _top_k_key_threshold,
+                         lambda keys, k: jnp.zeros(k.shape, jnp.uint32), keys_VxB, k_B)
+
+    def nucleus(scaled_VxB, keys_VxB, kth_B):
+        in_top_k_VxB = keys_VxB >= kth_B[None, :]
+        probs_VxB = jax.nn.softmax(jnp.where(in_top_k_VxB, scaled_VxB, -jnp.inf), axis=0)
+        t_B = _top_p_prob_threshold(probs_VxB, top_p_B)
+        kept_VxB = in_top_k_VxB & (jax.lax.bitcast_convert_type(probs_VxB, jnp.uint32)
+                                   >= t_B[None, :])
+        smallest_B = jnp.min(jnp.where(kept_VxB, keys_VxB, jnp.uint32(0xFFFFFFFF)), axis=0)
+        return jnp.where(top_p_B < 1.0, smallest_B, kth_B)
+
+    return jax.lax.cond(jnp.any(top_p_B < 1.0), nucleus, lambda s, k, kth: kth,
+                        scaled_VxB, keys_VxB, kth_B)
+
+
+def filter_top_k_top_p(scaled_BxV, top_k_B, top_p_B):
+    """Sets entries outside the top-k, then outside the top-p nucleus, to -inf (row-major
+    [B, V]; `filter_key_threshold` says how). Top-p applies to the distribution renormalised
+    over the top-k set (the order transformers and vLLM use)."""
+    threshold_B = filter_key_threshold(scaled_BxV.T, top_k_B, top_p_B)
+    return jnp.where(_ordered_key(scaled_BxV) >= threshold_B[:, None], scaled_BxV, -jnp.inf)
+
+
+def categorical_vocab_major(masked_VxB, u_B):
+    """Inverse-CDF sample from softmax over each column of [V, B], one uniform u in [0, 1) per
+    column. A token with zero probability (-inf) is never returned."""
+    return _inverse_cdf(masked_VxB, u_B)[0]
+
+
+def _inverse_cdf(masked_VxB, u_B):
+    """(tokens_B, max_B, total_B): `categorical_vocab_major`'s draw, and the column maxima and
+    sums of exp(x - max) it computed on the way (log-sum-exp = max + log(total)).
+
+    Two levels (block sums, then inside the chosen block) keep every cumsum short.
+    """
+    vocab, batch = masked_VxB.shape
+    blocks = -(-vocab // _BLOCK)
+    max_1xB = jnp.max(masked_VxB, axis=0, keepdims=True)
+    probs_VxB = jnp.exp(masked_VxB - max_1xB)
+    probs_RxCxB = jnp.pad(probs_VxB, ((0, blocks * _BLOCK - vocab), (0, 0))).reshape(
+        blocks, _BLOCK, batch)
+    block_mass_RxB = jnp.sum(probs_RxCxB, axis=1)
+    block_cdf_RxB = jnp.cumsum(block_mass_RxB, axis=0)
+    total_B = block_cdf_RxB[-1]
+    target_B = jnp.minimum(u_B * total_B, jnp.nextafter(total_B, 0.0))
+    # First block whose cumulative mass exceeds the target: it has positive mass.
+    block_B = jnp.minimum(jnp.sum(block_cdf_RxB <= target_B[None, :], axis=0), blocks - 1)
+    before_B = jnp.take_along_axis(block_cdf_RxB, block_B[None, :], axis=0)[0] - \
+        jnp.take_along_axis(block_mass_RxB, block_B[None, :], axis=0)[0]
+    col_CxB = jnp.take_along_axis(probs_RxCxB, block_B[None, None, :], axis=0)[0]
+    col_cdf_CxB = jnp.cumsum(col_CxB, axis=0)
+    inner_B = jnp.sum(col_cdf_CxB <= (target_B - before_B)[None, :], axis=0)
+    # Rounding between the two cumsums may overshoot: fall back to the block's last positive.
+    iota_Cx1 = jnp.arange(_BLOCK)[:, None]
+    last_pos_B = jnp.max(jnp.where(col_CxB > 0, iota_Cx1, 0), axis=0)
+    inner_B = jnp.minimum(inner_B, last_pos_B)
+    tokens_B = (block_B * _BLOCK + inner_B).astype(jnp.int32)
+    return tokens_B, max_1xB[0], total_B
 
 
 def categorical(masked_BxV, u_B):
-    """Inverse-CDF sample from softmax(masked_BxV) using one uniform u in [0, 1) per row.
-
-    Two levels (block sums, then inside the chosen block) keep every cumsum short. A token
-    with zero probability (-inf) is never returned.
-    """
-    batch, vocab = masked_BxV.shape
-    blocks = -(-vocab // _BLOCK)
-    max_Bx1 = jnp.max(masked_BxV, axis=-1, keepdims=True)
-    probs_BxV = jnp.exp(masked_BxV - max_Bx1)
-    probs_BxRxC = jnp.pad(probs_BxV, ((0, 0), (0, blocks * _BLOCK - vocab))).reshape(
-        batch, blocks, _BLOCK)
-    block_mass_BxR = jnp.sum(probs_BxRxC, axis=-1)
-    block_cdf_BxR = jnp.cumsum(block_mass_BxR, axis=-1)
-    total_B = block_cdf_BxR[:, -1]
-    target_B = jnp.minimum(u_B * total_B, jnp.nextafter(total_B, 0.0))
-    # First block whose cumulative mass exceeds the target: it has positive mass.
-    block_B = jnp.minimum(jnp.sum(block_cdf_BxR <= target_B[:, None], axis=-1), blocks - 1)
-    before_B = jnp.take_along_axis(block_cdf_BxR, block_B[:, None], axis=-1)[:, 0] - \
-        jnp.take_along_axis(block_mass_BxR, block_B[:, None], axis=-1)[:, 0]
-    row_BxC = jnp.take_along_axis(probs_BxRxC, block_B[:, None, None], axis=1)[:, 0]
-    row_cdf_BxC = jnp.cumsum(row_BxC, axis=-1)
-    inner_B = jnp.sum(row_cdf_BxC <= (target_B - before_B)[:, None], axis=-1)
-    # Rounding between the two cumsums may overshoot: fall back to the block's last positive.
-    iota_C = jnp.arange(_BLOCK)
-    last_pos_B = jnp.max(jnp.where(row_BxC > 0, iota_C, 0), axis=-1)
-    inner_B = jnp.minimum(inner_B, last_pos_B)
-    return (block_B * _BLOCK + inner_B).astype(jnp.int32)
+    """`categorical_vocab_major` for row-major [B, V] logits."""
+    return categorical_vocab_major(masked_BxV.T, u_B)
 
 
 def sample(logits_BxV, temperature_B, top_k_B, top_p_B, u_B, *, truncated: bool = False):
@@ -160,31 +194,52 @@ def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
                        truncated: bool = False):
     """`sample` on vocabulary-major [V, B] logits, as the engine's LM head makes them.
 
-    Greedy rows are served by column reductions over [V, B] (no transpose of the logits);
-    the row-major work of temperature / top-k / top-p sampling runs inside a `lax.cond` only
-    when some row samples, and that cond returns [B] results, so an all-greedy batch never
-    copies the logits (at batch 64 a transpose or a cond-output copy of [V, B] cost ~2-3 ms
-    each, 5% of a decode step).
+    Everything reduces over axis 0 of [V, B]: a transpose of the logits to [B, V] and the
+    [B, V] copies in and out of `lax.cond`s cost more than the sampling itself (bench model,
+    batch 64, temperature 1: 15.6 ms of which ~12 ms were such copies, on a ~40 ms decode
+    step). Greedy rows and sampled rows each run inside a `lax.cond` that only runs when some
+    row needs it and returns [B] results, so an all-greedy batch (evaluation) skips the
+    sampler's passes and an all-sampled one (RL) skips the greedy ones.
     """
     logits_VxB = logits_VxB.astype(jnp.float32)
     greedy_B = temperature_B <= 0
-    greedy_tokens_B, greedy_logprobs_B = _greedy_vocab_major(logits_VxB)
+    batch = greedy_B.shape[0]
+    nothing = lambda *_: (jnp.zeros(batch, jnp.int32), jnp.zeros(batch, jnp.float32))
 
     def sampled(logits_VxB, u_B):
         temp_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
-        scaled_BxV = logits_VxB.T / temp_B[:, None]
         needs_filter = jnp.any(~greedy_B & ((top_k_B > 0) | (top_p_B < 1.0)))
-        masked_BxV = jax.lax.cond(needs_filter, filter_top_k_top_p, lambda s, k, p: s,
-                                  scaled_BxV, top_k_B, top_p_B)
-        tokens_B = categorical(masked_BxV, u_B)
-        return tokens_B, log_softmax_at(masked_BxV if truncated else scaled_BxV, tokens_B)
+        return jax.lax.cond(needs_filter, filtered, unfiltered, logits_VxB, temp_B, u_B)
 
-    # All-greedy batches (evaluation, benchmarks) skip the sampler's passes over [B, V].
-    tokens_B, logprobs_B = jax.lax.cond(
-        jnp.any(~greedy_B), sampled, lambda *_: (greedy_tokens_B, greedy_logprobs_B),
+    def unfiltered(logits_VxB, temp_B, u_B):
+        # The draw's own max and exp-sum give the logprob: two passes over [V, B] in all.
+        scaled_VxB = logits_VxB / temp_B[None, :]
+        tokens_B, max_B, total_B = _inverse_cdf(scaled_VxB, u_B)
+        return tokens_B, _picked(scaled_VxB, tokens_B) - max_B - jnp.log(total_B)
+
+    def filtered(logits_VxB, temp_B, u_B):
+        scaled_VxB = logits_VxB / temp_B[None, :]
+        threshold_B = filter_key_threshold(scaled_VxB, top_k_B, top_p_B)
+        masked_VxB = jnp.where(_ordered_key(scaled_VxB) >= threshold_B[None, :], scaled_VxB,
+                               -jnp.inf)
+        tokens_B, max_B, total_B = _inverse_cdf(masked_VxB, u_B)
+        if truncated:
+            return tokens_B, _picked(scaled_VxB, tokens_B) - max_B - jnp.log(total_B)
+        # The kept set holds the maximum, so the max is the unfiltered one too.
+        lse_B = max_B + jnp.log(jnp.sum(jnp.exp(scaled_VxB - max_B[None, :]), axis=0))
+        return tokens_B, _picked(scaled_VxB, tokens_B) - lse_B
+
+    greedy_tokens_B, greedy_logprobs_B = jax.lax.cond(
+        jnp.any(greedy_B), lambda logits_VxB, _: _greedy_vocab_major(logits_VxB), nothing,
         logits_VxB, u_B)
+    tokens_B, logprobs_B = jax.lax.cond(jnp.any(~greedy_B), sampled, nothing, logits_VxB, u_B)
     return (jnp.where(greedy_B, greedy_tokens_B, tokens_B),
             jnp.where(greedy_B, greedy_logprobs_B, logprobs_B))
+
+
+def _picked(x_VxB, tokens_B):
+    """x[tokens_B[b], b] per column."""
+    return jnp.take_along_axis(x_VxB, tokens_B[None, :], axis=0)[0]
 
 
 def _greedy_vocab_major(logits_VxB):
