@@ -4,7 +4,8 @@
     .venv/bin/python bench/bench_decode.py --quick    # a small check that everything runs
 
 Fixed config (bench/common.BENCH_MODEL, 57.9M params, untied head), prompts of 32 random
-tokens, 128 forced new tokens (no EOS), greedy, batch 1 / 8 / 32 / 64. Tokens/s = generated
+tokens, 128 forced new tokens (no EOS), greedy, batch 1 / 8 / 32 / 64, and temperature-1
+sampling (no top-k / top-p, as RL samples) at batch 8 / 64. Tokens/s = generated
 tokens / wall time of the whole generate call (prefill included) for both engines; medians
 over repeats timed in alternating rounds (common.alternating_medians says why) and ratios.
 Also: the same rates as a fraction of this machine's f32 large-matmul rate (2 * matmul
@@ -76,19 +77,23 @@ def make_checkpoint(path: Path):
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
 
 
-def hf_generate_fn(path: Path, dtype: str, prompts: np.ndarray, new_tokens: int):
+def hf_generate_fn(path: Path, dtype: str, prompts: np.ndarray, new_tokens: int,
+                   temperature: float = 0.0):
     import torch
     import transformers
     torch.set_num_threads(os.cpu_count())
     model = transformers.LlamaForCausalLM.from_pretrained(
         path, dtype=getattr(torch, dtype)).eval()
     ids = torch.tensor(prompts)
+    # Plain temperature sampling, as RL samples: transformers' default top_k=50 switched off.
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+                if temperature > 0 else dict(do_sample=False))
 
     def run():
         with torch.no_grad():
             return model.generate(ids, attention_mask=torch.ones_like(ids),
                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                  do_sample=False, eos_token_id=None, pad_token_id=0)
+                                  eos_token_id=None, pad_token_id=0, **sampling)
     return run
 
 
@@ -104,20 +109,27 @@ def our_sampler(path: Path, dtype: str, batch: int, new_tokens: int, chunk_steps
     return Sampler(graphdef, params, config), params
 
 
-def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parity):
+def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parity,
+               temperature: float = 0.0):
+    """One row: ours vs transformers generate, greedy (temperature 0) or plain temperature
+    sampling (no top-k / top-p: how RL samples), every row forced to `new_tokens` tokens."""
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     prompts = np.random.default_rng(batch).integers(0, common.BENCH_MODEL["vocab_size"],
                                                     (batch, PROMPT_LEN))
     sampler, params = our_sampler(path, dtype, batch, new_tokens, chunk_steps)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    how = SamplingParams(temperature=temperature, max_new_tokens=new_tokens)
     ours_out, hf_out = [], []
-    hf_fn = hf_generate_fn(path, dtype, prompts, new_tokens)
+    hf_fn = hf_generate_fn(path, dtype, prompts, new_tokens, temperature)
     medians = common.alternating_medians(
-        {"ours": lambda: ours_out.append(sampler.generate(list(prompts), params=greedy)),
+        {"ours": lambda: ours_out.append(sampler.generate(list(prompts), params=how)),
          "hf": lambda: hf_out.append(hf_fn())}, repeats=repeats, warmup=1)
     ours_s, hf_s = medians["ours"][0], medians["hf"][0]
-    row = {"batch": batch, "dtype": dtype, "ours_tok_s": batch * new_tokens / ours_s,
-           "hf_tok_s": batch * new_tokens / hf_s}
+    ours_tokens = sum(len(s.token_ids) for s in ours_out[-1])
+    if ours_tokens != batch * new_tokens:
+        raise SystemExit(f"ours generated {ours_tokens} tokens, not {batch * new_tokens}: the "
+                         "bench model must not stop early")
+    row = {"batch": batch, "dtype": dtype, "temperature": temperature,
+           "ours_tok_s": batch * new_tokens / ours_s, "hf_tok_s": batch * new_tokens / hf_s}
     row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
     if check_parity:
         ours_tokens = [s.token_ids for s in ours_out[-1]]
@@ -240,6 +252,11 @@ def main():
                 print("swap", swap, flush=True)
         for batch in ([8] if args.quick else [8, 64]):
             row, _, _ = bench_pair(path, "bfloat16", batch, new_tokens, repeats, chunk, False)
+            rows.append(row)
+            print(row, flush=True)
+        for batch in ([8] if args.quick else [8, 64]):
+            row, _, _ = bench_pair(path, "float32", batch, new_tokens, repeats, chunk, False,
+                                   temperature=1.0)
             rows.append(row)
             print(row, flush=True)
     flags = flags_study(args.quick)

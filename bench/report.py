@@ -61,7 +61,8 @@ def _decode(d):
     for r in d["rows"]:
         peak = r.get("frac_f32_matmul_peak")
         extra = f" ({peak:.0%} of f32 peak)" if peak is not None else ""
-        out.append((f"decode {r['dtype']}, batch {r['batch']}: tokens/s",
+        how = f", temperature {r['temperature']:g}" if r.get("temperature") else ""
+        out.append((f"decode {r['dtype']}, batch {r['batch']}{how}: tokens/s",
                     f"{r['ours_tok_s']:.0f}{extra}", f"{r['hf_tok_s']:.0f}",
                     f"{r['ratio']:.2f}x"))
     swap = d.get("param_swap")
