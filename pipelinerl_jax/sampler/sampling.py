@@ -24,6 +24,8 @@ and a cumsum over V tens of ms, more than a whole decode step. So:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -209,25 +211,22 @@ def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
     def sampled(logits_VxB, u_B):
         temp_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
         needs_filter = jnp.any(~greedy_B & ((top_k_B > 0) | (top_p_B < 1.0)))
-        return jax.lax.cond(needs_filter, filtered, unfiltered, logits_VxB, temp_B, u_B)
+        return jax.lax.cond(needs_filter, functools.partial(draw, filtered=True),
+                            functools.partial(draw, filtered=False), logits_VxB, temp_B, u_B)
 
-    def unfiltered(logits_VxB, temp_B, u_B):
-        # The draw's own max and exp-sum give the logprob: two passes over [V, B] in all.
-        scaled_VxB = logits_VxB / temp_B[None, :]
-        tokens_B, max_B, total_B = _inverse_cdf(scaled_VxB, u_B)
-        return tokens_B, _picked(scaled_VxB, tokens_B) - max_B - jnp.log(total_B)
-
-    def filtered(logits_VxB, temp_B, u_B):
-        scaled_VxB = logits_VxB / temp_B[None, :]
-        threshold_B = filter_key_threshold(scaled_VxB, top_k_B, top_p_B)
-        masked_VxB = jnp.where(_ordered_key(scaled_VxB) >= threshold_B[None, :], scaled_VxB,
-                               -jnp.inf)
+    def draw(logits_VxB, temp_B, u_B, *, filtered: bool):
+        scaled_VxB = masked_VxB = logits_VxB / temp_B[None, :]
+        if filtered:
+            threshold_B = filter_key_threshold(scaled_VxB, top_k_B, top_p_B)
+            masked_VxB = jnp.where(_ordered_key(scaled_VxB) >= threshold_B[None, :],
+                                   scaled_VxB, -jnp.inf)
         tokens_B, max_B, total_B = _inverse_cdf(masked_VxB, u_B)
-        if truncated:
-            return tokens_B, _picked(scaled_VxB, tokens_B) - max_B - jnp.log(total_B)
-        # The kept set holds the maximum, so the max is the unfiltered one too.
-        lse_B = max_B + jnp.log(jnp.sum(jnp.exp(scaled_VxB - max_B[None, :]), axis=0))
-        return tokens_B, _picked(scaled_VxB, tokens_B) - lse_B
+        if filtered and not truncated:
+            # The kept set holds the maximum, so the draw's max is the unfiltered one too.
+            return tokens_B, log_softmax_at(scaled_VxB, tokens_B, max_B[None, :], axis=0)
+        # The draw's own max and exp-sum: the logprob of the distribution drawn from, with
+        # no further pass over [V, B].
+        return tokens_B, _picked(scaled_VxB, tokens_B) - max_B - jnp.log(total_B)
 
     greedy_tokens_B, greedy_logprobs_B = jax.lax.cond(
         jnp.any(greedy_B), lambda logits_VxB, _: _greedy_vocab_major(logits_VxB), nothing,
