@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean real-model
 
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
@@ -19,6 +19,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+real-model: $(STAMP)
+	$(PY) -m pipelinerl_jax.models.real_model --out=models/SmolLM2-135M-Instruct
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,7 +1,8 @@
-"""Export a run's checkpoint to a Hugging Face model directory.
+"""Export a run's checkpoint, or import a GGUF file, as a Hugging Face model directory.
 
     python -m pipelinerl_jax.export --workdir=RUN --out=DIR [--step=N] [--tokenizer_dir=DIR]
         [--dtype=bfloat16]
+    python -m pipelinerl_jax.export --gguf=FILE --out=DIR [--dtype=float32|bfloat16]
 
 Reads only the params of the newest readable checkpoint (or of --step) from
 `RUN/checkpoints` (the optimizer state is not loaded), takes the model's shape from the
@@ -10,6 +11,11 @@ config.json, generation_config.json, safetensors and the tokenizer files with
 `models.hf_io.save_hf`, into a temporary directory renamed into place. The tokenizer comes
 from --tokenizer_dir, else from the run's model.hf_dir. Bad input (no such run, no
 checkpoint, unknown step) prints a one-line error and exits with code 2.
+
+With --gguf, a llama.cpp GGUF file (llama architecture, F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
+tensors) is dequantized and written the same way, tokenizer and chat template included, by
+`models.gguf_io.convert` (default dtype float32). A missing, truncated or non-GGUF file, an
+unsupported architecture or tensor type is a one-line error, exit code 2.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ log = logging.getLogger(__name__)
 
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("workdir", None, "Run directory (holds checkpoints/ and config.json).",
+                        flag_values=fv)
+    flags.DEFINE_string("gguf", None, "A llama.cpp GGUF file to import instead of a run.",
                         flag_values=fv)
     flags.DEFINE_integer("step", None, "Checkpoint step to export; default: the newest.",
                          flag_values=fv)
@@ -149,6 +157,9 @@ def run_cli(argv: list[str]) -> int:
 
 
 def _export_cli(fv) -> None:
+    if fv.gguf is not None:
+        _import_gguf_cli(fv)
+        return
     for name in ("workdir", "out"):
         if not fv[name].value:
             raise ConfigError(f"--{name} is required")
@@ -159,6 +170,24 @@ def _export_cli(fv) -> None:
     tok = done["tokenizer"] or "none (pass --tokenizer_dir to include one)"
     print(f"exported step {done['step']} of {fv.workdir} to {done['out']}: {done['model_type']}, "
           f"{done['params']:,} params, {done['dtype']}; tokenizer: {tok}", file=sys.stderr)
+
+
+def _import_gguf_cli(fv) -> None:
+    from pipelinerl_jax.models import gguf_io
+
+    for name in ("workdir", "step", "tokenizer_dir"):
+        if fv[name].value is not None:
+            raise ConfigError(f"--{name} does not apply to --gguf (a GGUF file carries its own "
+                              "weights and tokenizer); pass one of them, not both")
+    if not fv.out:
+        raise ConfigError("--out is required")
+    if fv.max_shard_gb <= 0:
+        raise ConfigError(f"--max_shard_gb={fv.max_shard_gb} must be > 0")
+    done = gguf_io.convert(fv.gguf, fv.out, dtype=fv.dtype or "float32",
+                           max_shard_bytes=int(fv.max_shard_gb * 2**30))
+    print(f"imported {fv.gguf} ({', '.join(done['gguf_types'])}) to {done['out']}: "
+          f"{done['model_type']}, {done['params']:,} params, {done['dtype']}; tokenizer and chat "
+          "template from the GGUF metadata", file=sys.stderr)
 
 
 def main() -> None:

@@ -19,6 +19,8 @@ import random
 from typing import ClassVar
 
 from pipelinerl_jax.data.formats import Problem
+# word_problems imports ProceduralSource from here only inside a call: no import cycle.
+from pipelinerl_jax.data.word_problems import WordProblems
 from pipelinerl_jax.errors import ConfigError
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -102,6 +104,7 @@ class DigitTask(abc.ABC):
     """A procedurally generated task over digit strings; subclasses define `make`."""
     name: ClassVar[str] = ""
     separator: ClassVar[str] = "="
+    text_task: ClassVar[bool] = False  # False: its own character tokenizer, plain prompts
     min_digits: int = 1
     max_digits: int = 5
     num_problems: int = 100_000  # the epoch size of the stream
@@ -215,10 +218,12 @@ class ProceduralSource:
 
 
 _TOKENIZER = CharTokenizer()
-TASKS: dict[str, type[DigitTask]] = {t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers)}
+# WordProblems is a text task (text_task = True): the run uses the model's own tokenizer.
+TASKS: dict[str, type[DigitTask] | type[WordProblems]] = {
+    t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers, WordProblems)}
 
 
-def make_task(name: str, **kwargs) -> DigitTask:
+def make_task(name: str, **kwargs) -> DigitTask | WordProblems:
     """The task called `name`, e.g. make_task("reverse_digits", max_digits=5, seed=0)."""
     if name not in TASKS:
         raise ConfigError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")

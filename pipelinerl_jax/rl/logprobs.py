@@ -21,10 +21,12 @@ C chunks, Vc / Nc chunk sizes.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 _NEG = -1e30  # finite "minus infinity": keeps p * (z - mean) at 0 instead of NaN
@@ -92,53 +94,66 @@ def _flatten(hidden, targets):
     return hidden.reshape(-1, E).astype(jnp.float32), targets.reshape(-1)
 
 
+# The custom VJPs below are module-level functions of explicit arguments: every array they use
+# (targets included) is a primal input, and only hashable Python values (temperature, chunk
+# sizes, dtypes, the closure-converted loss) are nondiff_argnums. A rule that closed over an
+# array of the caller's trace would leak it as soon as its differentiation happened outside that
+# trace: grad(jit(f)), grad through lax.scan (gradient accumulation), jax.checkpoint.
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk):
+    h_NxE, t_N = _flatten(hidden_xE, targets)
+    lp_N, ent_N, _ = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk)
+    return lp_N, ent_N
+
+
+def _chunked_fwd(hidden_xE, w_ExV, targets, temperature, vocab_chunk):
+    h_NxE, t_N = _flatten(hidden_xE, targets)
+    lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(h_NxE, w_ExV, t_N, temperature,
+                                                      vocab_chunk)
+    return (lp_N, ent_N), (hidden_xE, w_ExV, targets, lse_N, mean_z_N)
+
+
+def _chunked_bwd(temperature, vocab_chunk, res, cotangents):
+    hidden_xE, w_ExV, targets, lse_N, mean_z_N = res
+    g_lp_N, g_ent_N = cotangents
+    h_NxE, t_N = _flatten(hidden_xE, targets)
+    w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
+
+    def body(dh_NxE, xs):
+        w_ExVc, valid_Vc = xs
+        z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
+        p_NxVc = jnp.where(valid_Vc, jnp.exp(z_NxVc - lse_N[:, None]), 0.0)
+        # d logprob / dz = onehot - p (onehot added below); d entropy / dz = -p (z - E_p[z]).
+        dz_NxVc = -p_NxVc * (g_lp_N[:, None] + g_ent_N[:, None] * (z_NxVc - mean_z_N[:, None]))
+        dz_NxVc = dz_NxVc / temperature
+        dh_NxE = dh_NxE + jnp.dot(dz_NxVc, w_ExVc.T, precision=_HIGHEST)
+        return dh_NxE, jnp.dot(h_NxE.T, dz_NxVc, precision=_HIGHEST)
+
+    dh_NxE, dw_CxExVc = jax.lax.scan(body, jnp.zeros_like(h_NxE), (w_CxExVc, valid_CxVc))
+    dw_ExV = _unchunk(dw_CxExVc, w_ExV.shape[1], axis=1)
+    _, w_NxE = _target_logits(h_NxE, w_ExV, t_N, temperature)
+    g_t_N = g_lp_N / temperature
+    dh_NxE = dh_NxE + g_t_N[:, None] * w_NxE
+    dw_ExV = dw_ExV.at[:, t_N].add((g_t_N[:, None] * h_NxE).T)
+    # Integer targets take no cotangent (None: a symbolic zero, float0 as JAX requires).
+    return (dh_NxE.reshape(hidden_xE.shape).astype(hidden_xE.dtype),
+            dw_ExV.astype(w_ExV.dtype), None)
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
 def chunked_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0,
                      vocab_chunk: int = 8192):
     """(logprobs, entropy) f32 with targets' shape, of softmax(hidden @ W / temperature).
 
   hidden_xE: [..., E] any float dtype; w_ExV: the LM head; targets: int [...]. Differentiable
-  in hidden and W; the backward recomputes one vocabulary chunk at a time.
+  in hidden and W; the backward recomputes one vocabulary chunk at a time. Composes with jit,
+  vmap, scan and checkpoint in any order (see the note above _chunked).
   """
     shape = targets.shape
-
-    @jax.custom_vjp
-    def run(hidden_xE, w_ExV):
-        h_NxE, t_N = _flatten(hidden_xE, targets)
-        lp_N, ent_N, _ = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk)
-        return lp_N, ent_N
-
-    def fwd(hidden_xE, w_ExV):
-        h_NxE, t_N = _flatten(hidden_xE, targets)
-        lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(h_NxE, w_ExV, t_N, temperature,
-                                                          vocab_chunk)
-        return (lp_N, ent_N), (hidden_xE, w_ExV, lse_N, mean_z_N)
-
-    def bwd(res, cotangents):
-        hidden_xE, w_ExV, lse_N, mean_z_N = res
-        g_lp_N, g_ent_N = cotangents
-        h_NxE, t_N = _flatten(hidden_xE, targets)
-        w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
-
-        def body(dh_NxE, xs):
-            w_ExVc, valid_Vc = xs
-            z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
-            p_NxVc = jnp.where(valid_Vc, jnp.exp(z_NxVc - lse_N[:, None]), 0.0)
-            # d logprob / dz = onehot - p (onehot added below); d entropy / dz = -p (z - E_p[z]).
-            dz_NxVc = -p_NxVc * (g_lp_N[:, None] + g_ent_N[:, None] * (z_NxVc - mean_z_N[:, None]))
-            dz_NxVc = dz_NxVc / temperature
-            dh_NxE = dh_NxE + jnp.dot(dz_NxVc, w_ExVc.T, precision=_HIGHEST)
-            return dh_NxE, jnp.dot(h_NxE.T, dz_NxVc, precision=_HIGHEST)
-
-        dh_NxE, dw_CxExVc = jax.lax.scan(body, jnp.zeros_like(h_NxE), (w_CxExVc, valid_CxVc))
-        dw_ExV = _unchunk(dw_CxExVc, w_ExV.shape[1], axis=1)
-        _, w_NxE = _target_logits(h_NxE, w_ExV, t_N, temperature)
-        g_t_N = g_lp_N / temperature
-        dh_NxE = dh_NxE + g_t_N[:, None] * w_NxE
-        dw_ExV = dw_ExV.at[:, t_N].add((g_t_N[:, None] * h_NxE).T)
-        return dh_NxE.reshape(hidden_xE.shape).astype(hidden_xE.dtype), dw_ExV.astype(w_ExV.dtype)
-
-    run.defvjp(fwd, bwd)
-    lp_N, ent_N = run(hidden_xE, w_ExV)
+    lp_N, ent_N = _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk)
     return lp_N.reshape(shape), ent_N.reshape(shape)
 
 
@@ -163,6 +178,74 @@ def _token_chunk_values(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature):
     return loss_fn(lp_Nc, ent_Nc, inputs), (lp_Nc, ent_Nc)
 
 
+def _closure_convert(fn, *example_args):
+    """(converted, consts): converted(*args, *consts) == fn(*args), no array left in a closure.
+
+  Like jax.closure_convert, but hoists every closed-over value, integer tracers included
+  (jax.closure_convert keeps those closed over, and they would leak just the same).
+  """
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
+    jaxpr, out_tree, num_args = closed.jaxpr, jax.tree.structure(out_shape), len(example_args)
+
+    def converted(*args_and_consts):
+        args, consts = args_and_consts[:num_args], args_and_consts[num_args:]
+        run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(jaxpr, list(consts)))
+        return jax.tree.unflatten(out_tree, run(*jax.tree.leaves(args)))
+
+    return converted, list(closed.consts)
+
+
+def _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs, consts):
+    """((loss, logprobs, entropy), (d loss / d hidden, d loss / d W)) in one pass."""
+    shape = targets.shape
+    N = math.prod(shape)
+    h_NxE, t_N = _flatten(hidden_xE, targets)
+    w32_ExV = w_ExV.astype(jnp.float32)
+    h_CxNcxE, _ = _strided_chunks(h_NxE, N, Nc, axis=0)
+    t_CxNc, _ = _strided_chunks(t_N, N, Nc, axis=0)
+    inp_C = jax.tree.map(lambda x: _strided_chunks(x.reshape(-1), N, Nc, axis=0)[0], inputs)
+    grad_fn = jax.value_and_grad(_token_chunk_values, argnums=(0, 1), has_aux=True)
+
+    def loss_fn(lp_Nc, ent_Nc, inp):
+        return chunk_loss(lp_Nc, ent_Nc, inp, *consts)
+
+    def body(carry, xs):
+        loss, dw_ExV = carry
+        h_NcxE, t_Nc, inp = xs
+        (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(h_NcxE, w32_ExV, t_Nc, inp, loss_fn,
+                                                             temperature)
+        return (loss + loss_c, dw_ExV + dw_c), (lp_Nc, ent_Nc, dh_NcxE)
+
+    init = (jnp.zeros((), jnp.float32), jnp.zeros_like(w32_ExV))
+    (loss, dw_ExV), (lp, ent, dh) = jax.lax.scan(body, init, (h_CxNcxE, t_CxNc, inp_C))
+    lp_N, ent_N = _unchunk(lp, N, 0), _unchunk(ent, N, 0)
+    dh_xE = _unchunk(dh, N, 0).reshape(hidden_xE.shape)
+    return (loss, lp_N.reshape(shape), ent_N.reshape(shape)), (dh_xE, dw_ExV)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _fused(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts):
+    return _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs,
+                          consts)[0]
+
+
+def _fused_fwd(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts):
+    out, (dh_xE, dw_ExV) = _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV,
+                                          targets, inputs, consts)
+    return out, (dh_xE, dw_ExV)
+
+
+def _fused_bwd(chunk_loss, temperature, Nc, dtypes, res, cotangents):
+    dh_xE, dw_ExV = res
+    h_dtype, w_dtype = dtypes
+    g = cotangents[0]  # the logprob/entropy outputs are stop-gradient'ed by fused_token_loss
+    # targets, inputs and the loss's closed-over values are constants: no cotangent (None).
+    return (g * dh_xE).astype(h_dtype), (g * dw_ExV).astype(w_dtype), None, None, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
 def fused_token_loss(hidden_xE, w_ExV, targets, inputs: Any,
                      loss_fn: Callable[[jax.Array, jax.Array, Any], jax.Array], *,
                      temperature: float = 1.0, token_chunk: int = 1024):
@@ -170,49 +253,18 @@ def fused_token_loss(hidden_xE, w_ExV, targets, inputs: Any,
 
   loss_fn(logprobs_Nc, entropy_Nc, inputs_chunk) -> scalar must be a sum of per-token terms
   that vanish where the inputs are zero (padding tokens get all-zero inputs); `inputs` is a
-  pytree of arrays shaped like targets (treated as constants). The returned logprobs and
-  entropy are for metrics: they carry no gradient.
+  pytree of arrays shaped like targets (treated as constants). loss_fn may close over arrays
+  and tracers (e.g. a scheduled coefficient): they are hoisted out of its closure and passed
+  through the custom VJP explicitly, and are treated as constants too. The returned logprobs
+  and entropy are for metrics: they carry no gradient. Composes with jit, vmap, scan and
+  checkpoint in any order.
   """
-    shape = targets.shape
-    N = math.prod(shape)
+    N = math.prod(targets.shape)
     Nc = min(token_chunk, N)
-    h_dtype, w_dtype = hidden_xE.dtype, w_ExV.dtype
-
-    def forward(hidden_xE, w_ExV, inputs):
-        h_NxE, t_N = _flatten(hidden_xE, targets)
-        w32_ExV = w_ExV.astype(jnp.float32)
-        h_CxNcxE, _ = _strided_chunks(h_NxE, N, Nc, axis=0)
-        t_CxNc, _ = _strided_chunks(t_N, N, Nc, axis=0)
-        inp_C = jax.tree.map(lambda x: _strided_chunks(x.reshape(-1), N, Nc, axis=0)[0], inputs)
-        grad_fn = jax.value_and_grad(_token_chunk_values, argnums=(0, 1), has_aux=True)
-
-        def body(carry, xs):
-            loss, dw_ExV = carry
-            h_NcxE, t_Nc, inp = xs
-            (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(h_NcxE, w32_ExV, t_Nc, inp, loss_fn,
-                                                                 temperature)
-            return (loss + loss_c, dw_ExV + dw_c), (lp_Nc, ent_Nc, dh_NcxE)
-
-        init = (jnp.zeros((), jnp.float32), jnp.zeros_like(w32_ExV))
-        (loss, dw_ExV), (lp, ent, dh) = jax.lax.scan(body, init, (h_CxNcxE, t_CxNc, inp_C))
-        lp_N, ent_N = _unchunk(lp, N, 0), _unchunk(ent, N, 0)
-        dh_xE = _unchunk(dh, N, 0).reshape(hidden_xE.shape)
-        return (loss, lp_N.reshape(shape), ent_N.reshape(shape)), (dh_xE, dw_ExV)
-
-    @jax.custom_vjp
-    def run(hidden_xE, w_ExV, inputs):
-        return forward(hidden_xE, w_ExV, inputs)[0]
-
-    def fwd(hidden_xE, w_ExV, inputs):
-        out, (dh_xE, dw_ExV) = forward(hidden_xE, w_ExV, inputs)
-        return out, (dh_xE, dw_ExV, inputs)
-
-    def bwd(res, cotangents):
-        dh_xE, dw_ExV, inputs = res
-        g = cotangents[0]  # the logprob/entropy outputs are stop-gradient'ed below
-        zeros = jax.tree.map(jnp.zeros_like, inputs)
-        return (g * dh_xE).astype(h_dtype), (g * dw_ExV).astype(w_dtype), zeros
-
-    run.defvjp(fwd, bwd)
-    loss, lp, ent = run(hidden_xE, w_ExV, inputs)
+    lp_Nc = jax.ShapeDtypeStruct((Nc,), jnp.float32)
+    inp_Nc = jax.tree.map(lambda x: jax.ShapeDtypeStruct((Nc,), x.dtype), inputs)
+    chunk_loss, consts = _closure_convert(loss_fn, lp_Nc, lp_Nc, inp_Nc)
+    dtypes = (jnp.dtype(hidden_xE.dtype), jnp.dtype(w_ExV.dtype))
+    loss, lp, ent = _fused(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets,
+                           inputs, consts)
     return loss, jax.lax.stop_gradient(lp), jax.lax.stop_gradient(ent)
