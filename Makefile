@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean real-model
+.PHONY: run test bench clean real-model run-real
 
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 real-model: $(STAMP)
 	$(PY) -m pipelinerl_jax.models.real_model --out=models/SmolLM2-135M-Instruct
+
+# The real model learns math (configs/smollm2_math.py); fetches the model first if needed.
+run-real: real-model
+	$(PY) launch.py --config=configs/smollm2_math.py --workdir=runs/smollm2-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

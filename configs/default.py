@@ -36,6 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.log_every = 20
     c.checkpoint_every = 100       # optimizer steps between checkpoints (0: never); needs --workdir
     c.checkpoint_keep = 3
+    c.compile_cache = "auto"       # persistent XLA cache in ~/.cache/pipelinerl_jax ("": off)
 
     c.model = ml_collections.ConfigDict()
     c.model.hf_dir = ""            # a Hugging Face directory to start from instead of init

@@ -25,6 +25,8 @@ class ModelSpec:
     hf_dir: str = ""                  # load config.json + safetensors from here when set
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    remat: bool = False               # recompute each layer in the backward pass: activation
+                                      #   memory of one layer instead of all (README: memory)
     init: tuple = ()                  # ModelConfig fields for a fresh model (sorted items)
 
 
@@ -90,6 +92,9 @@ class RunConfig:
     eval_every: int = 0
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
+    compile_cache: str = "auto"       # JAX's persistent compilation cache: "auto" (the user's
+                                      #   cache dir, compile_watch.default_cache_dir), a path,
+                                      #   or "" (off)
 
     @property
     def groups_per_step(self) -> int:
@@ -226,7 +231,8 @@ def from_config_dict(cfg) -> RunConfig:
         devices=dev, sampler=sampler_cfg, trainer=trainer, batch=batch, eval=eval_spec,
         log_every=int(top.get("log_every", 10)), eval_every=eval_every,
         checkpoint_every=int(top.get("checkpoint_every", 0)),
-        checkpoint_keep=int(top.get("checkpoint_keep", 3)))
+        checkpoint_keep=int(top.get("checkpoint_keep", 3)),
+        compile_cache=str(top.get("compile_cache", "auto") or ""))
 
 
 def _dataset_specs(items) -> tuple:

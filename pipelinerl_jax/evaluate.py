@@ -99,10 +99,10 @@ def _problems(fv, run_config: dict | None):
         data = (run_config or {}).get("data") or {}
         if data.get("task") == fv.task:
             options = dict(data.get("task_options") or [])
+        from pipelinerl_jax.data.tasks import held_out_problems
         task = make_task(fv.task, **options)
-        source = task.source()
-        n = min(fv.num_problems or 200, len(source))
-        return [source[i] for i in range(n)], task
+        # Never the problems the run trained on: the in-run eval's held-out problems.
+        return held_out_problems(fv.task, options, fv.num_problems or 200), task
     from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
     loaded = load_dataset(DatasetSpec(path=fv.dataset, format=fv.format,
                                       question_field=fv.question_field,
@@ -126,7 +126,7 @@ def _model(fv):
 
 
 def _tokenizer(fv, task, run_config):
-    if task is not None:
+    if task is not None and not task.text_task:
         return task.tokenizer
     from pipelinerl_jax.models.tokenizer import Tokenizer
     candidates = [fv.tokenizer_dir, fv.model_dir,
@@ -142,7 +142,7 @@ def _tokenizer(fv, task, run_config):
 
 def _prompt_config(fv, task, run_config):
     from pipelinerl_jax.data.prompts import PromptConfig
-    if task is not None:  # task prompts are the bare question, as in training
+    if task is not None and not task.text_task:  # the bare question, as in training
         return PromptConfig(template="plain", system_prompt=None)
     if fv.chat is not None:
         template = "chat" if fv.chat else "plain"
@@ -161,7 +161,7 @@ def evaluate_cli(fv) -> dict:
             raise ConfigError(f"--workdir={fv.workdir}: directory does not exist")
         run_config = read_run_config(fv.workdir)
     problems, task = _problems(fv, run_config)
-    reward = fv.reward or ("task" if task is not None else "math")
+    reward = fv.reward or (getattr(task, "reward_fn", "task") if task is not None else "math")
     from pipelinerl_jax.rewards.tables import reward_fn_spec
     reward_spec = reward_fn_spec(reward)  # one-line error for an unknown callable, early
     if fv.workdir:

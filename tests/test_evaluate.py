@@ -204,7 +204,8 @@ TASK_CFG = ModelConfig(model_type="llama", vocab_size=16, hidden_size=32, interm
 
 
 def test_cli_workdir_task_checkpoint(tmp_path, capsys):
-    """A run checkpoint of a task model, sampled with k = 2 and scored by partial credit."""
+    """A run checkpoint of a task model, sampled with k = 2 on the held-out problems and scored
+    by partial credit."""
     rng = np.random.default_rng(1)
     params = jax.tree.map(lambda x: jax.numpy.asarray(0.3 * rng.standard_normal(x.shape), x.dtype),
                           llama.abstract_init(TASK_CFG)[1])
@@ -226,8 +227,11 @@ def test_cli_workdir_task_checkpoint(tmp_path, capsys):
     res = json.loads(stdout)
     assert res["config"]["step"] == 5 and (res["num_problems"], res["k"]) == (5, 2)
     rows = [json.loads(line) for line in samples.read_text().splitlines()]
-    task = make_task("reverse_digits", max_digits=3, min_digits=2)
-    assert [r["answer"] for r in rows] == [task.problem(i // 2).answer for i in range(10)]
+    # The held-out problems (another task seed), never the ones the run trained on.
+    held_out = make_task("reverse_digits", max_digits=3, min_digits=2, seed=7919)
+    trained = make_task("reverse_digits", max_digits=3, min_digits=2)
+    assert [r["answer"] for r in rows] == [held_out.problem(i // 2).answer for i in range(10)]
+    assert [r["answer"] for r in rows[::2]] != [trained.problem(i).answer for i in range(5)]
     assert res["finish"]["stop"] + res["finish"]["length"] == 10
     scores = [partial_credit(r["completion"], r["answer"]) for r in rows]
     assert res["score_mean"] == pytest.approx(np.mean(scores))

@@ -232,3 +232,14 @@ def make_task(name: str, **kwargs) -> DigitTask | WordProblems:
     if unknown:
         raise ConfigError(f"task {name}: unknown option(s) {unknown}; valid: {sorted(fields)}")
     return TASKS[name](**kwargs)
+
+
+def held_out_problems(name: str, options: dict, n: int) -> list[Problem]:
+    """n problems of task `name` that a run with these options never trains on: the test split
+    of a task that has splits (disjoint question texts), else the task under another seed."""
+    task = make_task(name, **options)
+    if hasattr(task, "split"):
+        task = make_task(name, **{**options, "split": "test"})
+    else:
+        task = make_task(name, **{**options, "seed": options.get("seed", 0) + 7919})
+    return [task.problem(i) for i in range(min(n, task.num_problems))]

@@ -25,15 +25,17 @@ from jax.sharding import Mesh
 
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
+from pipelinerl_jax.compile_watch import CompileWatch, enable_persistent_cache
 from pipelinerl_jax.data.datasets import PromptStream, load_dataset
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
-from pipelinerl_jax.data.tasks import make_task
+from pipelinerl_jax.data.tasks import held_out_problems, make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.metrics import MetricsWriter
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.pipeline.admission import Admission
 from pipelinerl_jax.pipeline.coordinator import Coordinator
+from pipelinerl_jax.pipeline.diagnostics import RewardDiagnostics
 from pipelinerl_jax.pipeline.weights import Publisher
 from pipelinerl_jax.rewards.tables import get_reward_table
 from pipelinerl_jax.rewards.workers import RewardPool
@@ -82,23 +84,52 @@ def build_data(cfg):
     data = cfg.data
     if data.task:
         task = make_task(data.task, **dict(data.task_options))
-        tokenizer = task.tokenizer
+        if not task.text_task:  # a character task: its own tokenizer, the bare question
+            tokenizer = task.tokenizer
+            encode = lambda problem: tokenizer.encode(problem.question)
+            return tokenizer, task.source(), encode
         source = task.source()
-        encode = lambda problem: tokenizer.encode(problem.question)
-        return tokenizer, source, encode
-    problems = []
-    for spec in data.datasets:
-        problems.extend(load_dataset(spec).problems)
+    else:
+        source = [p for spec in data.datasets for p in load_dataset(spec).problems]
+    tokenizer = model_tokenizer(cfg, "data.task" if data.task else "data.datasets")
+    return tokenizer, source, prompt_encoder(tokenizer, data.prompt_template)
+
+
+def model_tokenizer(cfg, what: str):
+    """The tokenizer of model.hf_dir: text prompts need the model's own."""
     from pipelinerl_jax.models.tokenizer import Tokenizer
     if not cfg.model.hf_dir:
-        raise ConfigError("config.data.datasets needs model.hf_dir (its tokenizer renders prompts)")
-    tokenizer = Tokenizer.from_dir(cfg.model.hf_dir)
-    prompt_cfg = PromptConfig(template=data.prompt_template)
+        raise ConfigError(f"config.{what} is text: it needs model.hf_dir (its tokenizer and chat "
+                          "template render the prompts)")
+    return Tokenizer.from_dir(cfg.model.hf_dir)
+
+
+def prompt_encoder(tokenizer, template: str):
+    """problem -> prompt token ids through the chat (or plain) template."""
+    prompt_cfg = PromptConfig(template=template)
 
     def encode(problem):
         text = build_prompt(problem.question, tokenizer, prompt_cfg)
         return tokenizer.encode(text, add_special_tokens=prompt_cfg.template == "plain")
-    return tokenizer, problems, encode
+    return encode
+
+
+def model_config(cfg) -> ModelConfig:
+    """The policy's ModelConfig, read without loading any weights."""
+    dtypes = dict(param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
+                  remat=cfg.model.remat)
+    if cfg.model.hf_dir:
+        from pipelinerl_jax.models.hf_io import read_config
+        return ModelConfig.from_hf(read_config(cfg.model.hf_dir), **dtypes)
+    return ModelConfig(**{**dict(cfg.model.init), **dtypes})
+
+
+def check_memory(cfg, echo) -> None:
+    """Prints the start-up memory estimate; a ConfigError (one line) if it cannot fit."""
+    from pipelinerl_jax import memory
+    est = memory.estimate(cfg, model_config(cfg), shared_device=True)
+    echo(str(est))
+    memory.check_fits(est, memory.available_bytes())
 
 
 def build_model(cfg, tokenizer, rng):
@@ -106,10 +137,12 @@ def build_model(cfg, tokenizer, rng):
     if cfg.model.hf_dir:
         from pipelinerl_jax.models.hf_io import load_hf
         _, graphdef, params = load_hf(cfg.model.hf_dir, param_dtype=cfg.model.param_dtype,
-                                      compute_dtype=cfg.model.compute_dtype)
+                                      compute_dtype=cfg.model.compute_dtype,
+                                      remat=cfg.model.remat)
         return graphdef, params
     fields = dict(cfg.model.init)
-    fields.update(param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype)
+    fields.update(param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
+                  remat=cfg.model.remat)
     model_cfg = ModelConfig(**fields)
     vocab = getattr(tokenizer, "vocab_size", None)
     if vocab is not None and vocab > model_cfg.vocab_size:
@@ -176,11 +209,11 @@ def build_evaluator(cfg, c: Components, reward_pool):
         problems = [p for spec in cfg.eval.datasets for p in load_dataset(spec).problems]
         prompt_cfg = PromptConfig(template=cfg.data.prompt_template)
     else:
-        options = dict(cfg.data.task_options)
-        options["seed"] = options.get("seed", 0) + 7919  # problems the run never draws
-        task = make_task(cfg.data.task, **options)
-        problems = [task.problem(i) for i in range(cfg.eval.num_problems)]
-        prompt_cfg = PromptConfig(template="plain", system_prompt=None)
+        problems = held_out_problems(cfg.data.task, dict(cfg.data.task_options),
+                                     cfg.eval.num_problems)
+        text = make_task(cfg.data.task, **dict(cfg.data.task_options)).text_task
+        prompt_cfg = (PromptConfig(template=cfg.data.prompt_template) if text
+                      else PromptConfig(template="plain", system_prompt=None))
     problems = problems[:cfg.eval.num_problems]
     graphdef = c.sampler.engine.graphdef
     eval_sampler = Sampler(graphdef, c.state.params, c.sampler.config,
@@ -203,6 +236,18 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         Path(workdir).mkdir(parents=True, exist_ok=True)
         (Path(workdir) / "config.json").write_text(
             json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
+    if cfg.compile_cache:
+        enable_persistent_cache(None if cfg.compile_cache == "auto" else cfg.compile_cache)
+    if components is None:
+        check_memory(cfg, echo)  # before anything loads or compiles
+    watch = CompileWatch(echo=echo).install()
+    try:
+        return _run(cfg, workdir, devices, components, echo, watch)
+    finally:
+        watch.uninstall()
+
+
+def _run(cfg, workdir, devices, components, echo, watch) -> dict:
     c = components or build(cfg, devices)
     writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo)
     ckpt = None
@@ -223,7 +268,9 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
             cfg, sampler=c.sampler, trainer=c.trainer, state=c.state, stream=c.stream,
             encode_prompt=c.encode_prompt, detokenize=detok, reward_pool=pool,
             reward_table=table, publisher=c.publisher, admission=c.admission, writer=writer,
-            evaluator=build_evaluator(cfg, c, pool))
+            evaluator=build_evaluator(cfg, c, pool), compile_watch=watch,
+            diagnostics=RewardDiagnostics(workdir, echo=echo, log_every=cfg.log_every,
+                                          seed=cfg.seed))
         if ckpt is not None:
             _resume(coord, ckpt, cfg, c, echo)
             coord.on_step_end = lambda co: _maybe_save(co, ckpt, cfg)

@@ -1,0 +1,316 @@
+"""Start-up memory estimate of a run, with a breakdown, and a one-line refusal when it cannot fit.
+
+A run that does not fit in memory otherwise dies minutes in (after loading and compiling) from
+the kernel's OOM killer, with no message at all. `estimate` adds up, from the config alone, what
+the trainer and the sampler hold at their peaks; `check_fits` compares that with what the
+machine has (`available_bytes`) and raises a `ConfigError` naming the largest items and the
+knobs that shrink them.
+
+    est = memory.estimate(cfg, model_cfg)          # cfg: RunConfig, model_cfg: ModelConfig
+    logging.info("%s", est)                        # memory estimate: 3.7 GiB (params 0.50, ...)
+    memory.check_fits(est, memory.available_bytes())
+
+The items (bytes; letters: L layers, E hidden, F mlp, H q heads, K kv heads, D head dim,
+V vocabulary, R rows per step, M micro-batches, T row length, N = R/M * T tokens per
+micro-batch, B sampler slots):
+
+- params: the trainer's params, exact count x param itemsize.
+- optimizer: AdamW mu and nu, always f32 (2 x count x 4), plus the frozen reference params
+  (param dtype) when the loss has a KL term.
+- gradients: the f32 gradient (count x 4); with M > 1 micro-batches two of them, the scan's
+  accumulator and the current micro-batch's gradient.
+- sampler_params: `sampler.forward.decode_params`, the sampler's own per-version copy (embedding
+  and layers in compute dtype, plus the LM head as f32 [V, E]), twice: the next version is
+  prepared while the current one still decodes.
+- kv_pool: the page pool exactly as `pages.size_pool` sizes it for the sampler config.
+- decode_stage: the staged attention's dense copy of every slot's window (staged.py), at the
+  longest window, 2 * L * B * max_seq_len * K * D * itemsize.
+- activations: the train step's. With remat: the residual stream [R/M, T, E] saved per layer,
+  plus one layer's recomputed internals. Without: every layer's internals, plus one more for
+  the cotangents of the layer being differentiated. Either way plus the LM head's working set
+  (rl/logprobs.py): two f32 logit chunks ([min(token_chunk, N), V] on the fused per-token path,
+  [N, vocab_chunk] for gspo) and the f32 head gradient [E, V].
+- runtime: a fixed overhead for the interpreter, JAX/XLA and the compiled executables.
+
+Calibration (SmolLM2-135M, f32, 16 rows x 288 tokens, attention_block 128; peak RSS measured
+with /usr/bin/time -v, see tests/test_memory.py): train step alone 14.45 GB without remat, 3.89
+GB with remat, 4.15 GB with remat and 4 micro-batches; a whole pipeline run (plus a 16-slot x
+288-token f32 sampler, no remat) 15.85 GB. The estimates are 13.8, 3.7, 3.7 and 15.4 GiB:
+within 10% of either reading of "GB" (10^9 or 2^30 bytes). It is a sum of peaks, so it leans
+high where the sampler's and the trainer's peaks do not coincide.
+
+Not modelled: sharding (everything is counted as if one device held it; on a sharded mesh
+params, moments and gradients divide over the fsdp x tp devices), the reference model's forward
+activations, and the sampler's prefill activations (small next to the items above).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.sampler import pages as pg
+
+GiB = 2**30
+F32 = 4  # bytes: optimizer moments, gradient accumulators, attention scores, logits
+# Interpreter + JAX/XLA libraries + compiled executables + host-side buffers (batches,
+# tokenizer, staging copies): what a train-step-only process of SmolLM2-135M held beyond the
+# items above (its four peak-RSS measurements, see the module docstring, fit with ~0.6 GiB).
+RUNTIME_BYTES = int(0.6 * GiB)
+# Compute-dtype values one layer keeps per token for its backward pass, in units of E, H*D,
+# K*D and F: the residual input, two RMSNorm outputs (normalised and scaled), o_proj and down
+# outputs and the mid-layer residual (6 E); q, its RoPE pieces, its head-major copy and the
+# attention output before and after the transpose (5 H*D); k and v likewise (5 K*D); gate, up,
+# silu(gate), its sigmoid and the gated product (5 F). Fitted with _SCORE_COPIES to the
+# no-remat measurement (XLA keeps about these; fusion hides some).
+_LAYER_E, _LAYER_HD, _LAYER_KD, _LAYER_F = 6, 5, 5, 5
+# f32 [B, H, query block, keys] arrays per attention block kept for the backward: the scaled
+# scores, the masked scores and the softmax.
+_SCORE_COPIES = 3
+# [tokens, vocabulary chunk] f32 arrays live at once in the LM head's chunk loop: the logits
+# and their softmax / gradient (elementwise work fuses into these).
+_LOGIT_COPIES = 2
+
+# Item name -> label in the summary and the refusal.
+_LABELS = {"params": "params", "optimizer": "optimizer", "gradients": "gradients",
+           "sampler_params": "sampler params", "kv_pool": "KV pool",
+           "decode_stage": "decode stage", "activations": "activations", "runtime": "runtime"}
+_TRAINER_ITEMS = ("params", "optimizer", "gradients", "activations")
+_SAMPLER_ITEMS = ("sampler_params", "kv_pool", "decode_stage")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak memory of a run by item, in bytes (the module docstring says what each holds)."""
+    params: int
+    optimizer: int
+    gradients: int
+    sampler_params: int
+    kv_pool: int
+    decode_stage: int
+    activations: int
+    runtime: int
+    remat: bool = False           # how activations were counted (the refusal names it)
+    shared_device: bool = True    # trainer and sampler in one memory (else: the larger one)
+
+    @property
+    def trainer_bytes(self) -> int:
+        return sum(getattr(self, name) for name in _TRAINER_ITEMS)
+
+    @property
+    def sampler_bytes(self) -> int:
+        return sum(getattr(self, name) for name in _SAMPLER_ITEMS)
+
+    @property
+    def total(self) -> int:
+        """Bytes one memory must hold: both sides when shared, else the larger side."""
+        if self.shared_device:
+            return self.runtime + self.trainer_bytes + self.sampler_bytes
+        return self.runtime + max(self.trainer_bytes, self.sampler_bytes)
+
+    def items(self) -> list[tuple[str, int]]:
+        """(name, bytes) of every item, in field order."""
+        return [(name, getattr(self, name)) for name in _LABELS]
+
+    def largest(self, n: int = 2) -> list[tuple[str, int]]:
+        """The n largest items (runtime excluded: no knob shrinks it)."""
+        items = [(k, v) for k, v in self.items() if k != "runtime" and v > 0]
+        return sorted(items, key=lambda kv: -kv[1])[:n]
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{_LABELS[name]} {value / GiB:.2f}"
+                          for name, value in self.items() if value)
+        where = "" if self.shared_device else ", larger of trainer / sampler memory"
+        return f"memory estimate: {self.total / GiB:.1f} GiB ({parts}{where})"
+
+
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
+def _blocked_score_elements(T: int, block: int) -> int:
+    """Query x key pairs the trainer's attention scores cover per row and head.
+
+    Mirrors trainer.blocked_causal_attention: ceil(T / block) query blocks (at most 16) of
+    ceil(T / blocks) rows, block [a, b) scoring keys [0, b); block 0 is the plain T x T mask."""
+    if block <= 0:
+        return T * T
+    num = min(max(1, math.ceil(T / block)), 16)
+    size = math.ceil(T / num)
+    return sum((min(a + size, T) - a) * min(a + size, T) for a in range(0, T, size))
+
+
+def layer_internals_bytes(model_cfg: ModelConfig, rows: int, T: int, block: int) -> int:
+    """What one layer keeps for its backward over [rows, T] tokens (see the constants above)."""
+    m = model_cfg
+    c = _itemsize(m.compute_dtype)
+    per_token = (_LAYER_E * m.hidden_size + _LAYER_HD * m.num_heads * m.head_dim
+                 + _LAYER_KD * m.num_kv_heads * m.head_dim + _LAYER_F * m.intermediate_size)
+    scores = _SCORE_COPIES * rows * m.num_heads * _blocked_score_elements(T, block) * F32
+    return rows * T * per_token * c + scores
+
+
+def head_working_bytes(model_cfg: ModelConfig, tokens: int, loss_cfg) -> int:
+    """The LM head's working set in the loss (rl/logprobs.py): f32 logit chunks and f32 dW."""
+    V, E = model_cfg.vocab_size, model_cfg.hidden_size
+    if loss_cfg.fused:  # token chunks over the whole vocabulary
+        chunk = min(loss_cfg.token_chunk, tokens) * V
+    else:               # vocabulary chunks over every token
+        chunk = tokens * min(loss_cfg.vocab_chunk, V)
+    head_f32 = 0 if model_cfg.param_dtype == "float32" else E * V * F32  # the f32 view of W
+    return _LOGIT_COPIES * chunk * F32 + E * V * F32 + head_f32
+
+
+def _sampler_kv_pool(cfg, model_cfg: ModelConfig) -> tuple[pg.PoolSize, int]:
+    """(the pool Sampler builds for cfg.sampler on one data shard, cache itemsize)."""
+    s = cfg.sampler
+    itemsize = _itemsize(s.cache_dtype or model_cfg.compute_dtype)
+    num_pages = s.num_pages
+    if num_pages is None and s.kv_memory_bytes is None:
+        # As Sampler.__init__: every slot gets room for max_seq_len, plus the null page.
+        num_pages = s.num_slots * pg.max_pages_per_slot(s.max_seq_len, s.page_size) + 1
+    pool = pg.size_pool(
+        num_layers=model_cfg.num_layers, num_kv_heads=model_cfg.num_kv_heads,
+        head_dim=model_cfg.head_dim, itemsize=itemsize, page_size=s.page_size,
+        max_seq_len=s.max_seq_len, num_pages=num_pages,
+        memory_bytes=None if num_pages is not None else s.kv_memory_bytes)
+    return pool, itemsize
+
+
+def _uses_staged(attention: str) -> bool:
+    """Whether decode attention resolves to "staged" (engine.py: "auto" is staged off GPUs)."""
+    if attention == "staged":
+        return True
+    if attention != "auto":
+        return False
+    import jax
+    from pipelinerl_jax.kernels.paged_attention import triton_available
+    return not (jax.default_backend() == "gpu" and triton_available())
+
+
+def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> MemoryEstimate:
+    """Peak memory of the run `cfg` (a RunConfig) for the model `model_cfg`, by item.
+
+    shared_device: the sampler and the trainer share one memory (one device, or CPU devices
+    of one host); False counts the larger of the two sides only (they sit on separate
+    accelerators). Remat is read from model_cfg.remat."""
+    m = model_cfg
+    p_size, c_size = _itemsize(m.param_dtype), _itemsize(m.compute_dtype)
+    count = m.num_params()
+    params = count * p_size
+    reference = params if cfg.trainer.loss.uses_reference else 0
+    optimizer = 2 * count * F32 + reference
+    micro = cfg.trainer.micro_batches
+    gradients = (2 if micro > 1 else 1) * count * F32
+
+    # decode_params: embedding and layers in compute dtype, final norm as is, f32 [V, E] head
+    # (an untied lm_head is only ever there as that f32 head).
+    V, E = m.vocab_size, m.hidden_size
+    untied_head = 0 if m.tie_word_embeddings else E * V
+    decode_copy = (count - untied_head - E) * c_size + E * p_size + V * E * F32
+    sampler_params = 2 * decode_copy
+
+    pool, cache_size = _sampler_kv_pool(cfg, m)
+    s = cfg.sampler
+    window = pg.max_pages_per_slot(s.max_seq_len, s.page_size) * s.page_size
+    stage_per_layer = 2 * s.num_slots * window * m.num_kv_heads * m.head_dim * cache_size
+    if _uses_staged(s.attention):
+        decode_stage = m.num_layers * stage_per_layer
+    elif s.attention == "gather":  # one layer's window gathered at a time
+        decode_stage = stage_per_layer
+    else:                          # the paged kernel reads the pages in place
+        decode_stage = 0
+
+    rows, T = cfg.batch.num_rows // micro, cfg.batch.seq_len
+    layer = layer_internals_bytes(m, rows, T, cfg.trainer.attention_block)
+    if m.remat:
+        # Saved: each layer's input [rows, T, E]; the backward recomputes one layer at a time.
+        saved = m.num_layers * rows * T * E * c_size + layer
+    else:
+        # Saved: every layer's internals; plus the cotangents of the layer being differentiated.
+        saved = (m.num_layers + 1) * layer
+    activations = saved + head_working_bytes(m, rows * T, cfg.trainer.loss)
+
+    return MemoryEstimate(params=params, optimizer=optimizer, gradients=gradients,
+                          sampler_params=sampler_params, kv_pool=pool.total_bytes,
+                          decode_stage=decode_stage, activations=activations,
+                          runtime=RUNTIME_BYTES, remat=m.remat, shared_device=shared_device)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def available_bytes(*, meminfo: str = "/proc/meminfo",
+                    cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process can still get: MemAvailable, or the cgroup's headroom if smaller.
+
+    The cgroup (v2 memory.max / memory.current, else v1 memory.limit_in_bytes / usage_in_bytes)
+    matters in containers, where MemAvailable describes the whole host. None where neither is
+    known (not Linux)."""
+    found = []
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)  # reported in kB (KiB)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes",
+                                    "memory/memory.usage_in_bytes")):
+        limit = _read_int(os.path.join(cgroup, limit_file))
+        # v1 reports "no limit" as a huge number (close to 2**63): ignore anything that large.
+        if limit is None or limit >= 2**60:
+            continue
+        usage = _read_int(os.path.join(cgroup, usage_file)) or 0
+        found.append(max(limit - usage, 0))
+        break
+    return min(found) if found else None
+
+
+# Item -> the knobs that shrink it, as the refusal lists them.
+_KNOBS = {
+    "activations": ("raise trainer.micro_batches", "lower batch.num_rows or batch.seq_len"),
+    "gradients": ("set model.param_dtype='bfloat16' or use a smaller model",),
+    "optimizer": ("set model.param_dtype='bfloat16' or use a smaller model",),
+    "params": ("set model.param_dtype='bfloat16' or use a smaller model",),
+    "sampler_params": ("set model.compute_dtype='bfloat16'",),
+    "kv_pool": ("lower sampler.num_slots or sampler.max_seq_len (or set sampler.num_pages)",),
+    "decode_stage": ("set sampler.attention='paged'", "lower sampler.num_slots"),
+}
+
+
+def check_fits(est: MemoryEstimate, available: int | None, *, slack: float = 0.9) -> None:
+    """Raises a one-line ConfigError when est.total exceeds `slack` of `available` bytes.
+
+    The message names the estimate, what is available, the two largest items and the knobs
+    that shrink them. `available` None (unknown) passes."""
+    if available is None or est.total <= slack * available:
+        return
+    largest = est.largest(2)
+    described = []
+    for name, value in largest:
+        text = f"{_LABELS[name]} {value / GiB:.1f} GiB"
+        if name == "activations" and not est.remat:
+            text += " without remat"
+        described.append(text)
+    knobs = []
+    if any(name == "activations" for name, _ in largest) and not est.remat:
+        knobs.append("set model.remat=True")
+    for name, _ in largest:
+        knobs.extend(k for k in _KNOBS.get(name, ()) if k not in knobs)
+    raise ConfigError(
+        f"memory estimate {est.total / GiB:.1f} GiB exceeds {slack:.0%} of the "
+        f"{available / GiB:.1f} GiB available ({', '.join(described)}): {'; '.join(knobs)}")
