@@ -104,7 +104,17 @@ def format_train_line(r: dict) -> str:
     return (f"step {r.get('step', 0):5d}  t={r['time']:7.1f}s  reward {g('reward/mean')}  "
                     f"loss {g('loss', '{:+.4f}')}  ent {g('entropy')}  ess {g('ess')}  "
                     f"lag mean {g('lag/token_mean', '{:.2f}')} max {g('lag/token_max', '{}')}  "
-                    f"mixed {g('seq/mixed_version_frac', '{:.2f}')}  samples/s {g('samples_per_s', '{:.1f}')}")
+                    f"mixed {g('seq/mixed_version_frac', '{:.2f}')}  samples/s {g('samples_per_s', '{:.1f}')}"
+            + _answers(r) + (f"  compiles {r['compile/count']}" if r.get("compile/count") else ""))
+
+
+def _answers(r: dict) -> str:
+    """'  correct 0.12 answered 0.40' when answer statuses were counted (answered: a parsed
+    final answer, right or wrong), so a reward of 0 says whether answers are wrong or absent."""
+    if "status/correct" not in r:
+        return ""
+    answered = r["status/correct"] + r.get("status/wrong", 0.0)
+    return f"  correct {r['status/correct']:.2f} answered {answered:.2f}"
 
 
 def _jsonable(obj):

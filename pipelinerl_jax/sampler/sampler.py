@@ -370,7 +370,10 @@ class Sampler:
         sched = self.scheduler
         by_shard = [[c for c in copies if c[0] // sched.pages_per_shard == d]
                     for d in range(sched.num_shards)]
-        per_shard = _pow2_at_least(max(len(lst) for lst in by_shard))
+        # One shape for every boundary (padded with null -> null copies): a copy is cheap, a
+        # compile per new count is not, and at most one copy per slot is ever needed.
+        per_shard = max(sched.num_slots // sched.num_shards,
+                        max(len(lst) for lst in by_shard))
         src = np.zeros(per_shard * sched.num_shards, np.int32)
         dst = np.zeros_like(src)
         for d, lst in enumerate(by_shard):
