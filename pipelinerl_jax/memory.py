@@ -266,7 +266,7 @@ def available_bytes(*, meminfo: str = "/proc/meminfo",
                     found.append(int(line.split()[1]) * 1024)  # reported in kB (KiB)
                     break
     except (OSError, ValueError, IndexError):
-        pass
+        found = []  # no readable /proc/meminfo: only a cgroup limit, if any, says what is free
     for limit_file, usage_file in (("memory.max", "memory.current"),
                                    ("memory/memory.limit_in_bytes",
                                     "memory/memory.usage_in_bytes")):
