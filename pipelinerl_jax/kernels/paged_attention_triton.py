@@ -9,7 +9,7 @@ Dimension letters:
   D head dim              P pages in pool           S tokens per page     M pages per sequence
   N cache tokens per loop step (BLOCK_N)            GP = G padded for tl.dot (>= 16, power of 2)
 
-Design (see shared/TRITON_ON_CPU.md for the measurements behind it):
+Design (docs/triton_kernel.md has the measurements behind it):
 - One program per (sequence, kv head). The G query heads sharing that kv head form one [GP, D]
   tile, so every K/V page is read once per group and the scores go through tl.dot.
 - Online softmax in base 2 (scale * log2(e) folded into the scores), f32 accumulators.

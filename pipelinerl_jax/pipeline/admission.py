@@ -12,7 +12,7 @@ so its worst lag is (the step that trains it) − v. Two rules bound it by `max_
     most max_lag.
 
 Training in start order is also what keeps batches unbiased: training whatever finishes first
-favours short answers (a known failure of drop-the-oldest buffers, see REFERENCE.md §4).
+favours short answers (a known failure of drop-the-oldest buffers, see docs/paper_facts.md).
 
 Conventional RL uses the same machinery with rounds of R steps: a round's R·g groups start
 with one frozen version (R·k), the publisher only hands the sampler round versions, and the

@@ -4,7 +4,7 @@
 step compiles once, and chooses advantages and token weights. `LossConfig` picks the objective
 and its switches. Both validate themselves at construction: a bad value is a one-line
 `ConfigError` naming the field and how to fix it, raised before any sequence is generated.
-Defaults are the PipelineRL paper's runs (REFERENCE.md section 2).
+Defaults are the PipelineRL paper's runs (docs/paper_facts.md).
 """
 
 from __future__ import annotations
