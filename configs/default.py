@@ -53,6 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.task_options = dict(min_digits=2, max_digits=5)  # 1-digit answers make a trap
     c.data.datasets = []
     c.data.prompt_template = "plain"
+    c.data.system_prompt = ml_collections.config_dict.placeholder(str)  # None: the paper's
     c.data.shuffle_seed = 0
 
     c.generation = ml_collections.ConfigDict()
@@ -76,6 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward = ml_collections.ConfigDict()
     c.reward.fn = "task"
     c.reward.table = "pure_success"
+    c.reward.table_options = {}    # coefficient overrides, e.g. {"format_weight": 0.3}
     c.reward.workers = 0           # the task reward is cheap: score in the sampler thread
 
     c.trainer = ml_collections.ConfigDict()

@@ -38,6 +38,12 @@ def get_config():
     c.data.task = "word_problems"
     c.data.task_options = dict(difficulty=1)
     c.data.prompt_template = "chat"
+    # The paper's system prompt gets 0 of 40 greedy answers and 1 of 80 sampled ones into
+    # \boxed{} (the model ends with "#### N" or "The answer is N"); an example in the prompt
+    # gets 7 of 80 sampled (README: a real model), enough for the format bonus to find.
+    c.data.system_prompt = ("Solve the math problem step by step. At the end, write the final "
+                            "answer as a number inside \\boxed{}, for example: The answer is "
+                            "\\boxed{42}.")
 
     c.generation.max_prompt_tokens = 96
     c.generation.max_new_tokens = 192
@@ -53,6 +59,7 @@ def get_config():
 
     c.reward.fn = "math"
     c.reward.table = "success_and_format"
+    c.reward.table_options = dict(format_weight=0.3)  # a boxed answer pays before a right one
     c.reward.workers = 2
 
     c.trainer.learning_rate = 1e-5

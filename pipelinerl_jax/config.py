@@ -37,6 +37,8 @@ class DataSpec:
     task_options: tuple = ()          # sorted (name, value) items for make_task
     datasets: tuple = ()              # data.datasets.DatasetSpec
     prompt_template: str = "chat"     # "chat" | "plain" (dataset prompts only)
+    system_prompt: str | None = None  # None: the paper's ("Please reason step by step, ...");
+                                      #   "": no system message
     shuffle_seed: int = 0
 
 
@@ -44,6 +46,8 @@ class DataSpec:
 class RewardSpec:
     fn: str = "task"                  # "task", "math" or "module.path:callable"
     table: str = "pure_success"       # rewards.tables name
+    table_options: tuple = ()         # sorted (name, value) coefficient overrides of the table,
+                                      #   e.g. {"format_weight": 0.3}
     workers: int = 0                  # 0: score in the sampler thread (cheap rewards only)
     timeout_s: float = 5.0
 
@@ -209,7 +213,11 @@ def from_config_dict(cfg) -> RunConfig:
         raise ConfigError(f"config.devices.sampler={dev.sampler} must be > 0 (a count or a "
                           f"fraction), devices.trainer_tp={dev.trainer_tp} and "
                           f"devices.sampler_tp={dev.sampler_tp} >= 1")
-    reward = _build(RewardSpec, _section(cfg, "reward"), "reward")
+    reward_values = _section(cfg, "reward")
+    table_options = reward_values.pop("table_options", {}) or {}
+    reward = _build(RewardSpec, reward_values, "reward", table_options=_items(table_options))
+    from pipelinerl_jax.rewards.tables import get_reward_table
+    get_reward_table(reward.table, **table_options)  # one-line error for a bad name/option
     eval_values = _section(cfg, "eval")
     eval_datasets = _dataset_specs(eval_values.pop("datasets", ()) or ())
     eval_spec = _build(EvalSpec, eval_values, "eval", datasets=eval_datasets)

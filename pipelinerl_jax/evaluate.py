@@ -147,7 +147,9 @@ def _prompt_config(fv, task, run_config):
     if fv.chat is not None:
         template = "chat" if fv.chat else "plain"
     else:
-        template = ((run_config or {}).get("data") or {}).get("prompt_template", "plain")
+        text = task is not None  # a text task trains with the chat prompt by default
+        template = ((run_config or {}).get("data") or {}).get("prompt_template",
+                                                                "chat" if text else "plain")
     return PromptConfig(template=template, system_prompt=fv.system_prompt or None)
 
 

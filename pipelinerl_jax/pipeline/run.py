@@ -92,7 +92,7 @@ def build_data(cfg):
     else:
         source = [p for spec in data.datasets for p in load_dataset(spec).problems]
     tokenizer = model_tokenizer(cfg, "data.task" if data.task else "data.datasets")
-    return tokenizer, source, prompt_encoder(tokenizer, data.prompt_template)
+    return tokenizer, source, prompt_encoder(tokenizer, prompt_config(data))
 
 
 def model_tokenizer(cfg, what: str):
@@ -104,9 +104,15 @@ def model_tokenizer(cfg, what: str):
     return Tokenizer.from_dir(cfg.model.hf_dir)
 
 
-def prompt_encoder(tokenizer, template: str):
+def prompt_config(data) -> PromptConfig:
+    """The data section's template and system prompt (None: the paper's)."""
+    if data.system_prompt is None:
+        return PromptConfig(template=data.prompt_template)
+    return PromptConfig(template=data.prompt_template, system_prompt=data.system_prompt)
+
+
+def prompt_encoder(tokenizer, prompt_cfg: PromptConfig):
     """problem -> prompt token ids through the chat (or plain) template."""
-    prompt_cfg = PromptConfig(template=template)
 
     def encode(problem):
         text = build_prompt(problem.question, tokenizer, prompt_cfg)
@@ -207,12 +213,12 @@ def build_evaluator(cfg, c: Components, reward_pool):
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     if cfg.eval.datasets:
         problems = [p for spec in cfg.eval.datasets for p in load_dataset(spec).problems]
-        prompt_cfg = PromptConfig(template=cfg.data.prompt_template)
+        prompt_cfg = prompt_config(cfg.data)
     else:
         problems = held_out_problems(cfg.data.task, dict(cfg.data.task_options),
                                      cfg.eval.num_problems)
         text = make_task(cfg.data.task, **dict(cfg.data.task_options)).text_task
-        prompt_cfg = (PromptConfig(template=cfg.data.prompt_template) if text
+        prompt_cfg = (prompt_config(cfg.data) if text
                       else PromptConfig(template="plain", system_prompt=None))
     problems = problems[:cfg.eval.num_problems]
     graphdef = c.sampler.engine.graphdef
@@ -254,7 +260,7 @@ def _run(cfg, workdir, devices, components, echo, watch) -> dict:
     if workdir and cfg.checkpoint_every:
         ckpt = RunCheckpointer(workdir, keep=cfg.checkpoint_keep,
                                model_config=llama.config_of(c.sampler.engine.graphdef))
-    table = get_reward_table(cfg.reward.table)
+    table = get_reward_table(cfg.reward.table, **dict(cfg.reward.table_options))
     stop_ids = tuple(getattr(c.tokenizer, "eos_token_ids", ()))
     detok = lambda ids: completion_text(c.tokenizer, ids, stop_ids)
     shared = " (shared)" if len(jax.devices()) == 1 else ""

@@ -1,0 +1,49 @@
+"""Config fields that reach the run: model.remat, data.system_prompt, reward.table_options,
+compile_cache; bad values are one-line ConfigErrors before anything is built."""
+
+import pytest
+
+from configs import default as default_config
+from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, build_messages
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import run as run_lib
+
+
+def _cfg(**overrides):
+    c = default_config.get_config()
+    for key, value in overrides.items():
+        node = c
+        *path, last = key.split(".")
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return config_lib.from_config_dict(c)
+
+
+def test_remat_reaches_the_model_config():
+    assert run_lib.model_config(_cfg(**{"model.remat": True})).remat is True
+    assert run_lib.model_config(_cfg()).remat is False
+
+
+def test_system_prompt_default_custom_and_none():
+    default = run_lib.prompt_config(_cfg().data)
+    assert default.system_prompt == DEFAULT_SYSTEM_PROMPT
+    custom = run_lib.prompt_config(_cfg(**{"data.system_prompt": "Box it."}).data)
+    assert build_messages("2+2?", custom)[0] == {"role": "system", "content": "Box it."}
+    none = run_lib.prompt_config(_cfg(**{"data.system_prompt": ""}).data)
+    assert [m["role"] for m in build_messages("2+2?", none)] == ["user"]
+
+
+def test_reward_table_options_override_and_reject_unknown():
+    cfg = _cfg(**{"reward.table": "success_and_format",
+                  "reward.table_options": {"format_weight": 0.3}})
+    assert dict(cfg.reward.table_options) == {"format_weight": 0.3}
+    with pytest.raises(ConfigError, match="unknown option") as e:
+        _cfg(**{"reward.table_options": {"format_wieght": 0.3}})
+    assert "\n" not in str(e.value)
+
+
+def test_compile_cache_field():
+    assert _cfg().compile_cache == "auto"
+    assert _cfg(compile_cache="").compile_cache == ""
