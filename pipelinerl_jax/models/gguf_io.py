@@ -327,20 +327,6 @@ def _check_layout(named: list[tuple[str, object]], cfg: ModelConfig) -> None:
                               f"metadata implies {expected[name]}; the file is inconsistent")
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Moves the finished `tmp` to `out`, replacing an existing `out` only at this point."""
-    for path in tmp.iterdir():
-        os.chmod(path, 0o644)  # safetensors and mkdtemp create owner-only files
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        os.replace(out, old / out.name)
-        os.replace(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)
-    os.chmod(out, 0o755)
-
-
 def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32",
             max_shard_bytes: int = 4 * 2**30) -> dict:
     """Writes the GGUF model as a Hugging Face directory at `out_dir`; returns what it did."""
@@ -385,7 +371,7 @@ def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
         source = {"gguf": gguf_path.name, "bytes": gguf_path.stat().st_size, "dtype": dtype,
                   "architecture": arch}
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
-        _replace_dir(tmp, out_dir)
+        hf_io.replace_dir(tmp, out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -312,14 +312,22 @@ def save_hf(model_dir: str | os.PathLike, cfg: ModelConfig, params, *,
             for fname in TOKENIZER_FILES:
                 if (tokenizer_dir / fname).exists():
                     shutil.copyfile(tokenizer_dir / fname, tmp / fname)
-        if model_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.old.", dir=model_dir.parent))
-            os.replace(model_dir, old / model_dir.name)
-            os.replace(tmp, model_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, model_dir)
-        os.chmod(model_dir, 0o755)
+        replace_dir(tmp, model_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Moves a finished directory `tmp` to `out`; an existing `out` is replaced only at this
+    point, so a failure before it leaves the old directory whole."""
+    for path in tmp.iterdir():
+        os.chmod(path, 0o644)  # safetensors and mkdtemp create owner-only files
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        os.replace(out, old / out.name)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+    os.chmod(out, 0o755)
