@@ -106,6 +106,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.k = 1
     c.eval.greedy = True
     c.eval.datasets = []           # held-out files when training on data.datasets
+    c.eval.at_start = False        # also evaluate the starting policy (step 0)
 
     c.devices = ml_collections.ConfigDict()
     c.devices.sampler = 0.5

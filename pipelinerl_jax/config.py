@@ -68,6 +68,7 @@ class EvalSpec:
     k: int = 1                        # attempts per problem (avg@k, pass@k)
     greedy: bool = True               # greedy decoding; else the run's sampling settings
     datasets: tuple = ()              # data.datasets.DatasetSpec; default: held-out task problems
+    at_start: bool = False            # also evaluate the starting policy (step 0) of a fresh run
 
 
 @dataclasses.dataclass(frozen=True)

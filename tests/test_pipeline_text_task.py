@@ -1,6 +1,7 @@
 """A text task end to end: word problems through a model's own tokenizer and chat template,
 math-verify rewards in worker processes, answer statuses per step, samples.jsonl, the
-zero-reward warning, held-out evaluation on the test split, and compile counts that reach 0.
+zero-reward warning, held-out evaluation (of the starting policy too), and compile counts that
+reach 0.
 
 The model is a tiny random Llama with a byte-level BPE tokenizer (no merges: every byte is a
 token, so any question encodes) written inside the test; it never answers in \\boxed{}, which
@@ -52,6 +53,7 @@ def test_word_problems_run_explains_its_zero_reward(model_dir, tmp_path):
     c.steps, c.group_size, c.batch_size, c.max_lag, c.log_every = 5, 2, 4, 1, 1
     c.eval_every, c.checkpoint_every = 5, 0
     c.eval.num_problems = 2
+    c.eval.at_start = True
     c.model.hf_dir, c.model.init = str(model_dir), {}
     c.data.task, c.data.task_options = "word_problems", dict(difficulty=1)
     c.data.prompt_template = "chat"
@@ -86,7 +88,8 @@ def test_word_problems_run_explains_its_zero_reward(model_dir, tmp_path):
 
     # Held-out evaluation draws from the test split.
     evals = [r for r in records if r["kind"] == "eval"]
-    assert [r["step"] for r in evals] == [5]
+    assert [r["step"] for r in evals] == [0, 5]      # the starting policy, then the end
+    assert any(x.startswith("eval at step 0:") and x.endswith("answered 0.00") for x in lines)
 
     # Compilations happen while warming up, none in the last steps.
     assert train[0]["compile/count"] > 0

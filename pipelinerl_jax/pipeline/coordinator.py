@@ -204,6 +204,8 @@ class Coordinator:
 
     def _trainer_loop(self) -> None:
         previous = None  # (step, device metrics, host record) of the last dispatched step
+        if self.evaluator is not None and self.step == 0 and self.cfg.eval.at_start:
+            self._evaluate()  # the starting policy: what the run's curve starts from
         while self.step < self.cfg.steps and not self.stop.is_set():
             t0 = time.perf_counter()
             adm = self.admission
@@ -256,7 +258,7 @@ class Coordinator:
         self.writer.write("eval", record)
         self.writer.echo(f"eval at step {self.step}: avg@{result['k']} {result['avg@k']:.3f} "
                          f"pass@{result['k']} {result['pass@k']:.3f} "
-                         f"({result['num_problems']} held-out problems)")
+                         f"({result['num_problems']} held-out problems)" + _answered(result))
 
     def snapshot(self) -> dict:
         """JSON-able bookkeeping for a checkpoint taken after the current step: the data
@@ -320,3 +322,10 @@ class Coordinator:
             if np.ndim(value) == 0 and not key.startswith("lag/"):
                 record.setdefault(key, float(value))
         self.writer.write("train", record)
+
+
+def _answered(result: dict) -> str:
+    """', answered 0.40' (a parsed final answer, right or wrong) when statuses were counted."""
+    status = result.get("status")
+    n = sum(status.values()) if status else 0
+    return f", answered {(status['correct'] + status['wrong']) / n:.2f}" if n else ""

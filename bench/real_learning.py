@@ -1,0 +1,123 @@
+"""Does the real model learn? SmolLM2-135M-Instruct on word problems (configs/smollm2_math.py).
+
+    make real-model                                    # once
+    python bench/real_learning.py                      # seeds 0-2, 24 steps each (~30 min each)
+    python bench/real_learning.py --seeds=0 --steps=12
+    python bench/real_learning.py --from_workdir=runs/learn0 --seeds=0   # summarise a run
+
+Each seed runs `launch.py --config=configs/smollm2_math.py --config.seed=S` in its own process
+(one at a time: the two cores are the whole machine), with held-out greedy evaluation of the
+starting policy (step 0), halfway and at the end. Reported per seed: held-out accuracy
+(math-verify on the last \\boxed{}) and boxed rate (a parsed boxed answer, right or wrong)
+before and after, their gains against the goals (+0.10 accuracy, +0.30 boxed rate), the
+sampled reward and answered fraction per step, wall time and steady seconds per step. Writes
+bench/results/real_learning.json and real_learning.png (curves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GOALS = {"accuracy": 0.10, "boxed": 0.30}
+
+
+def boxed_rate(record: dict) -> float:
+    """Parsed boxed answers (correct or wrong) / attempts, from an eval record's statuses."""
+    status = record["status"]
+    return (status["correct"] + status["wrong"]) / max(1, sum(status.values()))
+
+
+def summarise(workdir: Path) -> dict:
+    records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    if not evals:
+        raise SystemExit(f"{workdir}: no eval records; was eval.at_start / eval_every set?")
+    first, last = evals[0], evals[-1]
+    out = {
+        "workdir": str(workdir), "steps": len(train),
+        "eval": [{"step": r["step"], "accuracy": r["avg@k"], "boxed": boxed_rate(r)}
+                 for r in evals],
+        "accuracy_before": first["avg@k"], "accuracy_after": last["avg@k"],
+        "boxed_before": boxed_rate(first), "boxed_after": boxed_rate(last),
+        "train": [{"step": r["step"], "time": r["time"], "reward": r["reward/mean"],
+                   "answered": r.get("status/correct", 0) + r.get("status/wrong", 0),
+                   "train_s": r.get("time/train_s")} for r in train],
+    }
+    out["accuracy_gain"] = out["accuracy_after"] - out["accuracy_before"]
+    out["boxed_gain"] = out["boxed_after"] - out["boxed_before"]
+    times = [r["time"] for r in train]
+    out["steady_s_per_step"] = ((times[-1] - times[len(times) // 2])
+                                / max(1, len(times) - 1 - len(times) // 2))
+    out["meets_goals"] = (out["accuracy_gain"] >= GOALS["accuracy"]
+                          and out["boxed_gain"] >= GOALS["boxed"])
+    return out
+
+
+def run_seed(seed: int, steps: int, root: Path) -> Path:
+    workdir = root / f"seed_{seed}"
+    cmd = [sys.executable, str(ROOT / "launch.py"), "--config=configs/smollm2_math.py",
+           f"--workdir={workdir}", f"--config.seed={seed}", f"--config.steps={steps}",
+           f"--config.eval_every={max(1, steps // 2)}", "--config.checkpoint_every=0"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    print(f"seed {seed}: {time.perf_counter() - t0:.0f} s")
+    return workdir
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for r in results:
+        steps = [t["step"] for t in r["train"]]
+        ax1.plot(steps, [t["reward"] for t in r["train"]], label=f"reward, {r['workdir']}")
+        ax1.plot(steps, [t["answered"] for t in r["train"]], "--", label="answered (sampled)")
+        ev = r["eval"]
+        ax2.plot([e["step"] for e in ev], [e["accuracy"] for e in ev], "o-", label="accuracy")
+        ax2.plot([e["step"] for e in ev], [e["boxed"] for e in ev], "s--", label="boxed rate")
+    ax1.set(xlabel="optimizer step", title="sampled (T=1)")
+    ax2.set(xlabel="optimizer step", title="held-out, greedy", ylim=(0, 1))
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--root", default=str(ROOT / "runs" / "real_learning"))
+    p.add_argument("--from_workdir", default=None, help="summarise this finished run instead")
+    args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.from_workdir:
+        workdirs = [Path(args.from_workdir)]
+    else:
+        common.warn_if_busy()
+        workdirs = [run_seed(s, args.steps, Path(args.root)) for s in seeds]
+    results = [summarise(w) for w in workdirs]
+    for r in results:
+        print(f"{r['workdir']}: accuracy {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f}"
+              f" ({r['accuracy_gain']:+.3f}), boxed {r['boxed_before']:.3f} -> "
+              f"{r['boxed_after']:.3f} ({r['boxed_gain']:+.3f}), {r['steps']} steps, "
+              f"{r['steady_s_per_step']:.0f} s/step steady")
+    common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    plot(results, common.RESULTS_DIR / "real_learning.png")
+    common.write_result("real_learning", {"goals": GOALS, "seeds": seeds, "runs": results})
+
+
+if __name__ == "__main__":
+    main()
