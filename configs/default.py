@@ -54,6 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.datasets = []
     c.data.prompt_template = "plain"
     c.data.system_prompt = ml_collections.config_dict.placeholder(str)  # None: the paper's
+    c.data.few_shot = []            # [dict(question=..., answer=...)]: shown before each question
     c.data.shuffle_seed = 0
 
     c.generation = ml_collections.ConfigDict()

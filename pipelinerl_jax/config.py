@@ -39,6 +39,8 @@ class DataSpec:
     prompt_template: str = "chat"     # "chat" | "plain" (dataset prompts only)
     system_prompt: str | None = None  # None: the paper's ("Please reason step by step, ...");
                                       #   "": no system message
+    few_shot: tuple = ()              # ((question, answer), ...): worked examples shown before
+                                      #   each question (chat: earlier turns)
     shuffle_seed: int = 0
 
 
@@ -160,8 +162,9 @@ def from_config_dict(cfg) -> RunConfig:
     data = _section(cfg, "data")
     task_options = data.pop("task_options", {}) or {}
     datasets = tuple(data.pop("datasets", ()) or ())
+    few_shot = _few_shot(data.pop("few_shot", ()) or ())
     data_spec = _build(DataSpec, data, "data", task_options=_items(task_options),
-                       datasets=_dataset_specs(datasets))
+                       datasets=_dataset_specs(datasets), few_shot=few_shot)
     if not data_spec.task and not data_spec.datasets:
         raise ConfigError("config.data: set data.task to a built-in task or data.datasets to "
                           "dataset files")
@@ -242,6 +245,20 @@ def from_config_dict(cfg) -> RunConfig:
         checkpoint_every=int(top.get("checkpoint_every", 0)),
         checkpoint_keep=int(top.get("checkpoint_keep", 3)),
         compile_cache=str(top.get("compile_cache", "auto") or ""))
+
+
+def _few_shot(items) -> tuple:
+    """[{question, answer}, ...] (or [(question, answer), ...]) -> ((question, answer), ...)."""
+    pairs = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and set(item) == {"question", "answer"}:
+            item = (item["question"], item["answer"])
+        if (not isinstance(item, (tuple, list)) or len(item) != 2
+                or not all(isinstance(x, str) and x.strip() for x in item)):
+            raise ConfigError(f"config.data.few_shot[{i}] must be dict(question=..., answer=...) "
+                              f"with non-empty strings, got {item!r}")
+        pairs.append(tuple(item))
+    return tuple(pairs)
 
 
 def _dataset_specs(items) -> tuple:

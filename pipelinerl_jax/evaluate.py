@@ -150,7 +150,16 @@ def _prompt_config(fv, task, run_config):
         text = task is not None  # a text task trains with the chat prompt by default
         template = ((run_config or {}).get("data") or {}).get("prompt_template",
                                                                 "chat" if text else "plain")
-    return PromptConfig(template=template, system_prompt=fv.system_prompt or None)
+    # A run's checkpoint is evaluated with the run's own system prompt and examples, unless
+    # --system_prompt says otherwise (the flag's default is the paper's prompt).
+    data = (run_config or {}).get("data") or {}
+    system_prompt = fv.system_prompt
+    if run_config is not None and not fv["system_prompt"].present:
+        system_prompt = data.get("system_prompt")
+        system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+    few_shot = tuple(tuple(pair) for pair in data.get("few_shot") or ())
+    return PromptConfig(template=template, system_prompt=system_prompt or None,
+                        few_shot=few_shot)
 
 
 def evaluate_cli(fv) -> dict:

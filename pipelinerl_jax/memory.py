@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -240,6 +241,13 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
                           sampler_params=sampler_params, kv_pool=pool.total_bytes,
                           decode_stage=decode_stage, activations=activations,
                           runtime=RUNTIME_BYTES, remat=m.remat, shared_device=shared_device)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set so far (what the kernel's OOM killer would count)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
 
 def _read_int(path: str) -> int | None:

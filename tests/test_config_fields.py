@@ -1,5 +1,5 @@
-"""Config fields that reach the run: model.remat, data.system_prompt, reward.table_options,
-compile_cache; bad values are one-line ConfigErrors before anything is built."""
+"""Config fields that reach the run: model.remat, data.system_prompt, data.few_shot,
+reward.table_options, compile_cache; bad values are one-line ConfigErrors before anything is built."""
 
 import pytest
 
@@ -33,6 +33,20 @@ def test_system_prompt_default_custom_and_none():
     assert build_messages("2+2?", custom)[0] == {"role": "system", "content": "Box it."}
     none = run_lib.prompt_config(_cfg(**{"data.system_prompt": ""}).data)
     assert [m["role"] for m in build_messages("2+2?", none)] == ["user"]
+
+
+def test_few_shot_reaches_the_prompt_and_rejects_bad_items():
+    shot = dict(question="1+2?", answer="The answer is \\boxed{3}.")
+    cfg = _cfg(**{"data.few_shot": [shot]})
+    assert cfg.data.few_shot == (("1+2?", "The answer is \\boxed{3}."),)
+    messages = build_messages("7+1?", run_lib.prompt_config(cfg.data))
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[2]["content"] == shot["answer"]
+    assert config_lib.as_dict(cfg)["data"]["few_shot"] == [["1+2?", shot["answer"]]]
+    for bad in ([dict(question="1+2?")], [dict(question="1+2?", answer="")], ["1+2? 3"]):
+        with pytest.raises(ConfigError, match=r"data.few_shot\[0\]") as e:
+            _cfg(**{"data.few_shot": bad})
+        assert "\n" not in str(e.value)
 
 
 def test_reward_table_options_override_and_reject_unknown():

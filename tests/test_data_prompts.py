@@ -60,6 +60,35 @@ def test_template_without_system_role():
     assert text == f"<turn>{DEFAULT_SYSTEM_PROMPT}\n\nQ</turn><model>"
 
 
+def test_few_shot_chat_turns_come_before_the_question():
+    shots = (("1+2?", "1 + 2 = 3. The answer is \\boxed{3}."), ("5-4?", "\\boxed{1}"))
+    text = build_prompt("7+1?", JinjaTokenizer(CHATML), PromptConfig(few_shot=shots))
+    assert text == (
+        f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n"
+        "<|im_start|>user\n1+2?<|im_end|>\n"
+        "<|im_start|>assistant\n1 + 2 = 3. The answer is \\boxed{3}.<|im_end|>\n"
+        "<|im_start|>user\n5-4?<|im_end|>\n<|im_start|>assistant\n\\boxed{1}<|im_end|>\n"
+        "<|im_start|>user\n7+1?<|im_end|>\n<|im_start|>assistant\n")
+    # The user template dresses the examples' questions too; system_in_user joins the first.
+    cfg = PromptConfig(few_shot=shots[:1], user_template="Q: {question}", system_in_user=True)
+    assert build_messages("7+1?", cfg) == [
+        {"role": "user", "content": f"{DEFAULT_SYSTEM_PROMPT}\n\nQ: 1+2?"},
+        {"role": "assistant", "content": shots[0][1]},
+        {"role": "user", "content": "Q: 7+1?"}]
+
+
+def test_few_shot_plain_blocks():
+    cfg = PromptConfig(template="plain", system_prompt="Sys.", few_shot=(("1+2?", "3"),))
+    assert build_prompt("7+1?", None, cfg) == "Sys.\n\n1+2?\n3\n\n7+1?"
+
+
+@pytest.mark.parametrize("few_shot", [("1+2?", "3"), (("1+2?",),), (("1+2?", " "),),
+                                      (("1+2?", 3),)])
+def test_bad_few_shot(few_shot):
+    with pytest.raises(ConfigError, match="few_shot"):
+        PromptConfig(few_shot=few_shot)
+
+
 def test_plain_templates():
     assert build_prompt("Q", None, PromptConfig(template="plain")) == (
         DEFAULT_SYSTEM_PROMPT + "\n\nQ")

@@ -237,6 +237,34 @@ def test_cli_workdir_task_checkpoint(tmp_path, capsys):
     assert res["score_mean"] == pytest.approx(np.mean(scores))
 
 
+def _flags(*argv):
+    from absl import flags
+    fv = flags.FlagValues()
+    evaluate.define_flags(fv)
+    fv(["evaluate", *argv])
+    return fv
+
+
+def test_a_run_is_evaluated_with_its_own_prompt():
+    """--workdir: the run's system prompt and few-shot examples, unless --system_prompt is
+    given; a Hugging Face directory: the paper's prompt, no examples."""
+    task = make_task("word_problems")
+    run = {"data": {"prompt_template": "chat", "system_prompt": "Box it.",
+                    "few_shot": [["1+2?", "\\boxed{3}"]]}}
+    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems"), task, run)
+    assert (cfg.template, cfg.system_prompt, cfg.few_shot) == (
+        "chat", "Box it.", (("1+2?", "\\boxed{3}"),))
+    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems",
+                                         "--system_prompt=Other."), task, run)
+    assert cfg.system_prompt == "Other." and cfg.few_shot == (("1+2?", "\\boxed{3}"),)
+    papers = {"data": {"prompt_template": "chat", "system_prompt": None}}
+    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems"), task, papers)
+    assert cfg.system_prompt == PromptConfig().system_prompt and cfg.few_shot == ()
+    cfg = evaluate._prompt_config(_flags("--model_dir=m", "--task=word_problems"), task, None)
+    assert (cfg.template, cfg.system_prompt, cfg.few_shot) == (
+        "chat", PromptConfig().system_prompt, ())
+
+
 def test_bad_inputs(model_dir, tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"question": "the cat", "answer": "1"}) + "\n")

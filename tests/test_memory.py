@@ -5,6 +5,7 @@ Nothing is compiled: params are shapes from llama.abstract_init / jax.eval_shape
 """
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -218,3 +219,12 @@ def test_available_bytes_honours_a_smaller_cgroup_limit(tmp_path):
     assert memory.available_bytes(meminfo=str(meminfo), cgroup=str(cgroup)) == GiB * 3 // 2
     assert memory.available_bytes(meminfo=str(tmp_path / "none"),
                                   cgroup=str(tmp_path / "none")) is None
+
+
+def test_peak_rss_counts_a_touched_allocation():
+    """The peak is at least what is resident now (the kernel's high-water mark trails the
+    resident count by a few pages), which includes a freshly written array."""
+    block = np.random.default_rng(0).standard_normal(32 * 2**20 // 8)  # 32 MiB, every page set
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert memory.peak_rss_bytes() >= 0.98 * resident and resident >= block.nbytes

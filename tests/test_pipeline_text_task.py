@@ -94,3 +94,4 @@ def test_word_problems_run_explains_its_zero_reward(model_dir, tmp_path):
     # Compilations happen while warming up, none in the last steps.
     assert train[0]["compile/count"] > 0
     assert [r["compile/count"] for r in train[-2:]] == [0, 0]
+    assert all(r["memory/peak_rss_gib"] > 0.1 for r in train)

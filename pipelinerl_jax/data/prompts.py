@@ -6,6 +6,11 @@ by the tokenizer's own chat template with the generation prompt appended. `plain
 string over {system} and {question}, for base models without a chat template and for the tiny
 task models (whose tokenizer has no roles).
 
+Few-shot examples (`few_shot`: (question, answer) pairs) go before the question: as earlier
+user / assistant turns in `chat`, as "question, newline, answer, blank line" blocks in
+`plain`. A small instruct model follows a shown answer format far more often than a described
+one (README: a real model).
+
 The tokenizer is anything with `apply_chat_template(messages, add_generation_prompt=True,
 tokenize=False)`: a Hugging Face tokenizer, models/tokenizer.py, or tasks.CharTokenizer.
 """
@@ -35,8 +40,14 @@ class PromptConfig:
     user_template: str = "{question}"         # the user message; {question} is the problem
     plain_template: str | None = None         # plain only; default: system, blank line, question
     system_in_user: bool = False              # chat only: for templates without a system role
+    few_shot: tuple = ()                      # ((question, answer), ...) shown before the question
 
     def __post_init__(self):
+        for i, pair in enumerate(self.few_shot):
+            if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+                    or not all(isinstance(x, str) and x.strip() for x in pair)):
+                raise ConfigError(f"prompt few_shot[{i}] must be a (question, answer) pair of "
+                                  f"non-empty strings, got {pair!r}")
         if self.template not in TEMPLATES:
             raise ConfigError(f"unknown prompt template {self.template!r}; use one of "
                               f"{TEMPLATES}")
@@ -52,23 +63,29 @@ class PromptConfig:
 
 
 def build_messages(question: str, config: PromptConfig = PromptConfig()) -> list[dict]:
-    """Chat messages for one question: [system,] user."""
-    user = config.user_template.format(question=question)
+    """Chat messages for one question: [system,] (user, assistant) per example, user."""
+    turns = []
+    for q, a in config.few_shot:
+        turns += [{"role": "user", "content": config.user_template.format(question=q)},
+                  {"role": "assistant", "content": a}]
+    turns.append({"role": "user", "content": config.user_template.format(question=question)})
     if not config.system_prompt:
-        return [{"role": "user", "content": user}]
+        return turns
     if config.system_in_user:
-        return [{"role": "user", "content": f"{config.system_prompt}\n\n{user}"}]
-    return [{"role": "system", "content": config.system_prompt},
-            {"role": "user", "content": user}]
+        first = turns[0]["content"]
+        return [{"role": "user", "content": f"{config.system_prompt}\n\n{first}"}] + turns[1:]
+    return [{"role": "system", "content": config.system_prompt}] + turns
 
 
 def build_prompt(question: str, tokenizer=None, config: PromptConfig = PromptConfig()) -> str:
     """The prompt text for one question (tokenize it with the same tokenizer afterwards)."""
     if config.template == "plain":
         system = config.system_prompt or ""
+        shots = "".join(f"{config.user_template.format(question=q)}\n{a}\n\n"
+                        for q, a in config.few_shot)
         if config.plain_template is not None:
-            return config.plain_template.format(system=system, question=question)
-        user = config.user_template.format(question=question)
+            return config.plain_template.format(system=system, question=shots + question)
+        user = shots + config.user_template.format(question=question)
         return f"{system}\n\n{user}" if system else user
     if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
         raise ConfigError("prompt template 'chat' needs a tokenizer with apply_chat_template; "

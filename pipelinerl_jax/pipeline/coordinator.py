@@ -24,6 +24,7 @@ import traceback
 import jax
 import numpy as np
 
+from pipelinerl_jax import memory
 from pipelinerl_jax import metrics as metrics_lib
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
 from pipelinerl_jax.rl.batch import build_batch
@@ -309,6 +310,7 @@ class Coordinator:
             **{f"batch/{k}": v for k, v in host_stats.items() if np.isscalar(v)},
             **metrics_lib.lag_stats(versions, step, sequence_ids=seq),
         }
+        record["memory/peak_rss_gib"] = memory.peak_rss_bytes() / 2**30
         if self.compile_watch is not None:
             record["compile/count"], record["compile/seconds"] = self.compile_watch.take()
         if self.diagnostics is not None:

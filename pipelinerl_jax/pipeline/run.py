@@ -105,10 +105,12 @@ def model_tokenizer(cfg, what: str):
 
 
 def prompt_config(data) -> PromptConfig:
-    """The data section's template and system prompt (None: the paper's)."""
+    """The data section's template, system prompt (None: the paper's) and few-shot examples."""
+    few_shot = tuple(tuple(pair) for pair in data.few_shot)
     if data.system_prompt is None:
-        return PromptConfig(template=data.prompt_template)
-    return PromptConfig(template=data.prompt_template, system_prompt=data.system_prompt)
+        return PromptConfig(template=data.prompt_template, few_shot=few_shot)
+    return PromptConfig(template=data.prompt_template, system_prompt=data.system_prompt,
+                        few_shot=few_shot)
 
 
 def prompt_encoder(tokenizer, prompt_cfg: PromptConfig):
