@@ -39,11 +39,12 @@ def default_cache_dir() -> Path:
 
 def enable_persistent_cache(path: str | os.PathLike | None = None,
                             min_compile_time_s: float = 1.0) -> Path:
-    """Turns on JAX's persistent compilation cache in `path` (default: default_cache_dir()).
+    """Turns on JAX's persistent compilation cache in `path` (None or "auto", the config's
+    value: default_cache_dir()).
 
     Only executables that took at least `min_compile_time_s` to compile are written: the many
     tiny helper jits would cost more to hash and store than to recompile."""
-    path = Path(path) if path else default_cache_dir()
+    path = Path(path) if path and path != "auto" else default_cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_time_s)

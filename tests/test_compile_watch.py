@@ -57,3 +57,18 @@ def test_persistent_cache_is_loaded_by_the_next_process(tmp_path):
     assert any((tmp_path / "cache").iterdir())          # executables were written
     count, hits = child()
     assert hits >= 1                                     # ... and loaded, not compiled again
+
+
+def test_auto_and_none_mean_the_default_cache_dir(monkeypatch, tmp_path):
+    """The config's "auto" is the user cache dir, never a folder named "auto" in the cwd."""
+    from pipelinerl_jax import compile_watch
+    set_to = {}
+    monkeypatch.setattr(compile_watch.jax.config, "update",
+                        lambda key, value: set_to.__setitem__(key, value))
+    monkeypatch.setattr(compile_watch, "default_cache_dir", lambda: tmp_path / "default")
+    monkeypatch.chdir(tmp_path)
+    for value in ("auto", None):
+        assert compile_watch.enable_persistent_cache(value) == tmp_path / "default"
+        assert set_to["jax_compilation_cache_dir"] == str(tmp_path / "default")
+    assert not (tmp_path / "auto").exists()
+    assert compile_watch.enable_persistent_cache(tmp_path / "mine") == tmp_path / "mine"

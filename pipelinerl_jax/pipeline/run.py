@@ -245,7 +245,7 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         (Path(workdir) / "config.json").write_text(
             json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
     if cfg.compile_cache:
-        enable_persistent_cache(None if cfg.compile_cache == "auto" else cfg.compile_cache)
+        enable_persistent_cache(cfg.compile_cache)
     if components is None:
         check_memory(cfg, echo)  # before anything loads or compiles
     watch = CompileWatch(echo=echo).install()
