@@ -4,6 +4,7 @@
     python bench/real_learning.py                      # seeds 0-2, 24 steps each (~30 min each)
     python bench/real_learning.py --seeds=0 --steps=12
     python bench/real_learning.py --from_workdir=runs/learn0 --seeds=0   # summarise a run
+    python bench/real_learning.py --seeds=0,1,2 --summarise   # the seeds' finished runs again
 
 Each seed runs `launch.py --config=configs/smollm2_math.py --config.seed=S` in its own process
 (one at a time: the two cores are the whole machine), with held-out greedy evaluation of the
@@ -101,10 +102,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--root", default=str(ROOT / "runs" / "real_learning"))
     p.add_argument("--from_workdir", default=None, help="summarise this finished run instead")
+    p.add_argument("--summarise", action="store_true",
+                   help="summarise the seeds' finished runs under --root, without running")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.from_workdir:
         workdirs = [Path(args.from_workdir)]
+    elif args.summarise:
+        workdirs = [Path(args.root) / f"seed_{s}" for s in seeds]
     else:
         common.warn_if_busy()
         workdirs = [run_seed(s, args.steps, Path(args.root)) for s in seeds]

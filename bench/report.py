@@ -134,6 +134,68 @@ def _plan(d):
     return out
 
 
+REAL = "SmolLM2-135M, configs/smollm2_math.py"
+
+
+def _real_profile(d):
+    p, solo = d["pipeline"], d["alone"]
+    cache = "warm" if d.get("warm_cache") else "cold"
+    steps = p["per_step_seconds"]
+    where = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in steps.items())
+    serial_tok_s = p["steady_generated_tokens_per_step"] / d["serial_s_per_step"]
+    return [
+        (f"{REAL}: peak RSS of a whole run, f32, 16 x 288 tokens a step",
+         f"{p['peak_rss_gib']:.2f} GiB", "<= 3.73 GiB (4 GB goal)",
+         "meets" if p["peak_rss_gib"] * 2**30 <= 4e9 else "misses"),
+        (f"{REAL}: launch to first step, {cache} compilation cache",
+         f"{p['seconds_to_first_step']:.0f} s ({sum(p['compile_seconds_by_step'][:2]):.0f} s "
+         f"compiling)", "-", "-"),
+        (f"{REAL}: compilations after warm-up (steps 2-{len(p['compiles_by_step']) - 1})",
+         f"{p['compiles_after_warmup']}", "0 (goal)",
+         "meets" if p["compiles_after_warmup"] == 0 else "misses"),
+        (f"{REAL}: generated tokens/s, pipeline (one shared device) vs serial prediction "
+         "(sampler alone + train step alone)",
+         f"{p['pipeline_tokens_per_s']:.1f} ({p['steady_s_per_step']:.0f} s a step)",
+         f"{serial_tok_s:.1f} ({d['serial_s_per_step']:.0f} s: sampler "
+         f"{solo['sampler_tokens_per_s']:.0f} tok/s, train {solo['train_step_s']:.0f} s)",
+         f"{d['pipeline_over_serial']:.2f}x (goal >= {d['goal_pipeline_over_serial']})"),
+        (f"{REAL}: where a steady step's seconds go (idle decode slots "
+         f"{p['idle_slot_fraction']:.0%})", where, "-", "-"),
+    ]
+
+
+def _real_learning(d):
+    runs = d["runs"]
+    goals = d["goals"]
+    acc = [(r["accuracy_before"], r["accuracy_after"]) for r in runs]
+    box = [(r["boxed_before"], r["boxed_after"]) for r in runs]
+    fmt = lambda pairs: "; ".join(f"{a:.2f} -> {b:.2f}" for a, b in pairs)
+    steps = "/".join(str(r["steps"]) for r in runs)
+    wall = max(r["train"][-1]["time"] for r in runs) / 60
+    gains = [b - a for a, b in acc]
+    return [
+        (f"{REAL}: held-out greedy accuracy before -> after {steps} steps, "
+         f"{len(runs)} seed(s), {wall:.0f} min per run at most", fmt(acc),
+         f"+{goals['accuracy']:.2f} (goal)", f"{min(gains):+.2f} .. {max(gains):+.2f}"),
+        (f"{REAL}: held-out boxed-answer rate before -> after", fmt(box),
+         f"+{goals['boxed']:.2f} (goal)",
+         f"{min(b - a for a, b in box):+.2f} .. {max(b - a for a, b in box):+.2f}"),
+    ]
+
+
+def _real_prompts(d):
+    rows = {(r["variant"], r["temperature"]): r for r in d["rows"]}
+    out = []
+    for t in sorted({r["temperature"] for r in d["rows"]}):
+        paper, shot = rows.get(("paper", t)), rows.get(("one_shot", t))
+        if paper and shot:
+            out.append((f"starting model, T={t:g}, {shot['attempts']} attempts: boxed rate / "
+                         "accuracy, one worked example (the real config) vs the paper's prompt",
+                         f"{shot['boxed_rate']:.2f} / {shot['accuracy']:.2f}",
+                         f"{paper['boxed_rate']:.2f} / {paper['accuracy']:.2f}", "-"))
+    return out
+
+
 SECTIONS = (
     ("forward", "python bench/bench_forward.py", "transformers", _forward),
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
@@ -143,6 +205,9 @@ SECTIONS = (
      _pipeline),
     ("demo_seeds", "python bench/demo_seeds.py", "criterion", _demo),
     ("plan_validation", "python bench/bench_plan_validation.py", "planner", _plan),
+    ("real_profile", "python bench/real_profile.py", "serial prediction", _real_profile),
+    ("real_learning", "python bench/real_learning.py", "goals", _real_learning),
+    ("real_prompts", "python bench/real_prompts.py", "paper's prompt", _real_prompts),
 )
 
 

@@ -42,3 +42,43 @@ def test_readme_without_markers_is_refused(tmp_path, monkeypatch, capsys):
     assert report.main() == 2
     assert "lacks the markers" in capsys.readouterr().err
     assert (tmp_path / "README.md").read_text() == "# no table here\n"  # untouched
+
+
+def test_real_model_rows(tmp_path, monkeypatch):
+    """The real-model results render against their goals: memory, compiles, pipeline vs
+    serial, the learning result and the starting model's prompts."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    profile = {"warm_cache": False, "serial_s_per_step": 50.0, "pipeline_over_serial": 0.8,
+               "goal_pipeline_over_serial": 0.8, "alone": {
+                   "sampler_tokens_per_s": 100.0, "train_step_s": 40.0},
+               "pipeline": {"peak_rss_gib": 4.5, "seconds_to_first_step": 95.0,
+                            "compile_seconds_by_step": [30.0, 5.0, 0, 0],
+                            "compiles_by_step": [20, 1, 0, 0], "compiles_after_warmup": 0,
+                            "steady_generated_tokens_per_step": 1000.0,
+                            "pipeline_tokens_per_s": 16.0, "steady_s_per_step": 62.5,
+                            "idle_slot_fraction": 0.25,
+                            "per_step_seconds": {"decode": 9.0, "train_step": 41.0}}}
+    (tmp_path / "real_profile.json").write_text(json.dumps(profile))
+    learning = {"goals": {"accuracy": 0.1, "boxed": 0.3}, "runs": [
+        {"steps": 24, "accuracy_before": 0.4, "accuracy_after": 0.55, "boxed_before": 0.9,
+         "boxed_after": 1.0, "train": [{"time": 1500.0}]},
+        {"steps": 24, "accuracy_before": 0.4, "accuracy_after": 0.45, "boxed_before": 0.9,
+         "boxed_after": 0.95, "train": [{"time": 1800.0}]}]}
+    (tmp_path / "real_learning.json").write_text(json.dumps(learning))
+    prompts = {"rows": [
+        {"variant": "paper", "temperature": 0.8, "attempts": 128, "boxed_rate": 0.02,
+         "accuracy": 0.0},
+        {"variant": "one_shot", "temperature": 0.8, "attempts": 128, "boxed_rate": 0.63,
+         "accuracy": 0.29}]}
+    (tmp_path / "real_prompts.json").write_text(json.dumps(prompts))
+    text = report.table()
+    assert "peak RSS of a whole run, f32, 16 x 288 tokens a step | 4.50 GiB |" in text
+    assert "| misses |" in text  # 4.5 GiB is over the 4 GB goal
+    assert "| 95 s (35 s compiling) |" in text
+    assert "(steps 2-3) | 0 | 0 (goal) | meets |" in text
+    assert "| 16.0 (62 s a step) | 20.0 (50 s: sampler 100 tok/s, train 40 s) | 0.80x" in text
+    assert "decode 9.0, train step 41.0" in text and "idle decode slots 25%" in text
+    assert "after 24/24 steps, 2 seed(s), 30 min per run at most | 0.40 -> 0.55; 0.40 -> 0.45 |"\
+        in text
+    assert "| +0.10 (goal) | +0.05 .. +0.15 |" in text
+    assert "| 0.63 / 0.29 | 0.02 / 0.00 |" in text
