@@ -69,7 +69,9 @@ def run_seed(seed: int, steps: int, root: Path) -> Path:
     workdir = root / f"seed_{seed}"
     cmd = [sys.executable, str(ROOT / "launch.py"), "--config=configs/smollm2_math.py",
            f"--workdir={workdir}", f"--config.seed={seed}", f"--config.steps={steps}",
-           f"--config.eval_every={max(1, steps // 2)}", "--config.checkpoint_every=0"]
+           f"--config.eval_every={max(1, steps // 2)}",
+           # one checkpoint, the final policy: `evaluate --workdir` can score it on more problems
+           f"--config.checkpoint_every={steps}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
     print(f"seed {seed}: {time.perf_counter() - t0:.0f} s")
