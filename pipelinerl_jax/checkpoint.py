@@ -55,6 +55,15 @@ FORMAT_VERSION = 1
 _ITEMS = ("params", "train", "extra", "meta")
 
 
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
+  """Orbax warns "Given directory is read only" on every read-only open; here such opens are
+  the intent (export, evaluation, the resume check before a run loads), not a problem."""
+  return not str(record.msg).startswith("Given directory is read only")
+
+
+logging.getLogger("absl").addFilter(_not_read_only_notice)
+
+
 # --- pytrees as path-keyed nested dicts ------------------------------------------------------
 
 def _key_name(entry) -> str:

@@ -8,7 +8,9 @@ Sampler thread, at every chunk boundary:
 Trainer thread, per optimizer step s:
   1. wait for the groups of step s (start order), build the packed batch;
   2. dispatch train_step, then publish the new params to the sampler (async copy);
-  3. fetch the previous step's metrics (dispatch before fetch) and log them.
+  3. wait for the step, log its metrics, evaluate if due, then `on_step_end` (checkpoints).
+The record of step s is on disk before step s counts as done: a checkpoint after step s
+(saved by `on_step_end`) never holds a step whose record a kill could still lose.
 
 Either thread's exception stops both; `run()` re-raises it once, naming the thread it came
 from. Ctrl-C stops both as well. Nothing blocks without a timeout, so shutdown takes at most
@@ -73,10 +75,14 @@ class Coordinator:
         self.samples_generated = 0
         self._pending_swap_t: float | None = None
         self._handed_version = sampler.version
+        self._done: list[threading.Event] = []  # one per thread, set when it ends
 
     # --- threads ------------------------------------------------------------------------
 
     def _guard(self, name, fn):
+        done = threading.Event()
+        self._done.append(done)
+
         def target():
             try:
                 fn()
@@ -84,6 +90,8 @@ class Coordinator:
                 with self._errors_lock:
                     self._errors.append((name, e, traceback.format_exc()))
                 self.stop.set()
+            finally:
+                done.set()
         return threading.Thread(target=target, name=name, daemon=True)
 
     def run(self) -> None:
@@ -94,22 +102,32 @@ class Coordinator:
         for t in threads:
             t.start()
         try:
-            while any(t.is_alive() for t in threads):
-                for t in threads:
-                    t.join(0.05)
+            while not self.stopped():
+                self._wait(0.05)
                 if self._errors:
                     self.stop.set()
         except KeyboardInterrupt:
             self.stop.set()
-            for t in threads:
-                t.join(30)
+            self._wait(30)
             raise
         self.stop.set()
-        for t in threads:
-            t.join(30)
+        self._wait(30)
         if self._errors:
             name, exc, tb = self._errors[0]
             raise PipelineError(f"{name} thread failed: {type(exc).__name__}: {exc}\n{tb}") from exc
+
+    def _wait(self, timeout_s: float) -> None:
+        """Waits up to `timeout_s` for both threads to end. On each thread's own event, not
+        Thread.join: a KeyboardInterrupt that lands inside join() makes CPython 3.11 mark the
+        thread as stopped while it still runs (bpo-45274), so every later join() returned at
+        once and a Ctrl-C'd run went on with its trainer mid-step."""
+        deadline = time.monotonic() + timeout_s
+        for done in self._done:
+            done.wait(max(0.0, deadline - time.monotonic()))
+
+    def stopped(self) -> bool:
+        """True once both threads have ended: state, step and snapshot() no longer change."""
+        return bool(self._done) and all(done.is_set() for done in self._done)
 
     # --- sampler ------------------------------------------------------------------------
 
@@ -204,7 +222,6 @@ class Coordinator:
     # --- trainer ------------------------------------------------------------------------
 
     def _trainer_loop(self) -> None:
-        previous = None  # (step, device metrics, host record) of the last dispatched step
         if self.evaluator is not None and self.step == 0 and self.cfg.eval.at_start:
             self._evaluate()  # the starting policy: what the run's curve starts from
         while self.step < self.cfg.steps and not self.stop.is_set():
@@ -230,9 +247,6 @@ class Coordinator:
             version = self.step + 1
             self.publisher.publish(self.state.params, version)
             record = self._host_record(self.step, groups, batch, host_stats)
-            if previous is not None:
-                self._log(*previous)
-            previous = (self.step, device_metrics, record)
             # Busy until the step has run, not until it was dispatched: the trainer thread has
             # nothing else to do meanwhile (its next batch comes from the sampler), and a
             # dispatch-time figure made a 50 s step look like 8 s.
@@ -240,14 +254,15 @@ class Coordinator:
             record["time/train_s"] = time.perf_counter() - t1
             record["time/wait_s"] = t1 - t0
             self.trainer_busy_s += time.perf_counter() - t1
+            # Logged before the step counts as done: a resume from the checkpoint on_step_end
+            # may save next starts after this step, so a record written later could be lost.
+            self._log(self.step, device_metrics, record)
             self.step = version
-            if self.on_step_end is not None:
-                self.on_step_end(self)
             if self.evaluator is not None and (self.step % self.cfg.eval_every == 0
                                                or self.step == self.cfg.steps):
-                self._evaluate()
-        if previous is not None:
-            self._log(*previous)
+                self._evaluate()  # before the checkpoint too: a resume never re-evaluates
+            if self.on_step_end is not None:
+                self.on_step_end(self)
         self.stop.set()  # training is done: the sampler stops at its next chunk boundary
 
     def _evaluate(self) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipelinerl_jax import config as config_lib
-from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
+from pipelinerl_jax.checkpoint import RunCheckpointer
 from pipelinerl_jax.compile_watch import CompileWatch, enable_persistent_cache
 from pipelinerl_jax.data.datasets import PromptStream, load_dataset
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
@@ -34,6 +34,8 @@ from pipelinerl_jax.metrics import MetricsWriter
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.pipeline.admission import Admission
+from pipelinerl_jax.pipeline.checkpointing import (Checkpoints, draw_curves, interrupted,
+                                                 preflight, resume)
 from pipelinerl_jax.pipeline.coordinator import Coordinator
 from pipelinerl_jax.pipeline.diagnostics import RewardDiagnostics
 from pipelinerl_jax.pipeline.weights import Publisher
@@ -239,9 +241,19 @@ def build_evaluator(cfg, c: Components, reward_pool):
 
 def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         components: Components | None = None, echo=print) -> dict:
-    """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl)."""
+    """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl).
+
+    A workdir whose newest checkpoint is at cfg.steps or later holds a finished run: that is
+    said, nothing is trained or written, and {"finished_at": step} is returned. Ctrl-C
+    (KeyboardInterrupt) saves a checkpoint if one is due soon, says what a relaunch resumes
+    from, and is re-raised."""
     if workdir:
         Path(workdir).mkdir(parents=True, exist_ok=True)
+        finished = preflight(cfg, workdir)  # may refuse the config: config.json stays as it was
+        if finished is not None:
+            echo(f"already finished at step {finished} (config.steps={cfg.steps}): nothing to "
+                 "train; raise config.steps to train it further")
+            return {"finished_at": finished}
         (Path(workdir) / "config.json").write_text(
             json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
     if cfg.compile_cache:
@@ -258,10 +270,18 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
 def _run(cfg, workdir, devices, components, echo, watch) -> dict:
     c = components or build(cfg, devices)
     writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo)
+    try:
+        return _train(cfg, workdir, c, writer, echo, watch)
+    finally:
+        writer.close()
+
+
+def _train(cfg, workdir, c, writer, echo, watch) -> dict:
     ckpt = None
     if workdir and cfg.checkpoint_every:
-        ckpt = RunCheckpointer(workdir, keep=cfg.checkpoint_keep,
-                               model_config=llama.config_of(c.sampler.engine.graphdef))
+        ckpt = Checkpoints(RunCheckpointer(workdir, keep=cfg.checkpoint_keep,
+                                           model_config=llama.config_of(c.sampler.engine.graphdef)),
+                           cfg, writer, workdir)
     table = get_reward_table(cfg.reward.table, **dict(cfg.reward.table_options))
     stop_ids = tuple(getattr(c.tokenizer, "eos_token_ids", ()))
     detok = lambda ids: completion_text(c.tokenizer, ids, stop_ids)
@@ -270,6 +290,7 @@ def _run(cfg, workdir, devices, components, echo, watch) -> dict:
          f"steps={cfg.steps} batch={cfg.batch_size} ({cfg.groups_per_step} groups x "
          f"{cfg.group_size}) devices: sampler {c.num_sampler_devices}, trainer "
          f"{c.num_trainer_devices}{shared}")
+    resumed = None
     with RewardPool(cfg.reward.fn, num_workers=cfg.reward.workers,
                     timeout_s=cfg.reward.timeout_s) as pool:
         coord = Coordinator(
@@ -280,19 +301,28 @@ def _run(cfg, workdir, devices, components, echo, watch) -> dict:
             diagnostics=RewardDiagnostics(workdir, echo=echo, log_every=cfg.log_every,
                                           seed=cfg.seed))
         if ckpt is not None:
-            _resume(coord, ckpt, cfg, c, echo)
-            coord.on_step_end = lambda co: _maybe_save(co, ckpt, cfg)
+            resumed = resume(coord, ckpt.checkpointer, cfg, c, echo)
+            ckpt.last_saved = resumed
+            coord.on_step_end = ckpt.maybe_save
+        writer.start(resumed)  # after a resume, the summary and the curves cover the whole run
         t0 = time.perf_counter()
         try:
             coord.run()
             if ckpt is not None:
-                _save(coord, ckpt, cfg)
+                ckpt.save(coord)
+        except KeyboardInterrupt:
+            interrupted(coord, ckpt, echo)
+            raise
         finally:
             if ckpt is not None:
-                ckpt.close()  # waits for the last asynchronous write
+                ckpt.checkpointer.close()  # waits for the last asynchronous write
+            if workdir:
+                draw_curves(writer, workdir, echo)
         wall = time.perf_counter() - t0
     c.state = coord.state
     summary = summarize(writer.of_kind("train"), wall, coord)
+    if resumed is not None:
+        summary["resumed_from"] = resumed
     evals = writer.of_kind("eval")
     if evals:
         summary["eval/last"] = {k: v for k, v in evals[-1].items()
@@ -312,42 +342,6 @@ def completion_text(tokenizer, token_ids, stop_ids) -> str:
     if ids and ids[-1] in stop_ids:
         ids = ids[:-1]
     return tokenizer.decode(ids, skip_special_tokens=False)
-
-
-def _save(coord, ckpt, cfg) -> None:
-    extra = {"config": config_lib.as_dict(cfg), **coord.snapshot()}
-    ckpt.save(coord.step, coord.state, extra)
-
-
-def _maybe_save(coord, ckpt, cfg) -> None:
-    if coord.step % cfg.checkpoint_every == 0 and coord.step < cfg.steps:
-        _save(coord, ckpt, cfg)
-
-
-def _resume(coord, ckpt, cfg, c, echo) -> None:
-    """Continues the workdir's run from its newest good checkpoint, if any."""
-    latest = ckpt.latest_step()
-    if latest is not None:
-        try:  # name the offending field before Orbax meets mismatched arrays
-            saved = ckpt.read_json(latest, "extra")["config"]
-        except Exception:  # noqa: BLE001 - a damaged step: restore_latest falls back below
-            saved = None
-        if saved is not None:
-            check_compatible(saved, config_lib.as_dict(cfg))
-    abstract = jax.tree.map(
-        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-        c.state, c.trainer.state_shardings)
-    restored = ckpt.restore_latest(abstract)
-    if restored is None:
-        return
-    step, state, extra = restored
-    for change in check_compatible(extra["config"], config_lib.as_dict(cfg)):
-        echo(f"resume: config change allowed: {change}")
-    coord.state = state
-    coord.restore(extra)
-    coord.sampler.set_params(state.params, step)
-    coord._handed_version = step
-    echo(f"resumed from step {step}: {len(extra['pending'])} untrained groups carried over")
 
 
 def summarize(records: list[dict], wall_s: float, coord) -> dict:
@@ -384,7 +378,10 @@ def summarize(records: list[dict], wall_s: float, coord) -> dict:
 
 def format_summary(s: dict) -> str:
     hist = " ".join(f"{k}:{v}" for k, v in s["lag/hist"].items() if v)
-    return (f"done: {s['steps']} steps in {s['wall_s']:.0f}s, reward {s['reward/first20']:.3f} "
+    resumed = (f" (this launch, resumed at step {s['resumed_from']})" if "resumed_from" in s
+               else "")
+    return (f"done: {s['steps']} steps in {s['wall_s']:.0f}s{resumed}, "
+            f"reward {s['reward/first20']:.3f} "
             f"(first 20 steps) -> {s['reward/last_tenth']:.3f} (last tenth); "
             f"{s['steady_samples_per_s']:.0f} samples/s after warm-up; swaps {s['sampler/swaps']} "
             f"(pause {s['sampler/swap_pause_ms_mean']:.2f} ms); "

@@ -1,0 +1,142 @@
+"""A run's checkpoints: resuming from the workdir, the save schedule, Ctrl-C, the curves.
+
+    finished = preflight(cfg, workdir)   # before anything loads: refused changes, finished runs
+    ckpt = Checkpoints(RunCheckpointer(workdir, ...), cfg, writer, workdir)
+    step = resume(coord, ckpt.checkpointer, cfg, components, echo)   # None: a fresh run
+    coord.on_step_end = ckpt.maybe_save  # every checkpoint_every steps, with curves.png
+    ...
+    except KeyboardInterrupt:
+        interrupted(coord, ckpt, echo)   # saves if one is due soon, says where it resumes
+
+Metrics come first: the coordinator logs step s before on_step_end can save a checkpoint
+after it, so a checkpoint never holds a step whose record a kill could still lose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+
+from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
+from pipelinerl_jax.run_plot import PLOT_FILE, plot_run
+
+
+class Checkpoints:
+    """The run's checkpoint schedule: every `checkpoint_every` steps (each redraws the
+    curves), at the end, and on Ctrl-C when one is due soon (run() draws those curves)."""
+
+    def __init__(self, checkpointer: RunCheckpointer, cfg, writer, workdir):
+        self.checkpointer, self.cfg, self.writer, self.workdir = checkpointer, cfg, writer, workdir
+        self.last_saved: int | None = None  # the step a relaunch would resume from
+
+    def save(self, coord) -> None:
+        extra = {"config": config_lib.as_dict(self.cfg), **coord.snapshot()}
+        self.checkpointer.save(coord.step, coord.state, extra)
+        self.last_saved = coord.step
+
+    def maybe_save(self, coord) -> None:
+        """on_step_end: the coordinator has logged every step before coord.step by now."""
+        if coord.step % self.cfg.checkpoint_every == 0 and coord.step < self.cfg.steps:
+            self.save(coord)
+            draw_curves(self.writer, self.workdir, self.writer.echo)
+
+
+# Ctrl-C saves a checkpoint when the next scheduled one is at most this fraction of
+# checkpoint_every away: the steps since the last save are then most of an interval's work.
+INTERRUPT_SAVE_WITHIN = 0.5
+
+
+def interrupted(coord, ckpt: Checkpoints | None, echo) -> None:
+    """After Ctrl-C stopped the threads: saves a checkpoint if one is due soon, and says what
+    a relaunch with the same workdir resumes from."""
+    step = coord.step
+    if ckpt is None:
+        echo(f"interrupted at step {step}: no checkpoint saved (checkpoints need --workdir and "
+             "checkpoint_every > 0); a relaunch starts over from step 0")
+        return
+    every = ckpt.cfg.checkpoint_every
+    due = (step // every + 1) * every
+    if ckpt.last_saved == step:
+        echo(f"interrupted at step {step}: its checkpoint is saved; relaunching with the same "
+             f"--workdir resumes from step {step}")
+        return
+    why = f"the next was due at step {due}"
+    if due - step <= INTERRUPT_SAVE_WITHIN * every:
+        if coord.stopped():
+            ckpt.save(coord)
+            echo(f"interrupted at step {step}: saved a checkpoint ({why}); relaunching with the "
+                 f"same --workdir resumes from step {step}")
+            return
+        why = "the trainer did not stop in time to save one safely"
+    last = ckpt.last_saved
+    if last is None:
+        where = "starts over from step 0"
+    else:
+        again = f"step {last}" if step - last == 1 else f"steps {last}-{step - 1}"
+        where = f"resumes from step {last} and trains {again} again"
+    echo(f"interrupted at step {step}: no checkpoint saved ({why}); relaunching with the same "
+         f"--workdir {where}")
+
+
+def draw_curves(writer, workdir, echo) -> None:
+    """<workdir>/curves.png from the whole run's records. A picture that fails to draw is
+    reported in one line and does not stop the run."""
+    train = writer.of_kind("train")
+    if not train:
+        return
+    try:
+        plot_run(train, writer.of_kind("eval"), Path(workdir) / PLOT_FILE,
+                 title=f"{workdir} ({train[-1]['step'] + 1} steps)")
+    except Exception as e:  # noqa: BLE001 - matplotlib or the disk; the run matters more
+        echo(f"warning: could not draw {Path(workdir) / PLOT_FILE}: {type(e).__name__}: {e}")
+
+
+def preflight(cfg, workdir) -> int | None:
+    """Before anything loads: raises ConfigError for a config change the workdir's newest
+    checkpoint cannot take, and returns that checkpoint's step when it is at cfg.steps or
+    later (the run is finished), else None."""
+    if not cfg.checkpoint_every:
+        return None
+    ckpt = RunCheckpointer(workdir, read_only=True)
+    try:
+        latest = ckpt.latest_step()
+        if latest is None:
+            return None
+        try:
+            saved = ckpt.read_json(latest, "extra")["config"]
+        except Exception:  # noqa: BLE001 - a damaged step: resume() falls back past it
+            return None
+        check_compatible(saved, config_lib.as_dict(cfg))
+        return latest if latest >= cfg.steps else None
+    finally:
+        ckpt.close()
+
+
+def resume(coord, ckpt, cfg, c, echo) -> int | None:
+    """Continues the workdir's run from its newest good checkpoint; returns its step (None:
+    there is none, the run starts fresh)."""
+    latest = ckpt.latest_step()
+    if latest is not None:
+        try:  # name the offending field before Orbax meets mismatched arrays
+            saved = ckpt.read_json(latest, "extra")["config"]
+        except Exception:  # noqa: BLE001 - a damaged step: restore_latest falls back below
+            saved = None
+        if saved is not None:
+            check_compatible(saved, config_lib.as_dict(cfg))
+    abstract = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+        c.state, c.trainer.state_shardings)
+    restored = ckpt.restore_latest(abstract)
+    if restored is None:
+        return None
+    step, state, extra = restored
+    for change in check_compatible(extra["config"], config_lib.as_dict(cfg)):
+        echo(f"resume: config change allowed: {change}")
+    coord.state = state
+    coord.restore(extra)
+    coord.sampler.set_params(state.params, step)
+    coord._handed_version = step
+    echo(f"resumed from step {step}: {len(extra['pending'])} untrained groups carried over")
+    return step
