@@ -1,8 +1,10 @@
 """The shared shape of the package's command-line tools (evaluate, generate, export).
 
 Each tool defines its absl flags on a fresh FlagValues (so tests can call it in-process many
-times) and a body that does the work. Bad flags and ConfigErrors become one line on stderr and
-exit code 2; anything else is a bug and keeps its traceback.
+times) and a body that does the work. `--help` (also -h, -?, --helpshort, --helpfull) prints the
+tool's module docstring and its flags and returns 0: a fresh FlagValues has no help flags of its
+own, and absl's app-level --help would exit 1. Bad flags and ConfigErrors become one line on
+stderr and exit code 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,12 +16,35 @@ from absl import flags
 
 from pipelinerl_jax.errors import ConfigError
 
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def wants_help(argv: list[str]) -> str | None:
+    """The help flag in argv[1:] (before a `--` separator), or None."""
+    for arg in argv[1:]:
+        if arg == "--":
+            return None
+        if arg in HELP_FLAGS:
+            return arg
+    return None
+
+
+def usage(doc: str | None, fv: flags.FlagValues, full: bool = False) -> str:
+    """The tool's docstring, then its flags (with absl's --flagfile/--undefok when full)."""
+    text = (doc or "").strip()
+    return f"{text}\n\nflags:\n{fv.get_help(include_special_flags=full).rstrip()}\n"
+
 
 def run(argv: list[str], define_flags: Callable[[flags.FlagValues], None],
         body: Callable[[flags.FlagValues], None]) -> int:
     """Parses argv (argv[0] is the program name), runs body(flag_values); returns the exit code."""
     fv = flags.FlagValues()
     define_flags(fv)
+    asked = wants_help(argv)
+    if asked:
+        doc = getattr(sys.modules.get(define_flags.__module__), "__doc__", None)
+        print(usage(doc, fv, full=asked == "--helpfull"))
+        return 0
     try:
         fv(argv)
         body(fv)
