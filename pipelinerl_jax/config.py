@@ -4,11 +4,16 @@ The ConfigDict is what users edit and override from the command line
 (`--config.trainer.learning_rate=1e-6`); library code only ever sees the frozen `RunConfig`
 built here. Every check that can fail does so here, before any compilation, with a one-line
 `ConfigError` naming the field and the fix.
+
+The ConfigDict's layout: the top-level fields (TOP_FIELDS) and one section per entry of
+SECTIONS. Each field's meaning is the `#` comment beside it in its dataclass (config_schema.py
+reads them for `launch.py --help`), so a new field needs one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
@@ -23,35 +28,37 @@ MODES = ("pipeline", "conventional")
 class ModelSpec:
     """Where the policy comes from: a Hugging Face directory, or a fresh tiny decoder."""
     hf_dir: str = ""                  # load config.json + safetensors from here when set
-    param_dtype: str = "float32"
-    compute_dtype: str = "float32"
+    param_dtype: str = "float32"      # "float32" | "bfloat16": params, optimizer updates
+    compute_dtype: str = "float32"    # "float32" | "bfloat16": activations (logits stay f32)
     remat: bool = False               # recompute each layer in the backward pass: activation
                                       #   memory of one layer instead of all (README: memory)
-    init: tuple = ()                  # ModelConfig fields for a fresh model (sorted items)
+    init: tuple = ()                  # a dict of ModelConfig fields: a fresh, random model
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
     """The prompts: a built-in procedural task, or dataset files with a prompt template."""
     task: str = "reverse_digits"      # a name in data.tasks.TASKS; "" to use `datasets`
-    task_options: tuple = ()          # sorted (name, value) items for make_task
-    datasets: tuple = ()              # data.datasets.DatasetSpec
+    task_options: tuple = ()          # a dict of the task's options (make_task's arguments)
+    datasets: tuple = ()              # [{path, format, name, question_field, answer_field}]:
+                                      #   JSONL/Parquet files (data.datasets.DatasetSpec)
     prompt_template: str = "chat"     # "chat" | "plain" (dataset prompts only)
     system_prompt: str | None = None  # None: the paper's ("Please reason step by step, ...");
                                       #   "": no system message
-    few_shot: tuple = ()              # ((question, answer), ...): worked examples shown before
+    few_shot: tuple = ()              # [{question, answer}, ...]: worked examples shown before
                                       #   each question (chat: earlier turns)
-    shuffle_seed: int = 0
+    shuffle_seed: int = 0             # the prompt order's seed (added to the run's seed)
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardSpec:
+    """How completions are scored: the reward function, its table of coefficients, workers."""
     fn: str = "task"                  # "task", "math" or "module.path:callable"
     table: str = "pure_success"       # rewards.tables name
-    table_options: tuple = ()         # sorted (name, value) coefficient overrides of the table,
-                                      #   e.g. {"format_weight": 0.3}
+    table_options: tuple = ()         # a dict of coefficient overrides of the table, e.g.
+                                      #   {"format_weight": 0.3}
     workers: int = 0                  # 0: score in the sampler thread (cheap rewards only)
-    timeout_s: float = 5.0
+    timeout_s: float = 5.0            # seconds per answer before its reward counts as an error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,24 +76,26 @@ class EvalSpec:
     num_problems: int = 64            # held-out problems per evaluation
     k: int = 1                        # attempts per problem (avg@k, pass@k)
     greedy: bool = True               # greedy decoding; else the run's sampling settings
-    datasets: tuple = ()              # data.datasets.DatasetSpec; default: held-out task problems
+    datasets: tuple = ()              # held-out files, as data.datasets; default: held-out
+                                      #   problems of data.task
     at_start: bool = False            # also evaluate the starting policy (step 0) of a fresh run
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    seed: int
+    seed: int                         # model init, prompt order and sampling seeds derive from it
     mode: str                         # "pipeline" | "conventional"
     max_lag: int                      # pipeline: lag bound in optimizer steps
     steps: int                        # optimizer steps
     group_size: int                   # G attempts per prompt
     batch_size: int                   # sequences per optimizer step
     conventional_steps: int           # conventional mode: steps per generation round
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    max_prompt_tokens: int
+    max_new_tokens: int               # completion tokens per attempt, at most
+    temperature: float                # sampling temperature (> 0: RL samples)
+    top_p: float                      # nucleus sampling mass; 1: off
+    top_k: int                        # top-k sampling; 0: off
+    max_prompt_tokens: int            # prompt tokens budgeted per sequence (with max_new_tokens:
+                                      #   the sampler's context and the packed row length)
     model: ModelSpec
     data: DataSpec
     reward: RewardSpec
@@ -95,10 +104,12 @@ class RunConfig:
     trainer: TrainerConfig
     batch: BatchConfig
     eval: EvalSpec = EvalSpec()
-    log_every: int = 10
-    eval_every: int = 0
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 3
+    log_every: int = 10               # a console line every N steps (0: none); metrics.jsonl
+                                      #   gets every step
+    eval_every: int = 0               # held-out evaluation every N steps and at the end (0: never)
+    checkpoint_every: int = 0         # steps between checkpoints under --workdir, plus one at
+                                      #   the end (0: none)
+    checkpoint_keep: int = 3          # newest checkpoints kept
     compile_cache: str = "auto"       # JAX's persistent compilation cache: "auto" (the user's
                                       #   cache dir, compile_watch.default_cache_dir), a path,
                                       #   or "" (off)
@@ -106,6 +117,56 @@ class RunConfig:
     @property
     def groups_per_step(self) -> int:
         return self.batch_size // self.group_size
+
+
+# The ConfigDict's sections and the dataclass each one builds ("generation" holds RunConfig's
+# sampling fields). A section may be left out: its fields take their defaults.
+SECTIONS = {"model": ModelSpec, "data": DataSpec, "generation": RunConfig, "sampler": SamplerConfig,
+            "reward": RewardSpec, "trainer": TrainerConfig, "loss": LossConfig,
+            "batch": BatchConfig, "eval": EvalSpec, "devices": DeviceSpec}
+# Defaults of the RunConfig fields a file may leave out (the dataclass has none for them);
+# None: required.
+GENERATION_DEFAULTS = {"max_prompt_tokens": 256, "max_new_tokens": 256, "temperature": 1.0,
+                       "top_p": 1.0, "top_k": 0}
+TOP_DEFAULTS = {"seed": 0, "mode": "pipeline", "max_lag": 0, "steps": None, "group_size": None,
+                "batch_size": None, "conventional_steps": 1}
+TOP_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig)
+                   if f.name not in SECTIONS and f.name not in GENERATION_DEFAULTS)
+# Section fields that from_config_dict derives from other fields: setting them is an error.
+DERIVED = {"trainer": {"loss": "the loss section"},
+           "batch": {"max_sequences": "batch_size",
+                     "max_sequence_len": "generation.max_prompt_tokens + max_new_tokens"}}
+
+
+def did_you_mean(name: str, choices) -> str:
+    """"; did you mean X?" for the closest of `choices` to `name`, or ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _top_value(top: dict, name: str):
+    """A top-level field's value: the file's, else its default; a required one must be set."""
+    if name in top:
+        value = top[name]
+    elif name in TOP_DEFAULTS:
+        value = TOP_DEFAULTS[name]
+    else:
+        value = next(f.default for f in dataclasses.fields(RunConfig) if f.name == name)
+    if value is None and name in TOP_DEFAULTS and TOP_DEFAULTS[name] is None:
+        raise ConfigError(f"config.{name} is required (e.g. --config.{name}=...)")
+    return value
+
+
+def _check_keys(top: dict, gen: dict) -> None:
+    """Unknown top-level fields, sections and generation fields: one line, with a suggestion."""
+    known = set(TOP_FIELDS) | set(SECTIONS)
+    for name in sorted(set(top) - known):
+        raise ConfigError(f"config.{name}: no such field{did_you_mean(name, known)} "
+                          "(launch.py --help lists every field)")
+    for name in sorted(set(gen) - set(GENERATION_DEFAULTS)):
+        raise ConfigError(f"config.generation.{name}: no such field"
+                          f"{did_you_mean(name, GENERATION_DEFAULTS)}; valid: "
+                          f"{sorted(GENERATION_DEFAULTS)}")
 
 
 def _section(cfg, name: str) -> dict:
@@ -117,10 +178,14 @@ def _section(cfg, name: str) -> dict:
 
 def _build(cls, values: dict, where: str, **extra):
     """cls(**values) with unknown keys reported as a one-line error."""
-    fields = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name for f in dataclasses.fields(cls)} - set(extra)
+    for name in sorted(set(values) & set(extra)):
+        derived = DERIVED.get(where, {}).get(name, "other fields")
+        raise ConfigError(f"config.{where}.{name} is set from {derived}; leave it out")
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise ConfigError(f"config.{where}: unknown field(s) {unknown}; valid: {sorted(fields)}")
+        raise ConfigError(f"config.{where}: unknown field(s) {unknown}"
+                          f"{did_you_mean(unknown[0], fields)}; valid: {sorted(fields)}")
     return cls(**values, **extra)
 
 
@@ -131,10 +196,11 @@ def _items(d: dict) -> tuple:
 def from_config_dict(cfg) -> RunConfig:
     """Validates a ConfigDict (see configs/default.py for every field) into a RunConfig."""
     top = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
-    mode = top.get("mode", "pipeline")
+    _check_keys(top, _section(cfg, "generation"))
+    mode = _top_value(top, "mode")
     if mode not in MODES:
         raise ConfigError(f"config.mode={mode!r}; use one of {MODES}")
-    group_size, batch_size = int(top["group_size"]), int(top["batch_size"])
+    group_size, batch_size = int(_top_value(top, "group_size")), int(_top_value(top, "batch_size"))
     if group_size < 1 or batch_size < 1:
         raise ConfigError(f"config.group_size={group_size} and config.batch_size={batch_size} "
                           "must be >= 1")
@@ -142,13 +208,13 @@ def from_config_dict(cfg) -> RunConfig:
         raise ConfigError(f"config.batch_size={batch_size} is not divisible by config.group_size="
                           f"{group_size}; a step trains whole groups (try "
                           f"{batch_size // group_size * group_size or group_size})")
-    max_lag = int(top.get("max_lag", 0))
-    conventional_steps = int(top.get("conventional_steps", 1))
+    max_lag = int(_top_value(top, "max_lag"))
+    conventional_steps = int(_top_value(top, "conventional_steps"))
     if mode == "pipeline" and max_lag < 0:
         raise ConfigError(f"config.max_lag={max_lag} must be >= 0 (0 = strictly on-policy)")
     if mode == "conventional" and conventional_steps < 1:
         raise ConfigError(f"config.conventional_steps={conventional_steps} must be >= 1")
-    steps = int(top["steps"])
+    steps = int(_top_value(top, "steps"))
     if steps < 1:
         raise ConfigError(f"config.steps={steps} must be >= 1")
 
@@ -173,10 +239,15 @@ def from_config_dict(cfg) -> RunConfig:
         if data_spec.task not in TASKS:
             raise ConfigError(f"config.data.task={data_spec.task!r} is unknown; choose one of "
                               f"{sorted(TASKS)}")
+        options = {f.name for f in dataclasses.fields(TASKS[data_spec.task])}
+        for name in sorted(set(task_options) - options):
+            raise ConfigError(f"config.data.task_options.{name}: task {data_spec.task} has no "
+                              f"such option{did_you_mean(name, options)}; valid: {sorted(options)}")
 
     gen = _section(cfg, "generation")
-    max_new_tokens = int(gen.get("max_new_tokens", 256))
-    max_prompt_tokens = int(gen.get("max_prompt_tokens", 256))
+    gen = {**GENERATION_DEFAULTS, **gen}
+    max_new_tokens = int(gen["max_new_tokens"])
+    max_prompt_tokens = int(gen["max_prompt_tokens"])
     sampler_cfg = _build(SamplerConfig, _section(cfg, "sampler"), "sampler")
     sampler_cfg.validate()
     if max_prompt_tokens + max_new_tokens > sampler_cfg.max_seq_len:
@@ -188,7 +259,7 @@ def from_config_dict(cfg) -> RunConfig:
         raise ConfigError(f"config.group_size={group_size} exceeds sampler.num_slots="
                           f"{sampler_cfg.num_slots}: a group's attempts must fit in the slots")
 
-    temperature = float(gen.get("temperature", 1.0))
+    temperature = float(gen["temperature"])
     if not temperature > 0:
         raise ConfigError(f"generation.temperature={temperature} must be > 0: RL samples, and "
                           "the trainer divides logits by it")
@@ -225,7 +296,7 @@ def from_config_dict(cfg) -> RunConfig:
     eval_values = _section(cfg, "eval")
     eval_datasets = _dataset_specs(eval_values.pop("datasets", ()) or ())
     eval_spec = _build(EvalSpec, eval_values, "eval", datasets=eval_datasets)
-    eval_every = int(top.get("eval_every", 0))
+    eval_every = int(_top_value(top, "eval_every"))
     if eval_every < 0 or eval_spec.num_problems < 1 or eval_spec.k < 1:
         raise ConfigError(f"config.eval_every={eval_every} must be >= 0 (0: never), "
                           f"eval.num_problems={eval_spec.num_problems} and eval.k={eval_spec.k} "
@@ -235,16 +306,16 @@ def from_config_dict(cfg) -> RunConfig:
                           "on data.datasets")
 
     return RunConfig(
-        seed=int(top.get("seed", 0)), mode=mode, max_lag=max_lag, steps=steps,
+        seed=int(_top_value(top, "seed")), mode=mode, max_lag=max_lag, steps=steps,
         group_size=group_size, batch_size=batch_size, conventional_steps=conventional_steps,
         max_new_tokens=max_new_tokens, temperature=temperature,
-        top_p=float(gen.get("top_p", 1.0)), top_k=int(gen.get("top_k", 0)),
+        top_p=float(gen["top_p"]), top_k=int(gen["top_k"]),
         max_prompt_tokens=max_prompt_tokens, model=model_spec, data=data_spec, reward=reward,
         devices=dev, sampler=sampler_cfg, trainer=trainer, batch=batch, eval=eval_spec,
-        log_every=int(top.get("log_every", 10)), eval_every=eval_every,
-        checkpoint_every=int(top.get("checkpoint_every", 0)),
-        checkpoint_keep=int(top.get("checkpoint_keep", 3)),
-        compile_cache=str(top.get("compile_cache", "auto") or ""))
+        log_every=int(_top_value(top, "log_every")), eval_every=eval_every,
+        checkpoint_every=int(_top_value(top, "checkpoint_every")),
+        checkpoint_keep=int(_top_value(top, "checkpoint_keep")),
+        compile_cache=str(_top_value(top, "compile_cache") or ""))
 
 
 def _few_shot(items) -> tuple:

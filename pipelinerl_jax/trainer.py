@@ -37,14 +37,14 @@ from pipelinerl_jax.rl.logprobs import chunked_logprobs
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     """Optimizer, accumulation and failure policy. Defaults: the paper's headline run."""
-    learning_rate: float = 1e-6
+    learning_rate: float = 1e-6      # AdamW peak learning rate (after warm-up)
     lr_schedule: str = "cosine"      # "cosine" (to min_lr_ratio * lr at total_steps) | "constant"
-    warmup_steps: int = 50
-    total_steps: int = 1000
-    min_lr_ratio: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
+    warmup_steps: int = 50           # linear warm-up from 0 over this many steps
+    total_steps: int = 1000          # the schedule's length (the run config sets its steps)
+    min_lr_ratio: float = 0.0        # cosine: the final lr as a fraction of learning_rate
+    b1: float = 0.9                  # AdamW first-moment decay
+    b2: float = 0.999                # AdamW second-moment decay
+    eps: float = 1e-8                # AdamW denominator epsilon
     weight_decay: float = 0.01       # not applied to norms and biases
     grad_clip_norm: float = 0.3      # global-norm clipping; 0 disables
     micro_batches: int = 1           # gradient accumulation steps per optimizer step

@@ -105,8 +105,8 @@ class DigitTask(abc.ABC):
     name: ClassVar[str] = ""
     separator: ClassVar[str] = "="
     text_task: ClassVar[bool] = False  # False: its own character tokenizer, plain prompts
-    min_digits: int = 1
-    max_digits: int = 5
+    min_digits: int = 1          # digits per problem, at least ...
+    max_digits: int = 5          # ... and at most
     num_problems: int = 100_000  # the epoch size of the stream
     seed: int = 0                # what the problems are; the stream's seed is their order
 

@@ -40,18 +40,18 @@ class ModelConfig:
   num_heads: int                  # H (query heads)
   num_kv_heads: int               # K
   head_dim: int                   # D
-  rms_norm_eps: float
-  rope_theta: float
+  rms_norm_eps: float             # RMSNorm epsilon
+  rope_theta: float               # RoPE base frequency
   rope_scaling: tuple | None      # sorted ((key, value), ...) of HF rope_scaling, or None
-  max_position_embeddings: int
-  tie_word_embeddings: bool
+  max_position_embeddings: int    # longest position the model was built for
+  tie_word_embeddings: bool       # the LM head reuses the token embedding
   attention_bias: bool            # bias on q/k/v projections (Qwen2)
   qk_norm: bool                   # per-head RMSNorm on q and k before RoPE (Qwen3)
   param_dtype: str = "float32"    # "float32" | "bfloat16"
   compute_dtype: str = "float32"  # "float32" | "bfloat16"; logits and log-softmax always f32
   remat: bool = False             # rematerialise each layer in the backward pass
-  bos_token_id: int | None = None
-  eos_token_id: int | tuple[int, ...] | None = None
+  bos_token_id: int | None = None  # from the HF config; None: none
+  eos_token_id: int | tuple[int, ...] | None = None  # one id or several (HF config)
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:

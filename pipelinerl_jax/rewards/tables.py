@@ -66,9 +66,9 @@ class RewardParts:
 @dataclasses.dataclass(frozen=True)
 class RewardTable:
     """Verdict + length -> reward. Fields are the table's coefficients."""
-    name: str
-    success_weight: float = 1.0
-    format_weight: float = 0.0
+    name: str                             # the table's name in REWARD_TABLES
+    success_weight: float = 1.0           # reward of a correct answer (partial credit scales it)
+    format_weight: float = 0.0            # bonus for a finished, parseable answer, right or wrong
     overlong_buffer_tokens: int = 0       # penalise lengths in (max_tokens - buffer, max_tokens]
     overlong_buffer_fraction: float = 0.0  # or the buffer as a fraction of max_tokens
     overlong_penalty: float = 1.0         # the penalty at exactly max_tokens

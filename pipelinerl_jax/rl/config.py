@@ -36,7 +36,8 @@ class BatchConfig:
     advantage: str = "group_mean"        # "group_mean" | "leave_one_out"
     normalize_std: bool = False          # divide advantages by the group's reward std
     filter_zero_std_groups: bool = False  # drop groups whose rewards are all equal (counted)
-    weighting: str = "sequence_sum"      # see WEIGHTINGS
+    weighting: str = "sequence_sum"      # "sequence_sum" | "token_mean" | "group_token_mean" |
+                                         #   "sequence_mean" (WEIGHTINGS, rl/weights.py)
     overlong_filter: bool = False        # samples that ended without EOS get weight 0
 
     def __post_init__(self):
@@ -70,22 +71,22 @@ class LossConfig:
     objective: str = "tis_reinforce"   # "tis_reinforce" | "ppo" | "gspo"
     tis_clip: float = 5.0              # c in min(pi/mu, c)
     ppo_eps_low: float = 0.2           # ratio clipped to [1 - eps_low, 1 + eps_high]
-    ppo_eps_high: float = 0.28
+    ppo_eps_high: float = 0.28         # (the upper clip is wider: DAPO's clip-higher)
     gspo_eps_low: float = 3e-4         # sequence ratios live much closer to 1
-    gspo_eps_high: float = 4e-4
+    gspo_eps_high: float = 4e-4        # upper clip of the sequence ratio
     temperature: float = 1.0           # sampling temperature: logits / temperature before softmax
     kl_coef: float = 0.0               # k3 KL to the reference policy, linear from kl_coef ...
     kl_coef_end: float | None = None   # ... to kl_coef_end over kl_schedule_steps (None: constant)
-    kl_schedule_steps: int = 0
+    kl_schedule_steps: int = 0         # steps of the kl_coef -> kl_coef_end schedule
     entropy_coef: float = 0.0          # entropy bonus, same linear schedule form
-    entropy_coef_end: float | None = None
-    entropy_schedule_steps: int = 0
+    entropy_coef_end: float | None = None  # None: constant entropy_coef
+    entropy_schedule_steps: int = 0    # steps of the entropy_coef -> entropy_coef_end schedule
     # The LM head and log-softmax run in f32 over chunks so [tokens, V] f32 never exists whole.
     # Per-token objectives (tis_reinforce, ppo) fuse loss and head gradient over token chunks
     # of `token_chunk` tokens ([token_chunk, V] f32 at a time, no recompute); gspo needs whole
     # sequences first and uses vocabulary chunks of `vocab_chunk` with a recomputing backward.
     token_chunk: int = 1024
-    vocab_chunk: int = 8192
+    vocab_chunk: int = 8192            # gspo's vocabulary chunk (see token_chunk)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:

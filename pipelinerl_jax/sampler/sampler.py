@@ -47,19 +47,20 @@ KV_POLICIES = ("keep", "recompute")
 class SamplerConfig:
     """Sizes and policies of one sampler. Size the pool with num_pages or kv_memory_bytes;
     with neither, every slot gets room for max_seq_len tokens."""
-    num_slots: int = 8
-    max_seq_len: int = 2048
-    page_size: int = 16
+    num_slots: int = 8                  # sequences decoded at once (per sampler)
+    max_seq_len: int = 2048             # prompt + completion tokens a slot can hold
+    page_size: int = 16                 # tokens per KV cache page
     num_pages: int | None = None        # including one null page per data shard
-    kv_memory_bytes: int | None = None
+    kv_memory_bytes: int | None = None  # or size the KV pool by bytes
     chunk_steps: int = 16               # decode steps per jitted chunk
     prefill_chunk: int = 512            # longest prefill piece (tokens); multiple of page_size
     max_prefill_rows: int = 16          # prefill rows per call and shard
     max_stop_tokens: int = 8            # EOS + stop ids per request
     kv_policy: str = "keep"             # "keep" | "recompute"
     cache_dtype: str | None = None      # default: the model's compute dtype
-    truncated_logprobs: bool = False    # see sampling.py
-    seed: int = 0
+    truncated_logprobs: bool = False    # record logprobs of the top-k/top-p truncated
+                                        #   distribution, not the tempered one (sampling.py)
+    seed: int = 0                       # sampling seed (a run adds its own seed)
     data_axis: str = "data"             # mesh axis the slots are split over
     tp_axis: str = "tp"                 # mesh axis params / kv heads are split over (if any)
     min_window_pages: int = 1           # attention reads >= this many pages per slot; set it

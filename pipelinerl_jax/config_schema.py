@@ -1,0 +1,238 @@
+"""Every field a run config can set: its path, type, default and meaning (launch.py --help).
+
+The dataclasses that `config.from_config_dict` builds are the one source of truth. A field's
+type is its annotation, its default the dataclass default (config.py's TOP_DEFAULTS and
+GENERATION_DEFAULTS for RunConfig's own fields, which the dataclass leaves required), and its
+meaning the `#` comment beside it in the source, continued on the comment lines below that are
+indented past the field, or the comment block just above it. The comments are read with
+`ast` + `tokenize`, so there is no second copy of them to fall out of date.
+
+Three dict fields take keys of their own, each a field here too: `model.init` (ModelConfig's
+architecture), `data.task_options` (the built-in tasks' fields) and `reward.table_options`
+(RewardTable's coefficients).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import io
+import tokenize
+import typing
+from typing import Any
+
+from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.errors import ConfigError
+
+MISSING = dataclasses.MISSING
+# Fields whose default is computed from other fields (shown instead of a value).
+_DERIVED_DEFAULTS = {
+    "trainer.total_steps": "steps",
+    "loss.temperature": "generation.temperature (must be equal)",
+    "batch.seq_len": "0 = generation.max_prompt_tokens + max_new_tokens",
+    "batch.num_rows": "0 = enough rows for any batch",
+}
+# Fields that hold a JSON list / a JSON object in the ConfigDict (tuples in the dataclasses).
+LIST_FIELDS = ("data.datasets", "data.few_shot", "eval.datasets")
+DICT_FIELDS = ("model.init", "data.task_options", "reward.table_options")
+# model.init leaves these to the model section.
+_MODEL_SECTION_FIELDS = ("param_dtype", "compute_dtype", "remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One settable field of the ConfigDict."""
+    path: str                 # dotted, without "config.": "trainer.learning_rate"
+    type: Any                 # the dataclass annotation
+    default: Any              # MISSING: required, or derived (see `derived`)
+    doc: str                  # the field's comment
+    kind: str = "value"       # "value" | "list" | "dict"
+    derived: str = ""         # how the default is computed when the file leaves it out
+    section_doc: str = ""     # first line of the section dataclass's docstring
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Field name -> its `#` comment, for a dataclass and the dataclasses it inherits from."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            for name, text in _own_docs(base).items():
+                if text or name not in docs:  # a subclass redefining a default keeps the doc
+                    docs[name] = text
+    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def _own_docs(cls) -> dict[str, str]:
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # no source (e.g. a frozen install): meanings are blank
+        return {}
+    lines = source.splitlines()
+    comments = {}  # row -> (column, text, alone on its line)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            comments[row] = (col, tok.string.lstrip("#").strip(), not lines[row - 1][:col].strip())
+    docs = {}
+    for stmt in ast.parse(source).body[0].body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        col, above, beside = stmt.col_offset, [], []
+        row = stmt.lineno - 1
+        while row in comments and comments[row][2] and comments[row][0] == col:
+            above.insert(0, comments[row][1])
+            row -= 1
+        for row in range(stmt.lineno, stmt.end_lineno + 1):
+            if row in comments and not comments[row][2]:
+                beside.append(comments[row][1])
+        row = stmt.end_lineno + 1
+        while beside and row in comments and comments[row][2] and comments[row][0] > col:
+            beside.append(comments[row][1])
+            row += 1
+        docs[stmt.target.id] = " ".join(t for t in above + beside if t)
+    return docs
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def _common_default(owners: dict[str, Any], name: str, what: str) -> tuple[Any, str]:
+    """(default, "") when every owner defining `name` agrees, else (MISSING, "per task: a 1,
+    b 2")."""
+    values = {o: getattr(obj, name) for o, obj in owners.items() if hasattr(obj, name)}
+    if len({repr(v) for v in values.values()}) == 1:
+        return next(iter(values.values())), ""
+    return MISSING, f"per {what}: " + ", ".join(f"{o} {v!r}" for o, v in values.items())
+
+
+def _section_doc(section: str, cls) -> str:
+    """The first paragraph of the section dataclass's own docstring (not dataclass's repr)."""
+    if section == "generation":
+        return "How completions are sampled (the run's own fields)."
+    doc = cls.__dict__.get("__doc__") or ""
+    if doc.startswith(cls.__name__ + "("):  # dataclass's generated signature: no docstring
+        return ""
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+
+
+def _section_fields(section: str, cls) -> list[Field]:
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    first = _section_doc(section, cls)
+    skip = set(config_lib.DERIVED.get(section, {}))
+    if section == "generation":
+        names = list(config_lib.GENERATION_DEFAULTS)
+    else:
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    out = []
+    for name in names:
+        path = f"{section}.{name}"
+        default = (config_lib.GENERATION_DEFAULTS[name] if section == "generation"
+                   else _default(by_name[name]))
+        derived = _DERIVED_DEFAULTS.get(path, "")
+        if derived:
+            default = 0 if derived.startswith("0 =") else MISSING
+        kind = "list" if path in LIST_FIELDS else "dict" if path in DICT_FIELDS else "value"
+        if kind == "dict":
+            default = {}
+        elif kind == "list":
+            default = []
+        out.append(Field(path, hints[name], default, docs[name], kind, derived, first))
+        if kind == "dict":
+            out.extend(_dict_keys(path))
+    return out
+
+
+def _dict_keys(path: str) -> list[Field]:
+    """The keys of model.init, data.task_options and reward.table_options, as fields."""
+    from pipelinerl_jax.data.tasks import TASKS
+    from pipelinerl_jax.models.config import ModelConfig
+    from pipelinerl_jax.rewards.tables import REWARD_TABLES, RewardTable
+    if path == "model.init":
+        hints, docs = typing.get_type_hints(ModelConfig), field_docs(ModelConfig)
+        return [Field(f"{path}.{f.name}", hints[f.name], _default(f), docs[f.name])
+                for f in dataclasses.fields(ModelConfig) if f.name not in _MODEL_SECTION_FIELDS]
+    owners = TASKS if path == "data.task_options" else REWARD_TABLES
+    what = "task" if path == "data.task_options" else "table"
+    classes = list(TASKS.values()) if path == "data.task_options" else [RewardTable]
+    out, seen = [], set()
+    for cls in classes:
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in seen or f.name == "name":
+                continue
+            seen.add(f.name)
+            default, per_owner = _common_default(owners, f.name, what)
+            which = [o for o, obj in owners.items() if hasattr(obj, f.name)]
+            doc = docs[f.name]
+            if path == "data.task_options" and len(which) < len(owners):
+                doc += f" (tasks: {', '.join(which)})"
+            out.append(Field(f"{path}.{f.name}", hints[f.name], default, doc,
+                             derived=per_owner))
+    return out
+
+
+@functools.cache
+def fields() -> tuple[Field, ...]:
+    """Every settable field: the top level, then each section in config.SECTIONS order."""
+    hints, docs = typing.get_type_hints(config_lib.RunConfig), field_docs(config_lib.RunConfig)
+    by_name = {f.name: f for f in dataclasses.fields(config_lib.RunConfig)}
+    out = []
+    for name in config_lib.TOP_FIELDS:
+        default = config_lib.TOP_DEFAULTS.get(name, _default(by_name[name]))
+        out.append(Field(name, hints[name], MISSING if default is None else default, docs[name]))
+    for section, cls in config_lib.SECTIONS.items():
+        out.extend(_section_fields(section, cls))
+    return tuple(out)
+
+
+@functools.cache
+def by_path() -> dict[str, Field]:
+    return {f.path: f for f in fields()}
+
+
+def find(path: str) -> Field:
+    """The field at `path` ("trainer.learning_rate"); a one-line ConfigError with the closest
+    valid path otherwise."""
+    table = by_path()
+    if path in table:
+        return table[path]
+    if path in config_lib.SECTIONS:
+        example = next(f.path for f in fields() if f.path.startswith(path + "."))
+        raise ConfigError(f"--config.{path} is a section; set its fields, e.g. "
+                          f"--config.{example}=...")
+    head, _, leaf = path.rpartition(".")
+    if leaf in config_lib.DERIVED.get(head, {}):
+        raise ConfigError(f"--config.{path} is set from {config_lib.DERIVED[head][leaf]}; leave "
+                          "it out")
+    if head in table and table[head].kind != "dict":
+        raise ConfigError(f"--config.{path}: {head} is not a dict; set --config.{head}=VALUE")
+    raise ConfigError(f"--config.{path}: no such field{suggest(path)} "
+                      "(launch.py --help lists every field)")
+
+
+def suggest(path: str) -> str:
+    """"; did you mean --config.X?" for a mistyped path, or ""."""
+    paths = list(by_path())
+    leaf = path.rpartition(".")[2]
+    # The right name in the wrong place (`--config.learning_rate`), else the closest spelling.
+    found = [p for p in paths if p.rpartition(".")[2] == leaf]
+    found = found or difflib.get_close_matches(path, paths, n=1, cutoff=0.6)
+    if not found:
+        leaves = {}
+        for p in paths:
+            leaves.setdefault(p.rpartition(".")[2], p)
+        found = [leaves[c] for c in difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.75)]
+    if not found:
+        return ""
+    return "; did you mean " + " or ".join(f"--config.{p}" for p in found[:3]) + "?"
