@@ -14,8 +14,11 @@ $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# Each run gets its own directory (metrics, checkpoints, samples) unless ARGS names a --workdir.
+RUN_WORKDIR = $(if $(findstring --workdir,$(ARGS)),,--workdir=runs/$$(date +%Y%m%d-%H%M%S))
+
 run: $(STAMP)
-	$(PY) launch.py $(ARGS)
+	$(PY) launch.py $(RUN_WORKDIR) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests

@@ -1,9 +1,16 @@
-"""Launch a PipelineRL run: absl flags -> config -> pipeline.run.
+"""Launch a PipelineRL run: a config file, plus command-line overrides, -> pipeline.run.
 
     python launch.py                                     # the embedded default (configs/default.py)
     python launch.py --config=configs/default.py --workdir=/tmp/run --config.trainer.learning_rate=1e-3
+    python launch.py --config.data.task_options='{"max_digits": 4}' --config.reward.timeout_s=10
+    python launch.py --dry_run                           # check, print config, params, memory; exit
+    python launch.py --help                              # these flags and every config field
 
-Bad configuration exits with code 2 and a one-line message before anything compiles.
+Any config field can be set with --config.<field>=<value>, including fields the config file
+leaves out; values are JSON when they parse (numbers, true/false, null, lists, objects), else
+text. Bad configuration (unknown field, bad value, missing or broken config file, unwritable
+workdir) exits with code 2 and a one-line message before anything compiles. Third-party INFO
+logs (absl, Orbax, JAX) are off unless --verbosity asks for them (--verbosity=0: INFO).
 """
 
 import logging
@@ -12,30 +19,49 @@ import signal
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
+from absl import logging as absl_logging
+
+from pipelinerl_jax import cli, config_cli
+from pipelinerl_jax.errors import ConfigError
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Python config file (get_config()).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (metrics.jsonl, config.json).")
+_CONFIG = flags.DEFINE_string("config", _DEFAULT, "Python config file whose get_config() "
+                              "returns an ml_collections.ConfigDict; --config.<field>=<value> "
+                              "overrides any field (listed by --help).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: metrics.jsonl, config.json, "
+                               "samples.jsonl, checkpoints; launching again resumes.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate the config, resolve the devices, print "
+                             "the resolved config, parameter count and memory estimate, and "
+                             "exit without loading weights or compiling.")
 
 
-def main(argv):
+def main(argv, overrides):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        _fail("error", f"unexpected arguments {argv[1:]}; flags look like --name=value")
+    if not flags.FLAGS["verbosity"].present:
+        # absl turns INFO on once flags are parsed; Orbax alone then prints ~60 lines per
+        # checkpoint. Our own progress lines are printed, not logged, so they still show.
+        absl_logging.set_verbosity(absl_logging.WARNING)
     # Ctrl-C / SIGINT must stop the run even when the parent ignored or blocked SIGINT (signal
     # dispositions and masks are inherited through fork + exec, e.g. from test runners and
     # job wrappers). Done before JAX starts its threads, which inherit this thread's mask.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from pipelinerl_jax import config as config_lib
-    from pipelinerl_jax.errors import ConfigError
-    from pipelinerl_jax.pipeline.run import run
     try:
-        cfg = config_lib.from_config_dict(_CONFIG.value)
+        c = config_cli.load_file(_CONFIG.value)
+        config_cli.apply_overrides(c, overrides)
+        cfg = config_lib.from_config_dict(c)
+        if _DRY_RUN.value:
+            from pipelinerl_jax.dry_run import dry_run
+            config_cli.check_workdir(_WORKDIR.value, create=False)
+            dry_run(cfg)
+            return
+        config_cli.check_workdir(_WORKDIR.value, create=True)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail("config error", e)
     from pipelinerl_jax.pipeline.coordinator import PipelineError
+    from pipelinerl_jax.pipeline.run import run
     try:
         run(cfg, _WORKDIR.value)
     except KeyboardInterrupt:
@@ -45,8 +71,12 @@ def main(argv):
         print(f"run failed: {e}", file=sys.stderr)
         _exit_now(1)
     except ConfigError as e:  # found once the devices/model are known (e.g. mesh too large)
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail("config error", e)
+
+
+def _fail(kind: str, message) -> None:
+    print(f"{kind}: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _exit_now(code: int) -> None:
@@ -64,5 +94,45 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _parse_flags(argv):
+    """absl's parse, with a bad flag as one line and exit code 2 (absl: usage and exit 1)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        _fail("error", e)
+
+
+def _help(argv, overrides, asked: str) -> None:
+    """--help: this docstring, the flags and every config field (with the --config file's
+    values and any overrides applied); --helpfull adds absl's own flags (--verbosity, ...)."""
+    argv = [a for a in argv if a not in cli.HELP_FLAGS]
+    flags.FLAGS(argv, known_only=True)
+    c = config_cli.load_file(_CONFIG.value)
+    config_cli.apply_overrides(c, overrides)
+    if asked == "--helpfull":
+        flag_help = flags.FLAGS.get_help()
+    else:
+        flag_help = flags.FLAGS.module_help(sys.modules[__name__]) + (
+            "\n  --verbosity: absl logging level: -1 warnings (the default here), 0 INFO, "
+            "1 debug.\n  (--helpfull lists absl's other flags)")
+    source = os.path.relpath(_CONFIG.value) if _CONFIG.value else "the config"
+    print(f"{__doc__.strip()}\n\nflags:\n{flag_help.rstrip()}\n\n"
+          f"{config_cli.help_text(c, source)}", end="")
+
+
+def launch(argv: list[str]) -> None:
+    try:
+        rest, overrides = config_cli.split_argv(argv)
+        asked = cli.wants_help(rest)
+        if asked:
+            _help(rest, overrides, asked)
+            return
+    except ConfigError as e:
+        _fail("config error", e)
+    except flags.Error as e:
+        _fail("error", e)
+    app.run(lambda args: main(args, overrides), argv=rest, flags_parser=_parse_flags)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    launch(sys.argv)

@@ -1,0 +1,51 @@
+"""launch.py --dry_run: the checks a run makes before it loads or compiles anything, then stop.
+
+From a validated RunConfig: the task's options (built, not drawn from), the dataset files
+(found, not read), the reward function (imported), the devices split into the sampler and
+trainer meshes as the run splits them (`pipeline.run.split_devices`), the model's shape (from
+model.hf_dir's config.json or model.init; no weights) and the run's own start-up memory
+estimate (`memory.estimate`, refused with one line when it cannot fit, as a run is). Prints the
+resolved config as JSON, then the devices, the parameter count and the memory estimate.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pipelinerl_jax import config as config_lib
+
+
+def dry_run(cfg: config_lib.RunConfig, echo=print) -> dict:
+    """Checks cfg as a run would before building anything; returns what it printed, as a dict."""
+    import jax
+
+    from pipelinerl_jax import memory
+    from pipelinerl_jax.data.datasets import resolve_files
+    from pipelinerl_jax.data.tasks import make_task
+    from pipelinerl_jax.pipeline.run import model_config, split_devices
+    from pipelinerl_jax.rewards.tables import reward_fn_spec
+
+    if cfg.data.task:
+        make_task(cfg.data.task, **dict(cfg.data.task_options))
+    for spec in (*cfg.data.datasets, *cfg.eval.datasets):
+        resolve_files(spec.path)
+    reward_fn_spec(cfg.reward.fn)
+    devices = jax.devices()
+    sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
+    model_cfg = model_config(cfg)
+    # The same estimate and refusal as the run's start-up check (pipeline.run.check_memory).
+    est = memory.estimate(cfg, model_cfg, shared_device=True)
+    shared = " (shared)" if sampler_devices == trainer_devices else ""
+    out = {"config": config_lib.as_dict(cfg),
+           "devices": {"platform": devices[0].platform, "sampler": len(sampler_devices),
+                       "trainer": len(trainer_devices)},
+           "params": model_cfg.num_params(), "memory_gib": est.total / memory.GiB}
+    echo(json.dumps(out["config"], indent=2, default=str))
+    echo(f"devices: {devices[0].platform} x {len(devices)}: sampler {len(sampler_devices)}, "
+         f"trainer {len(trainer_devices)}{shared}")
+    echo(f"model: {model_cfg.model_type}, {model_cfg.num_layers} layers, hidden "
+         f"{model_cfg.hidden_size}: {out['params']:,} parameters ({model_cfg.param_dtype})")
+    echo(str(est))
+    memory.check_fits(est, memory.available_bytes())
+    echo("dry run: the config is valid; nothing was loaded or compiled")
+    return out

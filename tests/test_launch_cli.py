@@ -1,0 +1,207 @@
+"""launch.py's command line: overrides of any field (lists and dicts as JSON) reach the
+RunConfig, every bad input is one line on stderr with exit code 2, --dry_run checks and prints
+without compiling, third-party INFO logs are off by default, and `make run` gets a workdir.
+
+Most cases call launch.launch in-process (seconds each); a few run the script itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from absl import flags
+from absl import logging as absl_logging
+
+import launch
+from pipelinerl_jax import config as config_lib
+from pipelinerl_jax import config_cli
+from pipelinerl_jax.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = f"--config={ROOT / 'configs' / 'tiny.py'}"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_flags():
+    verbosity = absl_logging.get_verbosity()
+    yield
+    flags.FLAGS.unparse_flags()  # the next in-process launch parses from scratch
+    absl_logging.set_verbosity(verbosity)
+
+
+def _launch(*args, capsys):
+    """(exit code, stdout, stderr) of launch.py with these arguments, in-process."""
+    with pytest.raises(SystemExit) as e:
+        launch.launch(["launch.py", *args])
+        raise SystemExit(0)  # --help returns instead of exiting
+    out = capsys.readouterr()
+    return e.value.code or 0, out.out, out.err
+
+
+def _config(*overrides, file="tiny.py"):
+    """The RunConfig a launch with these --config.* arguments would run."""
+    rest, parsed = config_cli.split_argv(list(overrides))
+    assert rest == []
+    c = config_cli.load_file(str(ROOT / "configs" / file))
+    config_cli.apply_overrides(c, parsed)
+    return config_lib.from_config_dict(c)
+
+
+def test_list_and_dict_overrides_reach_the_run_config():
+    cfg = _config('--config.data.few_shot=[{"question": "1+2?", "answer": "3"}]',
+                  "--config.reward.table=success_and_format",
+                  '--config.reward.table_options={"format_weight": 0.3}',
+                  '--config.eval.datasets=[{"path": "x.jsonl", "format": "gsm8k"}]',
+                  "--config.eval_every=5")
+    assert cfg.data.few_shot == (("1+2?", "3"),)
+    assert dict(cfg.reward.table_options) == {"format_weight": 0.3}
+    assert cfg.eval.datasets[0].path == "x.jsonl" and cfg.eval.datasets[0].format == "gsm8k"
+    cfg = _config("--config.data.task=", "--config.eval_every=0",
+                  '--config.data.datasets=[{"path": "train.jsonl", "format": "gsm8k"}]')
+    assert cfg.data.task == "" and cfg.data.datasets[0].path == "train.jsonl"
+
+
+def test_fields_the_file_leaves_out_and_dict_keys_can_be_set():
+    cfg = _config("--config.reward.timeout_s=12", "--config.data.task_options.num_problems=50",
+                  "--config.model.init.num_layers", "3", "--config.sampler.num_pages=9",
+                  "--config.trainer.b2=0.95")
+    assert cfg.reward.timeout_s == 12.0 and isinstance(cfg.reward.timeout_s, float)
+    assert dict(cfg.data.task_options)["num_problems"] == 50
+    assert dict(cfg.data.task_options)["max_digits"] == 5  # the file's other options stay
+    assert dict(cfg.model.init)["num_layers"] == 3
+    assert cfg.sampler.num_pages == 9 and cfg.trainer.b2 == 0.95
+
+
+def test_values_convert_to_the_field_type():
+    cfg = _config("--config.devices.sampler=1", "--config.model.remat", "--config.data.system_prompt=null",
+                  "--config.loss.entropy_coef_end=0.01", "--config.compile_cache=",
+                  "--config.trainer.learning_rate=1e-3", "--config.max_lag=3",
+                  "--config.data.prompt_template=chat")
+    assert cfg.devices.sampler == 1.0 and isinstance(cfg.devices.sampler, float)
+    assert cfg.model.remat is True and cfg.data.system_prompt is None
+    assert cfg.trainer.loss.entropy_coef_end == 0.01 and cfg.compile_cache == ""
+    assert cfg.trainer.learning_rate == 1e-3 and cfg.max_lag == 3
+    assert cfg.data.prompt_template == "chat"
+    assert _config("--config.seed=1", "--config.seed=2").seed == 2  # the last one wins
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--config.nosuch=1"], "config error: --config.nosuch: no such field"),
+    (["--config.max_lagg=3"], "did you mean --config.max_lag?"),
+    (["--config.learning_rate=1e-3"], "did you mean --config.trainer.learning_rate?"),
+    (["--config=configs/nosuch.py"], "--config=configs/nosuch.py: no such file"),
+    (["--config=configs/defualt.py"], "did you mean configs/default.py?"),
+    (["--config.max_lag=abc"], "--config.max_lag=abc: expected an integer"),
+    (["--config.trainer.learning_rate=fast"], "expected a number"),
+    (["--config.model.remat=maybe"], "expected true or false"),
+    (["--config.data.datasets=x.jsonl"], "expected a JSON list, e.g. --config.data.datasets="),
+    (["--config.reward.table_options=0.3"], "expected a JSON object"),
+    (["--config.batch_size=30"], "not divisible by config.group_size"),
+    (["--config.data.task_options.difficulty=2"], "task reverse_digits has no such option"),
+    (["--config.batch.max_sequences=3"], "is set from batch_size; leave it out"),
+    (["--config.max_lag"], "--config.max_lag needs a value"),
+    (["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+    (["stray"], "error: unexpected arguments ['stray']"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, expected, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code, out, err = _launch(*args, "--dry_run", capsys=capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and expected in err, err
+    assert out == ""
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("def get_config():\n    raise ValueError('no\\nway')\n", "get_config() raised ValueError: no way"),
+    ("x = 1\n", "defines no get_config()"),
+    ("def get_config(:\n", "loading it failed: SyntaxError"),
+    ("def get_config():\n    return 3\n", "get_config() returned int"),
+])
+def test_broken_config_file_is_one_line_and_exit_2(tmp_path, body, expected, capsys):
+    path = tmp_path / "broken.py"
+    path.write_text(body)
+    code, _, err = _launch(f"--config={path}", "--dry_run", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and expected in err, err
+
+
+def test_unwritable_workdir_is_one_line_and_exit_2(tmp_path, capsys):
+    # A path under a regular file: not creatable even as root (chmod would not stop root).
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for extra in ([], ["--dry_run"]):
+        code, _, err = _launch(TINY, f"--workdir={blocker / 'run'}", *extra, capsys=capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"config error: --workdir={blocker / 'run'} is not a writable "
+                              "directory"), err
+    code, _, err = _launch(TINY, f"--workdir={blocker}", capsys=capsys)
+    assert code == 2 and "is not a writable directory" in err
+    assert blocker.is_file()
+
+
+def test_check_workdir_creates_only_for_a_run(tmp_path):
+    config_cli.check_workdir(str(tmp_path / "new" / "run"), create=False)
+    assert not (tmp_path / "new").exists()
+    config_cli.check_workdir(str(tmp_path / "new" / "run"), create=True)
+    assert (tmp_path / "new" / "run").is_dir() and not list((tmp_path / "new" / "run").iterdir())
+    with pytest.raises(ConfigError, match="is a file"):
+        (tmp_path / "f").write_text("")
+        config_cli.check_workdir(str(tmp_path / "f" / "x"), create=False)
+
+
+def test_dry_run_prints_config_params_and_memory_and_exits_0(tmp_path, capsys):
+    code, out, err = _launch(TINY, "--dry_run", "--config.reward.timeout_s=9",
+                             f"--workdir={tmp_path / 'run'}", capsys=capsys)
+    assert code == 0, err
+    resolved = json.loads(out[:out.index("\ndevices: ")])
+    assert resolved["reward"]["timeout_s"] == 9.0 and resolved["steps"] == 8
+    assert "devices: cpu x 1: sampler 1, trainer 1 (shared)" in out
+    assert "parameters (float32)" in out and "memory estimate:" in out
+    assert "nothing was loaded or compiled" in out
+    assert "compiling" not in out + err
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--config.devices.sampler_tp=2"], "devices.sampler_tp=2 and devices.trainer_tp=1 need more"),
+    (["--config.model.init.num_layers=100000", "--config.model.init.hidden_size=8192"],
+     "config error: memory estimate"),
+    (['--config.data.datasets=[{"path": "no/such.jsonl"}]', "--config.data.task=",
+      "--config.eval_every=0"], "dataset file not found: no/such.jsonl"),
+])
+def test_dry_run_refuses_what_a_run_would(args, expected, capsys):
+    code, _, err = _launch(TINY, "--dry_run", *args, capsys=capsys)
+    assert code == 2 and expected in err and err.count("\n") == 1, err
+
+
+def test_third_party_info_logs_are_off_unless_verbosity_asks(capsys):
+    assert _launch(TINY, "--dry_run", capsys=capsys)[0] == 0
+    assert absl_logging.get_verbosity() == absl_logging.WARNING
+    flags.FLAGS.unparse_flags()
+    assert _launch(TINY, "--dry_run", "--verbosity=0", capsys=capsys)[0] == 0
+    assert absl_logging.get_verbosity() == absl_logging.INFO
+
+
+def test_launch_script_dry_run_and_error_exit_codes():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "launch.py"), *a], cwd=ROOT,
+                                    env=env, capture_output=True, text=True, timeout=120)
+    proc = run("--dry_run")  # the embedded default
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "memory estimate:" in proc.stdout and "395,904 parameters" in proc.stdout
+    proc = run("--config.max_lagg=3")
+    assert proc.returncode == 2
+    assert proc.stderr == ("config error: --config.max_lagg: no such field; did you mean "
+                           "--config.max_lag? (launch.py --help lists every field)\n")
+
+
+def test_make_run_gets_a_timestamped_workdir_unless_args_name_one():
+    make = lambda *a: subprocess.run(["make", "-n", "run", *a], cwd=ROOT, capture_output=True,
+                                     text=True, timeout=60).stdout
+    line = [l for l in make().splitlines() if "launch.py" in l][-1]
+    assert "launch.py --workdir=runs/$(date +%Y%m%d-%H%M%S)" in line
+    line = [l for l in make("ARGS=--workdir=/tmp/x --config.seed=3").splitlines()
+            if "launch.py" in l][-1]
+    assert "runs/" not in line and line.endswith("--workdir=/tmp/x --config.seed=3")
