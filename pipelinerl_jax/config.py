@@ -160,12 +160,14 @@ def _top_value(top: dict, name: str):
 def _check_keys(top: dict, gen: dict) -> None:
     """Unknown top-level fields, sections and generation fields: one line, with a suggestion."""
     known = set(TOP_FIELDS) | set(SECTIONS)
-    for name in sorted(set(top) - known):
-        raise ConfigError(f"config.{name}: no such field{did_you_mean(name, known)} "
+    unknown = sorted(set(top) - known)
+    if unknown:
+        raise ConfigError(f"config.{unknown[0]}: no such field{did_you_mean(unknown[0], known)} "
                           "(launch.py --help lists every field)")
-    for name in sorted(set(gen) - set(GENERATION_DEFAULTS)):
-        raise ConfigError(f"config.generation.{name}: no such field"
-                          f"{did_you_mean(name, GENERATION_DEFAULTS)}; valid: "
+    unknown = sorted(set(gen) - set(GENERATION_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"config.generation.{unknown[0]}: no such field"
+                          f"{did_you_mean(unknown[0], GENERATION_DEFAULTS)}; valid: "
                           f"{sorted(GENERATION_DEFAULTS)}")
 
 
@@ -179,9 +181,10 @@ def _section(cfg, name: str) -> dict:
 def _build(cls, values: dict, where: str, **extra):
     """cls(**values) with unknown keys reported as a one-line error."""
     fields = {f.name for f in dataclasses.fields(cls)} - set(extra)
-    for name in sorted(set(values) & set(extra)):
-        derived = DERIVED.get(where, {}).get(name, "other fields")
-        raise ConfigError(f"config.{where}.{name} is set from {derived}; leave it out")
+    clash = sorted(set(values) & set(extra))
+    if clash:
+        derived = DERIVED.get(where, {}).get(clash[0], "other fields")
+        raise ConfigError(f"config.{where}.{clash[0]} is set from {derived}; leave it out")
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ConfigError(f"config.{where}: unknown field(s) {unknown}"
@@ -240,9 +243,11 @@ def from_config_dict(cfg) -> RunConfig:
             raise ConfigError(f"config.data.task={data_spec.task!r} is unknown; choose one of "
                               f"{sorted(TASKS)}")
         options = {f.name for f in dataclasses.fields(TASKS[data_spec.task])}
-        for name in sorted(set(task_options) - options):
-            raise ConfigError(f"config.data.task_options.{name}: task {data_spec.task} has no "
-                              f"such option{did_you_mean(name, options)}; valid: {sorted(options)}")
+        unknown = sorted(set(task_options) - options)
+        if unknown:
+            raise ConfigError(f"config.data.task_options.{unknown[0]}: task {data_spec.task} has "
+                              f"no such option{did_you_mean(unknown[0], options)}; valid: "
+                              f"{sorted(options)}")
 
     gen = _section(cfg, "generation")
     gen = {**GENERATION_DEFAULTS, **gen}

@@ -28,12 +28,12 @@ from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.errors import ConfigError
 
 MISSING = dataclasses.MISSING
-# Fields whose default is computed from other fields (shown instead of a value).
+# Fields whose default from_config_dict computes from other fields: (default, how).
 _DERIVED_DEFAULTS = {
-    "trainer.total_steps": "steps",
-    "loss.temperature": "generation.temperature (must be equal)",
-    "batch.seq_len": "0 = generation.max_prompt_tokens + max_new_tokens",
-    "batch.num_rows": "0 = enough rows for any batch",
+    "trainer.total_steps": (MISSING, "steps"),
+    "loss.temperature": (MISSING, "generation.temperature (must be equal)"),
+    "batch.seq_len": (0, "0 = generation.max_prompt_tokens + max_new_tokens"),
+    "batch.num_rows": (0, "0 = enough rows for any batch"),
 }
 # Fields that hold a JSON list / a JSON object in the ConfigDict (tuples in the dataclasses).
 LIST_FIELDS = ("data.datasets", "data.few_shot", "eval.datasets")
@@ -139,9 +139,9 @@ def _section_fields(section: str, cls) -> list[Field]:
         path = f"{section}.{name}"
         default = (config_lib.GENERATION_DEFAULTS[name] if section == "generation"
                    else _default(by_name[name]))
-        derived = _DERIVED_DEFAULTS.get(path, "")
-        if derived:
-            default = 0 if derived.startswith("0 =") else MISSING
+        derived = ""
+        if path in _DERIVED_DEFAULTS:
+            default, derived = _DERIVED_DEFAULTS[path]
         kind = "list" if path in LIST_FIELDS else "dict" if path in DICT_FIELDS else "value"
         if kind == "dict":
             default = {}

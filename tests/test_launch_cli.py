@@ -127,6 +127,20 @@ def test_broken_config_file_is_one_line_and_exit_2(tmp_path, body, expected, cap
     assert code == 2 and err.count("\n") == 1 and expected in err, err
 
 
+@pytest.mark.parametrize("line, expected", [
+    ("c.max_lagg = 3", "config.max_lagg: no such field; did you mean max_lag?"),
+    ("c.generation.max_new_token = 3", "config.generation.max_new_token: no such field; did you "
+                                       "mean max_new_tokens?"),
+    ("c.trainr = {}", "config.trainr: no such field; did you mean trainer?"),
+])
+def test_typo_in_a_config_file_is_one_line_and_exit_2(tmp_path, line, expected, capsys):
+    path = tmp_path / "typo.py"
+    path.write_text(f"from configs import tiny\n\ndef get_config():\n    c = tiny.get_config()\n"
+                    f"    {line}\n    return c\n")
+    code, _, err = _launch(f"--config={path}", "--dry_run", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and expected in err, err
+
+
 def test_unwritable_workdir_is_one_line_and_exit_2(tmp_path, capsys):
     # A path under a regular file: not creatable even as root (chmod would not stop root).
     blocker = tmp_path / "a_file"
