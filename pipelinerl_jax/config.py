@@ -227,6 +227,14 @@ def from_config_dict(cfg) -> RunConfig:
     if not model_spec.hf_dir and not init:
         raise ConfigError("config.model: set model.hf_dir to a Hugging Face directory or "
                           "model.init to the fields of a fresh decoder")
+    from pipelinerl_jax.models.config import ModelConfig
+    # The dtypes and remat come from the model section itself (pipeline.run.model_config).
+    arch = {f.name for f in dataclasses.fields(ModelConfig)} - {"param_dtype", "compute_dtype",
+                                                                 "remat"}
+    unknown = sorted(set(init) - arch)
+    if unknown:
+        raise ConfigError(f"config.model.init.{unknown[0]}: no such ModelConfig field"
+                          f"{did_you_mean(unknown[0], arch)}; valid: {sorted(arch)}")
 
     data = _section(cfg, "data")
     task_options = data.pop("task_options", {}) or {}

@@ -132,6 +132,8 @@ def test_broken_config_file_is_one_line_and_exit_2(tmp_path, body, expected, cap
     ("c.generation.max_new_token = 3", "config.generation.max_new_token: no such field; did you "
                                        "mean max_new_tokens?"),
     ("c.trainr = {}", "config.trainr: no such field; did you mean trainer?"),
+    ("c.model.init.num_layerz = 3", "config.model.init.num_layerz: no such ModelConfig field; "
+                                    "did you mean num_layers?"),
 ])
 def test_typo_in_a_config_file_is_one_line_and_exit_2(tmp_path, line, expected, capsys):
     path = tmp_path / "typo.py"
