@@ -69,3 +69,13 @@ def test_launch_help_shows_the_chosen_file_and_overrides_and_helpfull_adds_absl(
     assert "the value in configs/tiny.py" in proc.stdout
     assert "  --config.seed=5  (int; [built-in 0])" in proc.stdout.splitlines()
     assert "absl.logging:" in proc.stdout and "--[no]logtostderr" in proc.stdout
+
+
+def test_planner_answers_help_with_exit_0():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-m", "pipelinerl_jax.plan", "--help"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("Layout planner CLI")
+    for name in ("--devices:", "--batch:", "--max_lag:", "--profile:"):
+        assert name in proc.stdout

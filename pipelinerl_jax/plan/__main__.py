@@ -262,4 +262,10 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # absl's own --help exits 1; every tool of the package answers help with exit code 0.
+    from pipelinerl_jax import cli
+    if cli.wants_help(sys.argv):
+        flags.FLAGS.mark_as_parsed()
+        print(cli.usage(__doc__, flags.FLAGS, full=cli.wants_help(sys.argv) == "--helpfull"))
+        sys.exit(0)
     app.run(main)
