@@ -58,6 +58,8 @@ def define_flags(fv: flags.FlagValues) -> None:
     d(flags.DEFINE_bool, "chat", None, "Use the chat template (default: the run's template "
       "with --workdir, else plain).")
     d(flags.DEFINE_string, "system_prompt", DEFAULT_SYSTEM_PROMPT, "System prompt; '' = none.")
+    d(flags.DEFINE_bool, "few_shot", True, "With --workdir: show the run's few-shot examples "
+      "(data.few_shot) before each question; --nofew_shot asks zero-shot.")
     d(flags.DEFINE_string, "reward", None, "Reward: math, task or module:callable (default: "
       "task for --task, else math).")
     d(flags.DEFINE_integer, "reward_workers", 2, "Reward worker processes; 0 = inline, no "
@@ -157,7 +159,7 @@ def _prompt_config(fv, task, run_config):
     if run_config is not None and not fv["system_prompt"].present:
         system_prompt = data.get("system_prompt")
         system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
-    few_shot = tuple(tuple(pair) for pair in data.get("few_shot") or ())
+    few_shot = tuple(tuple(pair) for pair in data.get("few_shot") or ()) if fv.few_shot else ()
     return PromptConfig(template=template, system_prompt=system_prompt or None,
                         few_shot=few_shot)
 

@@ -257,6 +257,9 @@ def test_a_run_is_evaluated_with_its_own_prompt():
     cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems",
                                          "--system_prompt=Other."), task, run)
     assert cfg.system_prompt == "Other." and cfg.few_shot == (("1+2?", "\\boxed{3}"),)
+    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems", "--nofew_shot"),
+                                  task, run)
+    assert cfg.system_prompt == "Box it." and cfg.few_shot == ()  # the run's, zero-shot
     papers = {"data": {"prompt_template": "chat", "system_prompt": None}}
     cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems"), task, papers)
     assert cfg.system_prompt == PromptConfig().system_prompt and cfg.few_shot == ()

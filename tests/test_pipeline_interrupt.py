@@ -3,6 +3,7 @@ says that none was saved and which step a relaunch resumes from. KeyboardInterru
 in the main thread (as SIGINT would) while the trainer thread runs a chosen step."""
 
 import _thread
+import signal
 import time
 
 import pytest
@@ -29,6 +30,15 @@ class InterruptingTrainer:
             _thread.interrupt_main()
             time.sleep(2.0)
         return self.trainer.train_step(state, batch)
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises_keyboard_interrupt():
+    """interrupt_main() does nothing where SIGINT is ignored, as in pytest-xdist's workers (and
+    under job wrappers): Python's own handler, as launch.py installs it, for these tests."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def interrupt_at(cfg, at_call, workdir):

@@ -65,10 +65,13 @@ def test_take_newer_waits_until_every_leaf_arrived():
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     publisher = Publisher(jax.tree.map(lambda _: sharding, _params(0)))
     leaf = _Pending()
-    publisher._staged = Staged(params={"w": leaf, "b": jnp.ones(2)}, version=5, staged_at=0.0)
+    # An arrived leaf: jnp.ones is dispatched asynchronously, and on a busy machine it may not
+    # have run yet when take_newer looks.
+    arrived = jnp.ones(2).block_until_ready()
+    publisher._staged = Staged(params={"w": leaf, "b": arrived}, version=5, staged_at=0.0)
     assert publisher.take_newer(4) is None  # still in flight: decoding goes on with version 4
     assert publisher.take_newer(4, when_ready=False).version == 5
-    publisher._staged = Staged(params={"w": leaf, "b": jnp.ones(2)}, version=6, staged_at=0.0)
+    publisher._staged = Staged(params={"w": leaf, "b": arrived}, version=6, staged_at=0.0)
     leaf.ready = True
     assert publisher.take_newer(5).version == 6
 
