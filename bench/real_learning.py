@@ -90,7 +90,7 @@ def plot(results: list[dict], path: Path) -> None:
         ev = r["eval"]
         ax2.plot([e["step"] for e in ev], [e["accuracy"] for e in ev], "o-", label="accuracy")
         ax2.plot([e["step"] for e in ev], [e["boxed"] for e in ev], "s--", label="boxed rate")
-    ax1.set(xlabel="optimizer step", title="sampled (T=1)")
+    ax1.set(xlabel="optimizer step", title="sampled (the run's temperature)")
     ax2.set(xlabel="optimizer step", title="held-out, greedy", ylim=(0, 1))
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)

@@ -59,7 +59,8 @@ def get_config():
     c.sampler.page_size = 16
     c.sampler.chunk_steps = 16
     c.sampler.prefill_chunk = 144     # every prompt in one chunk
-    c.sampler.max_prefill_rows = 16
+    c.sampler.max_prefill_rows = 4      # a step admits at most 16 slots / 4 attempts prompts
+    c.sampler.prefill_pad_tokens = True  # 3 prefill shapes (1, 2, 4 rows), compiled at start
     c.sampler.min_window_pages = 18  # = max_seq_len / page_size: one decode compile
 
     c.reward.fn = "math"

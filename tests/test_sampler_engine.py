@@ -117,6 +117,40 @@ def test_sampling_batch_equals_one_at_a_time(models, prompts):
     assert len(distinct) == len(prompts)
 
 
+def test_padded_prefill_warms_up_every_shape_and_samples_the_same(models, prompts):
+    """prefill_pad_tokens: warm_up() runs one prefill per power-of-two row count (1, 2, 4 rows
+    of prefill_chunk tokens) and writes no page but the null one; afterwards prompts of any length up to
+    prefill_chunk, admitted 1 to 4 at a time, compile no prefill, and the samples equal those
+    of the unpadded sampler (padding sits after a row's tokens, which never attend to it)."""
+    from pipelinerl_jax.compile_watch import CompileWatch
+    _, graphdef, params, _ = models
+    short = [p for p in prompts if len(p) <= CONFIG.prefill_chunk]
+    seeded = [SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=7 + i)
+              for i in range(len(short))]
+    plain = Sampler(graphdef, params, CONFIG)
+    expected = [plain.generate([p], params=sp)[0] for p, sp in zip(short, seeded)]
+    padded = Sampler(graphdef, params, dataclasses.replace(CONFIG, prefill_pad_tokens=True))
+    pages_before = [np.asarray(x) for x in (padded.state.k_pages, padded.state.v_pages)]
+    assert padded.warm_up() == 3
+    for before, after in zip(pages_before, (padded.state.k_pages, padded.state.v_pages)):
+        # Padding writes go to the null page 0 ([L, P, K, S, D]), which nothing reads unmasked.
+        np.testing.assert_array_equal(before[:, 1:], np.asarray(after)[:, 1:])
+    assert Sampler(graphdef, params, CONFIG).warm_up() == 0  # unpadded: nothing to warm
+    padded.generate([short[0]], params=seeded[0])  # the decode chunk's first use
+    watch = CompileWatch().install()
+    try:
+        got = [padded.generate([p], params=sp)[0] for p, sp in zip(short, seeded)]
+        for sp in seeded[:3]:  # 3 rows at once: the 4-row shape
+            padded.generate(short[:3], params=sp)
+        compiled, _ = watch.take()
+    finally:
+        watch.uninstall()
+    assert compiled == 0
+    for g, e in zip(got, expected):
+        assert g.token_ids == e.token_ids
+        np.testing.assert_allclose(g.logprobs, e.logprobs, rtol=1e-5, atol=1e-6)
+
+
 def test_group_attempts_share_prefill_and_equal_unshared_admission(models, prompts):
     _, graphdef, params, _ = models
     prompt = prompts[2]                    # 17 tokens: 16 cached = 2 full pages shared

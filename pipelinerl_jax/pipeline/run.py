@@ -193,6 +193,7 @@ def build(cfg: config_lib.RunConfig, devices=None) -> Components:
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed)
     sampler = Sampler(graphdef, params, sampler_cfg, eos_token_ids=eos,
                       mesh=sampler_mesh(sampler_devices, cfg))
+    sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
 
     admission = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag,
                           mode=cfg.mode, round_steps=cfg.conventional_steps)

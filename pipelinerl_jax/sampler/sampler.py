@@ -55,6 +55,9 @@ class SamplerConfig:
     chunk_steps: int = 16               # decode steps per jitted chunk
     prefill_chunk: int = 512            # longest prefill piece (tokens); multiple of page_size
     max_prefill_rows: int = 16          # prefill rows per call and shard
+    prefill_pad_tokens: bool = False    # pad every prefill piece to prefill_chunk tokens: one
+                                        #   compiled shape per power-of-two row count, all
+                                        #   compiled by warm_up(), so none compiles mid-run
     max_stop_tokens: int = 8            # EOS + stop ids per request
     kv_policy: str = "keep"             # "keep" | "recompute"
     cache_dtype: str | None = None      # default: the model's compute dtype
@@ -343,8 +346,8 @@ class Sampler:
             start = 0
             while start < longest:
                 remaining = longest - start
-                t = cfg.prefill_chunk if remaining > cfg.prefill_chunk else \
-                    min(cfg.prefill_chunk, max(cfg.page_size, _pow2_at_least(remaining)))
+                t = cfg.prefill_chunk if remaining > cfg.prefill_chunk or cfg.prefill_pad_tokens \
+                    else min(cfg.prefill_chunk, max(cfg.page_size, _pow2_at_least(remaining)))
                 n_rows = per_shard * sched.num_shards
                 tokens = np.zeros((n_rows, t), np.int32)
                 positions = np.full((n_rows, t), -1, np.int32)
@@ -364,6 +367,33 @@ class Sampler:
                                                  put(positions), put(tables), window=window)
                 self.stats["prefill_tokens"] += int((positions >= 0).sum())
                 start += t
+
+    def warm_up(self) -> int:
+        """Compiles every prefill shape a first piece can take, by running each on padding
+        rows (positions -1 write only to the null page); returns how many shapes ran.
+
+        Only with `prefill_pad_tokens`: then a first piece is [rows, prefill_chunk] with rows a
+        power of two up to the rows a shard can prefill at once, a handful of shapes. Without
+        it the token length varies too, and shapes compile on first use. Prompts longer than
+        prefill_chunk also prefill later pieces, each with its attention window: those still
+        compile on first use."""
+        cfg, sched = self.config, self.scheduler
+        if not cfg.prefill_pad_tokens:
+            return 0
+        cap = _pow2_at_least(min(cfg.max_prefill_rows, -(-cfg.num_slots // sched.num_shards)))
+        sharding = self._rows_sharding()
+        put = lambda a: jax.device_put(a, sharding)
+        per_shard, shapes = 1, 0
+        while per_shard <= cap:
+            n_rows = per_shard * sched.num_shards
+            tables = np.repeat(np.arange(sched.num_shards, dtype=np.int32) * sched.pages_per_shard,
+                               per_shard)[:, None].repeat(sched.pages_per_slot, axis=1)
+            self.state = self.engine.prefill(
+                self.params, self.state, put(np.zeros((n_rows, cfg.prefill_chunk), np.int32)),
+                put(np.full((n_rows, cfg.prefill_chunk), -1, np.int32)), put(tables), window=0)
+            per_shard, shapes = per_shard * 2, shapes + 1
+        jax.block_until_ready(self.state)
+        return shapes
 
     def _run_copies(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
