@@ -2,7 +2,10 @@
 
 The jax-triton call site is exercised on CPU with a stand-in `jax_triton` module that records
 what the real triton_call would receive (0.3.x `out_shape=` and 0.4.x `out_type=` styles) and
-answers with the reference; on a GPU the real module is tested by test_paged_attention_gpu.py.
+answers with a value no other path produces: 1 - 2 x the reference attention of the very arrays
+it was handed. The dispatcher's output must be exactly that, so a dispatch that fell back to the
+reference, dropped the kernel's result, or passed q/k/v/tables/lengths in the wrong order or
+with a wrong scale fails. On a GPU the real module is tested by test_paged_attention_gpu.py.
 """
 
 import sys
@@ -48,13 +51,17 @@ def test_triton_without_jax_triton_says_how_to_fix(monkeypatch):
         pa.paged_decode_attention(*_inputs(), scale=1.0, impl="triton")
 
 
+def _fake_kernel_result(q, k, v, tables, lengths, *, scale, dtype):
+    """What the stand-in kernel answers: distinct from the reference, a function of every input."""
+    ref = paged_decode_attention_ref(q, k, v, tables, lengths, scale=scale)
+    return (1.0 - 2.0 * ref.astype(jnp.float32)).astype(dtype)
+
+
 def _fake_jax_triton(style, calls):
     """A jax_triton stand-in with the given triton_call keyword style that records each call."""
     def record(args, kwargs, out):
         calls.append(dict(args=args, kwargs=kwargs, out=out))
-        q, k, v, tables, lengths = args
-        return paged_decode_attention_ref(q, k, v, tables, lengths,
-                                          scale=kwargs["SCALE_LOG2E"] / pt.LOG2E).astype(out.dtype)
+        return _fake_kernel_result(*args, scale=kwargs["SCALE_LOG2E"] / pt.LOG2E, dtype=out.dtype)
 
     if style == "0.3":
         def triton_call(*args, kernel, out_shape, grid, call_name="triton_kernel_call",
@@ -78,9 +85,13 @@ def test_triton_call_site_passes_the_shared_launch_params(monkeypatch, style, dt
     out = jax.jit(lambda *a: pa.paged_decode_attention(*a, scale=0.125, impl="triton"))(
         q, k, v, tables, lengths)
     assert out.dtype == dtype and out.shape == q.shape
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(
-        paged_decode_attention_ref(q, k, v, tables, lengths, scale=0.125), np.float32),
-        atol=1e-6)
+    # The kernel's answer comes through unchanged (same ops on the same inputs: exact) ...
+    kernel = jax.jit(lambda *a: _fake_kernel_result(*a, scale=0.125, dtype=dtype))(
+        q, k, v, jnp.asarray(tables, jnp.int32), jnp.asarray(lengths, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(kernel, np.float32))
+    # ... and is not the reference's (which a fallback to impl="ref" would give).
+    ref = paged_decode_attention_ref(q, k, v, tables, lengths, scale=0.125)
+    assert np.abs(np.asarray(out, np.float32) - np.asarray(ref, np.float32)).max() > 0.5
     (call,) = calls
     want = pt.contiguous_launch_params(q.shape, k.shape, tables.shape,
                                        dtype=jnp.dtype(dtype).name, scale=0.125)

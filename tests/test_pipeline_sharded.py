@@ -29,6 +29,12 @@ def test_tensor_parallel_sampler_and_trainer_run_end_to_end(tmp_path):
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == [0, 1, 2, 3]
+    # "Without recompiling": each step's record counts the compilations paid since the last
+    # (compile_watch.py). Step 0 pays the warm-up (decode chunk, prefill, train step, the
+    # publish: run.py warms up every prefill shape); every later step, each after a publish,
+    # compiles nothing.
+    counts = [r["compile/count"] for r in train]
+    assert counts[0] > 0 and counts[1:] == [0, 0, 0], counts
     summary = next(r for r in records if r["kind"] == "summary")
     assert summary["lag/token_max"] <= summary["lag/bound"] == 1
     assert summary["sampler/swaps"] >= 1

@@ -36,7 +36,17 @@ def test_cli_seconds_mode_on_sample(tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["devices"] == 8 and 1 <= plan["gen_devices"] <= 7
     assert plan["lag"] <= 4 and plan["max_lag"] == 4
-    assert plan["r"] == pytest.approx(min(plan["r_gen"], plan["r_train"]))
+    # The rates recomputed from the profile itself, not from the plan's own fields:
+    # r_train = (N - I) x training tokens/s per device; r_gen = I x the measured decode rate
+    # at the chosen per-device batch H (H / seconds per step, tokens/s).
+    prof = util.load_profile(cli.SAMPLE_PROFILE)
+    dec = util.decode_curve_from_profile(prof)
+    n_gen, h = plan["gen_devices"], plan["gen_batch"]
+    r_train = (8 - n_gen) * prof["train"]["tokens_per_s_per_device"]
+    measured = dict(zip(prof["decode"]["batch_sizes"], prof["decode"]["latency_s"]))
+    r_gen = n_gen * (h / measured[h] if h in measured else float(dec.rate(h)))
+    assert plan["r_train"] == pytest.approx(r_train) and plan["r_gen"] == pytest.approx(r_gen)
+    assert plan["r"] == pytest.approx(min(r_gen, r_train))
     assert plan["conventional"]["steps_per_round"] == 5
 
 

@@ -88,5 +88,12 @@ def test_engine_profile_tiny_model_feeds_the_planner():
         train_tokens_per_s_per_device=tr["tokens_per_s_per_device"])
     plan = layout.plan_layout(dp, layout.Workload(4, 4, model.LengthDistribution.uniform(8), 2),
                               compare_conventional=False)
-    assert plan.r == pytest.approx(min(plan.r_gen, plan.r_train))
+    # Rates recomputed from the measurements, not from the plan's own fields: r_train =
+    # (N - I) x train tokens/s per device, r_gen = I x H / decode latency at H (H = 2, the
+    # one measured batch size).
+    r_train = (4 - plan.gen_devices) * tr["tokens_per_s_per_device"]
+    r_gen = plan.gen_devices * 2 / dec["latency_s"][0]
+    assert plan.gen_batch == 2
+    assert plan.r_train == pytest.approx(r_train) and plan.r_gen == pytest.approx(r_gen)
+    assert plan.r == pytest.approx(min(r_gen, r_train))
     assert np.isfinite(plan.gen_idle) and np.isfinite(plan.train_idle)

@@ -92,6 +92,13 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
     k_new = rng.normal(size=(batch, tokens, K, D)).astype(np.float32)
     v_new = rng.normal(size=(batch, tokens, K, D)).astype(np.float32)
     window, layer = 2, 1                                  # 16 cached positions = 2 pages
+    # Garbage where no live query may look: the filler row's pages (inside the gathered
+    # window, so only the masks keep it out), the null page, and row 1's slots past its last
+    # token (page 2 holds positions 16..23; 21..23 are unused).
+    for pool in (k_pool, v_pool):
+        pool[:, tables[2]] = np.nan
+        pool[:, 0] = np.nan
+        pool[:, tables[1, 2], :, 5:] = np.nan
 
     @jax.jit
     def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
@@ -106,6 +113,7 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
                                                 positions, scale=SCALE)
 
     out, want = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
+    assert np.isnan(k_pool[layer, tables[2, :window]]).all()  # the planted NaN is gathered
     valid = positions >= 0
     assert np.isfinite(np.asarray(out)).all()          # padding queries stay finite too
     np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid],

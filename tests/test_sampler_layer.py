@@ -70,8 +70,16 @@ def test_sampler_forward_equals_model_forward(options):
     want = jax.jit(llama.forward, static_argnums=0)(graphdef, params, tokens, positions)
     got = jax.jit(_sampler_logits, static_argnums=0)(cfg, params, tokens, positions)
     assert got.shape == want.shape == (3, 7, cfg.vocab_size) and got.dtype == jnp.float32
-    tol = 5e-2 if cfg.compute_dtype == "bfloat16" else 2e-5
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=tol, rtol=tol)
+    got, want = np.asarray(got), np.asarray(want)
+    if cfg.compute_dtype == "bfloat16":
+        # The two forwards round activations to bf16 (8 mantissa bits, 2^-8 relative) at
+        # different points through 2 layers, so they differ by a few roundings of the logits'
+        # scale: measured 0.8% of max|logit| (2.5e-3 on logits up to 0.31; the bf16 model itself
+        # differs from f32 by 0.6%). Four roundings of the largest logit: ~2x the measured gap.
+        tol = 4 * 2.0**-8 * np.abs(want).max()
+        np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+    else:
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
 def test_prepare_layer_is_output_major():
