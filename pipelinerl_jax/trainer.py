@@ -128,7 +128,7 @@ def _micro_split(x, m: int, mesh: Mesh):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def blocked_causal_attention(segment_ids_BxT, block: int) -> llama.AttentionFn:
+def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -> llama.AttentionFn:
     """Segment-causal attention computed per query block, skipping the blocks above the diagonal.
 
   Same result as llama.segment_causal_attention; for query block [a, b) only keys [0, b) can
@@ -154,8 +154,7 @@ def blocked_causal_attention(segment_ids_BxT, block: int) -> llama.AttentionFn:
             b = min(a + size, T)
             s = jnp.einsum("bkgtd,bksd->bkgts", q_BxKxGxTxD[:, :, :, a:b], k_BxKxSxD[:, :, :b],
                            preferred_element_type=jnp.float32) * (1.0 / math.sqrt(D))
-            causal_QxS = jnp.arange(a, b)[:, None] >= jnp.arange(b)[None, :]
-            mask_BxQxS = (seg_BxT[:, a:b, None] == seg_BxT[:, None, :b]) & causal_QxS
+            mask_BxQxS = llama.segment_visible(seg_BxT, prefix_ids_BxT, slice(a, b), slice(0, b))
             s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
             p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
             outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v_BxKxSxD[:, :, :b]))
@@ -168,9 +167,9 @@ def blocked_causal_attention(segment_ids_BxT, block: int) -> llama.AttentionFn:
 def _loss_fn(params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef,
              attention_block):
     if attention_block > 0:
-        attend = blocked_causal_attention(batch.segment_ids, attention_block)
+        attend = blocked_causal_attention(batch.segment_ids, attention_block, batch.prefix_ids)
     else:
-        attend = llama.segment_causal_attention(batch.segment_ids)
+        attend = llama.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
     ref_lp = None
     if ref_params is not None:
         ref_hidden, _ = llama.forward_hidden(graphdef, ref_params, batch.tokens, batch.positions,
@@ -202,9 +201,15 @@ def _train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: TrainerC
     else:
         micro = {k: _micro_split(getattr(batch, k), m, mesh) for k in TOKEN_FIELDS}
 
-        def body(acc, xs):
+        def accumulate(acc, xs):
             g, s = grad_fn(state.params, ref, batch.replace(**xs))
-            return (jax.tree.map(jnp.add, acc[0], _f32(g)), losses.accumulate(acc[1], s)), None
+            return jax.tree.map(jnp.add, acc[0], _f32(g)), losses.accumulate(acc[1], s)
+
+        # A micro-batch with no scored token adds nothing to the loss, gradient or stats: the
+        # cond skips its forward and backward, so rows the packing left empty cost nothing.
+        def body(acc, xs):
+            return jax.lax.cond(jnp.any(xs["loss_mask"] > 0), accumulate, lambda a, _: a,
+                                acc, xs), None
 
         first = batch.replace(**jax.tree.map(lambda x: x[0], micro))
         _, stats_shape = jax.eval_shape(grad_fn, state.params, ref, first)

@@ -133,16 +133,30 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight.astype(x.dtype) * normed.astype(x.dtype)
 
 
-def segment_causal_attention(segment_ids_BxT: jax.Array) -> AttentionFn:
-    """Causal attention within each segment of a packed row, none across segments.
+def segment_visible(segment_ids_BxT: jax.Array, prefix_ids_BxT: jax.Array | None,
+                    queries: slice, keys: slice) -> jax.Array:
+    """[B, Q, S] bool: key s is in the query's segment or in the shared prefix it continues
+  (`prefix_ids`, -1 for none; see rl/batch.py), and not after the query (causal)."""
+    seg_BxT = segment_ids_BxT
+    q_BxQ, k_BxS = seg_BxT[:, queries], seg_BxT[:, keys]
+    visible_BxQxS = q_BxQ[:, :, None] == k_BxS[:, None, :]
+    if prefix_ids_BxT is not None:
+        visible_BxQxS |= prefix_ids_BxT[:, queries, None] == k_BxS[:, None, :]
+    T = seg_BxT.shape[1]
+    q_pos, k_pos = jnp.arange(T)[queries], jnp.arange(T)[keys]
+    return visible_BxQxS & (q_pos[:, None] >= k_pos[None, :])
+
+
+def segment_causal_attention(segment_ids_BxT: jax.Array,
+                             prefix_ids_BxT: jax.Array | None = None) -> AttentionFn:
+    """Causal attention within each segment of a packed row, none across segments, except that
+  a segment also sees the shared-prompt segment its `prefix_ids` name.
 
   Segments are contiguous runs of equal ids (padding can be its own segment: every query
   attends at least to itself, so no row is fully masked). The layer cache passes through.
   """
-    seg = segment_ids_BxT
-    T = seg.shape[1]
-    causal_TxS = jnp.tril(jnp.ones((T, T), bool))
-    mask_BxTxS = (seg[:, :, None] == seg[:, None, :]) & causal_TxS
+    everything = slice(None)
+    mask_BxTxS = segment_visible(segment_ids_BxT, prefix_ids_BxT, everything, everything)
 
     def attend(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, layer_cache):
         return masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS), layer_cache
@@ -253,16 +267,19 @@ def logits_from_hidden(params, hidden_BxTxE: jax.Array) -> jax.Array:
 
 
 def forward(graphdef: nnx.GraphDef, params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-            segment_ids_BxT: jax.Array | None = None) -> jax.Array:
-    """Full-sequence logits [B, T, V] f32; packed rows when `segment_ids_BxT` is given."""
+            segment_ids_BxT: jax.Array | None = None,
+            prefix_ids_BxT: jax.Array | None = None) -> jax.Array:
+    """Full-sequence logits [B, T, V] f32; packed rows when `segment_ids_BxT` is given (with
+  shared prompts when `prefix_ids_BxT` is too)."""
     if segment_ids_BxT is None:
         segment_ids_BxT = jnp.zeros(tokens_BxT.shape, jnp.int32)
-    hidden_BxTxE, _ = forward_hidden(graphdef, params, tokens_BxT, positions_BxT,
-                                     attend=segment_causal_attention(segment_ids_BxT))
+    attend = segment_causal_attention(segment_ids_BxT, prefix_ids_BxT)
+    hidden_BxTxE, _ = forward_hidden(graphdef, params, tokens_BxT, positions_BxT, attend=attend)
     return logits_from_hidden(params, hidden_BxTxE)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def jit_forward(graphdef, params, tokens_BxT, positions_BxT, segment_ids_BxT=None):
+def jit_forward(graphdef, params, tokens_BxT, positions_BxT, segment_ids_BxT=None,
+                prefix_ids_BxT=None):
     """`forward` under jit (graphdef static)."""
-    return forward(graphdef, params, tokens_BxT, positions_BxT, segment_ids_BxT)
+    return forward(graphdef, params, tokens_BxT, positions_BxT, segment_ids_BxT, prefix_ids_BxT)

@@ -10,6 +10,16 @@ last prompt token to the second-to-last completion token.
 Packing is first-fit in sample order into `num_rows` rows. The row count is fixed by the
 config so the train step compiles once; a sample longer than a row is a configuration error
 (never a silent truncation). Letters: R rows, T row length, S sequence capacity.
+
+Shared prompts (`BatchConfig.share_prompts`): the attempts of a group share one prompt, so a
+row can hold that prompt once and each attempt after it. The prompt minus its last token is a
+prefix segment; each attempt is a segment [last prompt token, completion...] whose positions
+continue the prefix's, and whose `prefix_ids` name the prefix segment so its queries also see
+the prefix's keys. Every attempt's tokens then see exactly what they see in the unshared
+layout (same positions, same keys), so logprobs and gradients are the same, and a group of G
+attempts trains P - 1 + sum(1 + C_i) tokens instead of sum(P + C_i). A group too long for a
+row is split into runs of attempts, each with its own copy of the prefix. Shared layouts are
+never longer than unshared ones, so `BatchConfig.rows_for` bounds both.
 """
 
 from __future__ import annotations
@@ -44,7 +54,9 @@ class TrainBatch:
     """One optimizer step's data. Token fields [R, T]; sequence fields [S] (padded, masked)."""
     tokens: jax.Array              # [R, T] int32 input ids (0 in padding)
     positions: jax.Array           # [R, T] int32 position within the sample
-    segment_ids: jax.Array         # [R, T] int32 sample number within its row, 1..; 0 = padding
+    segment_ids: jax.Array         # [R, T] int32 segment number within its row, 1..; 0 = padding
+    prefix_ids: jax.Array          # [R, T] int32 the shared-prompt segment this token's sample
+                                   #   continues (its keys are visible too); -1 for none
     targets: jax.Array             # [R, T] int32 the next token, whose logprob is scored
     loss_mask: jax.Array           # [R, T] f32 1 where targets is a completion token
     behaviour_logprobs: jax.Array  # [R, T] f32 sampler logprob mu of targets (0 off the mask)
@@ -67,7 +79,7 @@ class TrainBatch:
         return int(self.rewards.shape[0])
 
 
-TOKEN_FIELDS = ("tokens", "positions", "segment_ids", "targets", "loss_mask",
+TOKEN_FIELDS = ("tokens", "positions", "segment_ids", "prefix_ids", "targets", "loss_mask",
                 "behaviour_logprobs", "versions", "advantages", "token_weights", "sequence_index")
 SEQUENCE_FIELDS = ("rewards", "sequence_advantages", "group_ids", "completion_lengths",
                    "sequence_mask")
@@ -99,6 +111,34 @@ def pack_first_fit(lengths: Sequence[int], seq_len: int, num_rows: int) -> list[
         placement.append((row, seq_len - free[row]))
         free[row] -= length
     return placement
+
+
+@dataclasses.dataclass
+class _Piece:
+    """Samples laid out contiguously in one row: a shared prefix, then each member's segment."""
+    prefix_len: int        # prompt tokens laid out once for all members (0: none)
+    members: list[int]     # indices into the kept samples
+    length: int            # prefix + every member's remaining prompt and completion
+
+
+def _pieces(samples: Sequence[Sample], seq_len: int, share: bool) -> list[_Piece]:
+    """Each sample alone, or (share) runs of consecutive samples of one group with one prompt,
+  cut so that each run fits a row: prefix (prompt minus its last token) + sum(1 + C_i)."""
+    pieces: list[_Piece] = []
+    for k, s in enumerate(samples):
+        total = len(s.prompt_tokens) + len(s.completion_tokens)
+        last = pieces[-1] if pieces else None
+        if (share and last is not None and last.prefix_len
+                and samples[last.members[0]].group_id == s.group_id
+                and len(s.prompt_tokens) == last.prefix_len + 1
+                and list(samples[last.members[0]].prompt_tokens) == list(s.prompt_tokens)
+                and last.length + total - last.prefix_len <= seq_len):
+            last.members.append(k)
+            last.length += total - last.prefix_len
+            continue
+        prefix = len(s.prompt_tokens) - 1 if share else 0
+        pieces.append(_Piece(prefix, [k], total))
+    return pieces
 
 
 def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch, dict]:
@@ -135,38 +175,57 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
     R, T, S = cfg.num_rows, cfg.seq_len, cfg.max_sequences
     out = {name: np.zeros((R, T), np.int32) for name in
            ("tokens", "positions", "segment_ids", "targets", "versions")}
+    out["prefix_ids"] = np.full((R, T), -1, np.int32)
     for name in ("loss_mask", "behaviour_logprobs", "advantages", "token_weights"):
         out[name] = np.zeros((R, T), np.float32)
     out["sequence_index"] = np.full((R, T), S, np.int32)
     seq = dict(rewards=np.zeros(S, np.float32), sequence_advantages=np.zeros(S, np.float32),
                group_ids=np.full(S, -1, np.int32), completion_lengths=np.zeros(S, np.int32),
                sequence_mask=np.zeros(S, np.float32))
-    total = [len(samples[i].prompt_tokens) + len(samples[i].completion_tokens) for i in kept]
-    placement = pack_first_fit(total, T, R)
+    pieces = _pieces([samples[i] for i in kept], T, cfg.share_prompts)
+    placement = pack_first_fit([piece.length for piece in pieces], T, R)
     segments_in_row = np.zeros(R, np.int32)
-    for k, (i, (row, off)) in enumerate(zip(kept, placement)):
-        s = samples[i]
-        p, c = len(s.prompt_tokens), len(s.completion_tokens)
-        ids = np.concatenate([np.asarray(s.prompt_tokens), np.asarray(s.completion_tokens)])
-        sl = slice(off, off + p + c)
-        segments_in_row[row] += 1
-        out["tokens"][row, sl] = ids
-        out["positions"][row, sl] = np.arange(p + c)
-        out["segment_ids"][row, sl] = segments_in_row[row]
-        out["targets"][row, off:off + p + c - 1] = ids[1:]
-        scored = slice(off + p - 1, off + p + c - 1)  # positions whose target is a completion token
-        out["loss_mask"][row, scored] = 1.0
-        out["behaviour_logprobs"][row, scored] = np.asarray(s.completion_logprobs, np.float32)
-        out["versions"][row, scored] = np.asarray(s.completion_versions, np.int32)
-        out["advantages"][row, scored] = adv_N[i]
-        out["token_weights"][row, scored] = weight_N[k]
-        out["sequence_index"][row, scored] = k
-        seq["rewards"][k], seq["sequence_advantages"][k] = s.reward, adv_N[i]
-        seq["group_ids"][k], seq["completion_lengths"][k] = s.group_id, c
-        seq["sequence_mask"][k] = 1.0
+    for piece, (row, off) in zip(pieces, placement):
+        prefix_id = -1
+        if piece.prefix_len:
+            segments_in_row[row] += 1
+            prefix_id = segments_in_row[row]
+            first = samples[kept[piece.members[0]]].prompt_tokens
+            sl = slice(off, off + piece.prefix_len)
+            out["tokens"][row, sl] = first[:piece.prefix_len]
+            out["positions"][row, sl] = np.arange(piece.prefix_len)
+            out["segment_ids"][row, sl] = prefix_id
+            out["targets"][row, sl] = first[1:piece.prefix_len + 1]
+            off += piece.prefix_len
+        for k in piece.members:
+            i = kept[k]
+            s = samples[i]
+            ids = np.concatenate([np.asarray(s.prompt_tokens[piece.prefix_len:]),
+                                  np.asarray(s.completion_tokens)])
+            p, c = len(s.prompt_tokens) - piece.prefix_len, len(s.completion_tokens)
+            sl = slice(off, off + p + c)
+            segments_in_row[row] += 1
+            out["tokens"][row, sl] = ids
+            out["positions"][row, sl] = piece.prefix_len + np.arange(p + c)
+            out["segment_ids"][row, sl] = segments_in_row[row]
+            out["prefix_ids"][row, sl] = prefix_id
+            out["targets"][row, off:off + p + c - 1] = ids[1:]
+            scored = slice(off + p - 1, off + p + c - 1)  # positions whose target is a completion token
+            out["loss_mask"][row, scored] = 1.0
+            out["behaviour_logprobs"][row, scored] = np.asarray(s.completion_logprobs, np.float32)
+            out["versions"][row, scored] = np.asarray(s.completion_versions, np.int32)
+            out["advantages"][row, scored] = adv_N[i]
+            out["token_weights"][row, scored] = weight_N[k]
+            out["sequence_index"][row, scored] = k
+            seq["rewards"][k], seq["sequence_advantages"][k] = s.reward, adv_N[i]
+            seq["group_ids"][k], seq["completion_lengths"][k] = s.group_id, c
+            seq["sequence_mask"][k] = 1.0
+            off += p + c
     if not np.all(np.isfinite(out["behaviour_logprobs"])):
         raise ConfigError("build_batch: behaviour logprobs contain NaN/Inf; the sampler must record "
                           "finite logprobs (check the sampling temperature)")
+    laid_out = sum(piece.length for piece in pieces)
+    unshared = sum(len(samples[i].prompt_tokens) + len(samples[i].completion_tokens) for i in kept)
     stats = {
         "samples": len(samples),
         "groups": int(np.unique(groups).size),
@@ -176,6 +235,8 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
         "trained_samples": len(kept),
         "completion_tokens": int(lengths.sum()),
         "rows_used": int(max((r for r, _ in placement), default=-1) + 1),
-        "padding_fraction": 1.0 - float(sum(total)) / (R * T),
+        "packed_tokens": laid_out,
+        "unshared_tokens": unshared,
+        "padding_fraction": 1.0 - float(laid_out) / (R * T),
     }
     return TrainBatch(**out, **seq), stats

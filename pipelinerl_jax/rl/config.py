@@ -39,6 +39,10 @@ class BatchConfig:
     weighting: str = "sequence_sum"      # "sequence_sum" | "token_mean" | "group_token_mean" |
                                          #   "sequence_mean" (WEIGHTINGS, rl/weights.py)
     overlong_filter: bool = False        # samples that ended without EOS get weight 0
+    # A group's attempts share one copy of their prompt in a row (same logprobs and gradients,
+    # fewer tokens: see rl/batch.py). With trainer.micro_batches = num_rows, rows left empty
+    # cost nothing, so seq_len can be sized for a typical group rather than the longest.
+    share_prompts: bool = False
 
     def __post_init__(self):
         _positive("batch", seq_len=self.seq_len, num_rows=self.num_rows,
