@@ -91,3 +91,17 @@ def test_cli_bad_requests_exit_2_with_one_line(args, expect):
     err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and expect in err[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_plan_warns_when_the_profile_is_not_the_target_hardware(tmp_path):
+    r = _run("--devices=8", "--batch=32", "--max_lag=4", "--max_len=256", f"--out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert "bundled sample profile" in r.stderr and "plan measure" in r.stderr
+    assert "load average of 7.0" in r.stderr  # the sample was measured on a busy 2-core host
+    # A profile of the target accelerators, measured on an idle host: no warning.
+    gpu = util.load_profile(cli.SAMPLE_PROFILE) | {"backend": "gpu", "device_kind": "NVIDIA H100",
+                                                   "host_cpus": 64, "loadavg_1m_at_start": 0.1}
+    assert cli.profile_warnings(gpu, str(tmp_path / "h100.json")) == []
+    cpu = dict(gpu, backend="cpu", device_kind="cpu")
+    (line,) = cli.profile_warnings(cpu, str(tmp_path / "cpu.json"))
+    assert "measured on cpu (cpu, 64 host CPUs" in line

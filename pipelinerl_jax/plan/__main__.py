@@ -136,12 +136,37 @@ def device_profile(profile: dict, name: str) -> tuple[layout.DeviceProfile, str]
     return layout.DeviceProfile(curve, tau, kv), note
 
 
+def profile_warnings(profile: dict, path: str) -> list[str]:
+    """Why the profile may not describe the hardware being planned for, one line each.
+
+  The plan is only as good as its profile: decode latency and training rate are measured on
+  one device, and the bundled sample was measured on a shared 2-core CPU."""
+    warnings = []
+    where = (f"{profile.get('device_kind', '?')} ({profile.get('backend', '?')}, "
+             f"{profile.get('host_cpus', '?')} host CPUs, {profile.get('created', 'undated')})")
+    if Path(path).resolve() == SAMPLE_PROFILE:
+        warnings.append(f"WARNING: planning with the bundled sample profile, measured on {where}, "
+                        "not on your hardware: run `python -m pipelinerl_jax.plan measure "
+                        "--engine_model=DIR --out=profile.json` on one of the target devices "
+                        "and pass --profile=profile.json")
+    elif profile.get("backend") == "cpu":
+        warnings.append(f"WARNING: the profile was measured on {where}; plan with a profile "
+                        "measured on the accelerators the run will use")
+    load = profile.get("loadavg_1m_at_start")
+    if load is not None and load > 0.5 and (profile.get("host_cpus") or 0) <= 8:
+        warnings.append(f"WARNING: the profile was measured at a 1-minute load average of {load} "
+                        "on a small host: its timings are likely slower than the device's")
+    return warnings
+
+
 def run_plan() -> None:
     if _MAX_LAG.value is None:
         raise PlanError("--max_lag is required: the staleness (optimizer steps) your algorithm "
                         "tolerates, e.g. --max_lag=8")
     profile = util.load_profile(_PROFILE.value)
     prof, note = device_profile(profile, f"--profile={_PROFILE.value}")
+    for line in profile_warnings(profile, _PROFILE.value):
+        print(line, file=sys.stderr)
     dist = (load_lengths(_LENGTHS.value) if _LENGTHS.value
             else model.LengthDistribution.uniform(_MAX_LEN.value))
     if _DEVICES.value is not None and _GEN_DEVICES.value is not None \
