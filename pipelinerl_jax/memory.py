@@ -25,6 +25,9 @@ micro-batch, B sampler slots):
 - kv_pool: the page pool exactly as `pages.size_pool` sizes it for the sampler config.
 - decode_stage: the staged attention's dense copy of every slot's window (staged.py), at the
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
+- eval_sampler: with held-out evaluation on (eval_every or eval.at_start), the evaluation's own
+  sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
+  built for each evaluation and dropped after, pipeline/run.py build_evaluator).
 - activations: the train step's. With remat: the residual stream [R/M, T, E] saved per layer,
   plus one layer's recomputed internals. Without: every layer's internals, plus one more for
   the cotangents of the layer being differentiated. Either way plus the LM head's working set
@@ -80,9 +83,10 @@ _LOGIT_COPIES = 2
 # Item name -> label in the summary and the refusal.
 _LABELS = {"params": "params", "optimizer": "optimizer", "gradients": "gradients",
            "sampler_params": "sampler params", "kv_pool": "KV pool",
-           "decode_stage": "decode stage", "activations": "activations", "runtime": "runtime"}
+           "decode_stage": "decode stage", "eval_sampler": "eval sampler",
+           "activations": "activations", "runtime": "runtime"}
 _TRAINER_ITEMS = ("params", "optimizer", "gradients", "activations")
-_SAMPLER_ITEMS = ("sampler_params", "kv_pool", "decode_stage")
+_SAMPLER_ITEMS = ("sampler_params", "kv_pool", "decode_stage", "eval_sampler")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,7 @@ class MemoryEstimate:
     decode_stage: int
     activations: int
     runtime: int
+    eval_sampler: int = 0
     remat: bool = False           # how activations were counted (the refusal names it)
     shared_device: bool = True    # trainer and sampler in one memory (else: the larger one)
 
@@ -237,10 +242,13 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
         saved = (m.num_layers + 1) * layer
     activations = saved + head_working_bytes(m, rows * T, cfg.trainer.loss)
 
+    evaluates = bool(cfg.eval_every or cfg.eval.at_start)
+    eval_sampler = (decode_copy + pool.total_bytes + decode_stage) if evaluates else 0
     return MemoryEstimate(params=params, optimizer=optimizer, gradients=gradients,
                           sampler_params=sampler_params, kv_pool=pool.total_bytes,
                           decode_stage=decode_stage, activations=activations,
-                          runtime=RUNTIME_BYTES, remat=m.remat, shared_device=shared_device)
+                          runtime=RUNTIME_BYTES, eval_sampler=eval_sampler, remat=m.remat,
+                          shared_device=shared_device)
 
 
 def peak_rss_bytes() -> int:
@@ -297,6 +305,8 @@ _KNOBS = {
     "sampler_params": ("set model.compute_dtype='bfloat16'",),
     "kv_pool": ("lower sampler.num_slots or sampler.max_seq_len (or set sampler.num_pages)",),
     "decode_stage": ("set sampler.attention='paged'", "lower sampler.num_slots"),
+    "eval_sampler": ("set eval_every=0 and eval.at_start=False (evaluate afterwards with "
+                     "python -m pipelinerl_jax.evaluate --workdir)",),
 }
 
 

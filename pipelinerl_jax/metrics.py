@@ -138,7 +138,8 @@ def _end_cut_line(path: Path) -> None:
 class MetricsWriter:
     """Appends JSON records to metrics.jsonl and TensorBoard; thread-safe; flushes every record."""
 
-    def __init__(self, workdir: str | Path | None, *, echo_every: int = 10, echo=print):
+    def __init__(self, workdir: str | Path | None, *, echo_every: int = 10, echo=print,
+                 on_train=None):
         self._path = Path(workdir) / METRICS_FILE if workdir else None
         self._tb = None
         if self._path is not None:
@@ -149,6 +150,7 @@ class MetricsWriter:
         self._echo_every = echo_every
         self._echo = echo
         self.echo = echo
+        self._on_train = on_train  # called with each train record's step (a progress bar)
         self._t0 = time.perf_counter()
         self.history: list[dict] = []  # earlier processes' records of this run (see resume)
         self.records: list[dict] = []  # this process's
@@ -185,6 +187,8 @@ class MetricsWriter:
                     self._tb.write(kind, record)
         if kind == "train" and self._echo_every and record.get("step", 0) % self._echo_every == 0:
             self._echo(format_train_line(record))
+        if kind == "train" and self._on_train is not None:
+            self._on_train(record.get("step", 0))
 
     def of_kind(self, kind: str) -> list[dict]:
         """The whole run's records of `kind`: the history before a resume, then this process's."""

@@ -161,7 +161,8 @@ def _smollm_estimate(remat: bool, micro: int, with_sampler: bool):
         "sampler.attention": "staged", "model.remat": remat})
     est = memory.estimate(cfg, dataclasses.replace(SMOLLM2_135M, remat=remat))
     if not with_sampler:
-        est = dataclasses.replace(est, sampler_params=0, kv_pool=0, decode_stage=0)
+        est = dataclasses.replace(est, sampler_params=0, kv_pool=0, decode_stage=0,
+                                  eval_sampler=0)
     return est
 
 
@@ -228,3 +229,19 @@ def test_peak_rss_counts_a_touched_allocation():
     with open("/proc/self/statm") as f:
         resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     assert memory.peak_rss_bytes() >= 0.98 * resident and resident >= block.nbytes
+
+
+def test_evaluation_counts_its_own_sampler(tiny):
+    _, m = tiny
+    cfg = _run_config(eval_every=0)
+    assert not cfg.eval.at_start
+    est = memory.estimate(cfg, m)
+    assert est.eval_sampler == 0
+    for overrides in ({"eval_every": 5}, {"eval.at_start": True, "eval_every": 0}):
+        overrides = {"eval_every": 0, **overrides}
+        with_eval = memory.estimate(_run_config(**overrides), m)
+        # One decode copy of the params (half of the main sampler's two), its pool and stage.
+        assert with_eval.eval_sampler == (est.sampler_params // 2 + est.kv_pool
+                                          + est.decode_stage)
+        assert with_eval.total == est.total + with_eval.eval_sampler
+        assert "eval sampler" in str(with_eval)
