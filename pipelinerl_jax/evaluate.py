@@ -46,6 +46,8 @@ def define_flags(fv: flags.FlagValues) -> None:
     d(flags.DEFINE_string, "question_field", None, "Dotted path of the question in a record.")
     d(flags.DEFINE_string, "answer_field", None, "Dotted path of the answer in a record.")
     d(flags.DEFINE_string, "task", None, "Built-in procedural task instead of a dataset.")
+    d(flags.DEFINE_string, "task_options", None, "With --task: its options as a JSON object, "
+      "e.g. '{\"difficulty\": 1}' (default: the run's with --workdir, else the task's).")
     d(flags.DEFINE_integer, "num_problems", 0, "Evaluate the first N problems; 0 = all "
       "(tasks: 200).")
     d(flags.DEFINE_integer, "k", 4, "Attempts per problem.")
@@ -89,8 +91,21 @@ def _check_flags(fv) -> None:
         raise ConfigError(f"--k={fv.k} must be between 1 and --num_slots={fv.num_slots}")
     if fv.max_new_tokens < 1 or fv.num_problems < 0:
         raise ConfigError("--max_new_tokens must be >= 1 and --num_problems >= 0")
+    if fv.task_options is not None:
+        _task_options(fv)  # one line for bad JSON, before anything loads
     if fv.model_dir and not Path(fv.model_dir).is_dir():
         raise ConfigError(f"--model_dir={fv.model_dir}: model directory does not exist")
+
+
+def _task_options(fv) -> dict:
+    try:
+        options = json.loads(fv.task_options)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--task_options={fv.task_options!r} is not JSON ({e.msg}); give an "
+                          "object such as '{\"difficulty\": 1}'") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"--task_options={fv.task_options!r} must be a JSON object")
+    return options
 
 
 def _problems(fv, run_config: dict | None):
@@ -101,6 +116,8 @@ def _problems(fv, run_config: dict | None):
         data = (run_config or {}).get("data") or {}
         if data.get("task") == fv.task:
             options = dict(data.get("task_options") or [])
+        if fv.task_options is not None:
+            options = _task_options(fv)
         from pipelinerl_jax.data.tasks import held_out_problems
         task = make_task(fv.task, **options)
         # Never the problems the run trained on: the in-run eval's held-out problems.
@@ -164,6 +181,21 @@ def _prompt_config(fv, task, run_config):
                         few_shot=few_shot)
 
 
+GENERATION_FLAGS = ("temperature", "top_p", "top_k", "max_new_tokens")
+
+
+def _generation(fv, run_config) -> dict:
+    """Sampling settings: a flag given on the command line, else the run's (with --workdir),
+  else the flag's default."""
+    out = {}
+    for name in GENERATION_FLAGS:
+        value = getattr(fv, name)
+        if run_config is not None and not fv[name].present and name in run_config:
+            value = run_config[name]
+        out[name] = value
+    return out
+
+
 def evaluate_cli(fv) -> dict:
     """Runs the whole evaluation; returns the results. Raises ConfigError on bad input."""
     _check_flags(fv)
@@ -189,8 +221,10 @@ def evaluate_cli(fv) -> dict:
     from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     k = 1 if fv.greedy else fv.k
-    sampling = SamplingParams(temperature=0.0 if fv.greedy else fv.temperature, top_p=fv.top_p,
-                              top_k=fv.top_k, max_new_tokens=fv.max_new_tokens)
+    gen = _generation(fv, run_config)
+    sampling = SamplingParams(temperature=0.0 if fv.greedy else gen["temperature"],
+                              top_p=gen["top_p"], top_k=gen["top_k"],
+                              max_new_tokens=gen["max_new_tokens"])
     if sampling.error():
         raise ConfigError(f"sampling flags: {sampling.error()}")
     longest = 1
@@ -203,7 +237,7 @@ def evaluate_cli(fv) -> dict:
             pass
     cfg, graphdef, params, step = _model(fv)
     max_seq_len = fv.max_seq_len or min(cfg.max_position_embeddings,
-                                        longest + fv.max_new_tokens)
+                                        longest + sampling.max_new_tokens)
     max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size
     sampler = Sampler(graphdef, params, SamplerConfig(
         num_slots=fv.num_slots, max_seq_len=max_seq_len, page_size=fv.page_size,
@@ -228,8 +262,8 @@ def evaluate_cli(fv) -> dict:
     results["config"] = {
         "model": fv.model_dir or fv.workdir, "step": step, "dataset": fv.dataset or fv.task,
         "format": None if task is not None else fv.format, "k": k, "greedy": fv.greedy,
-        "temperature": sampling.temperature, "top_p": fv.top_p, "top_k": fv.top_k,
-        "max_new_tokens": fv.max_new_tokens, "template": prompt_config.template,
+        "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+        "max_new_tokens": sampling.max_new_tokens, "template": prompt_config.template,
         "reward": reward, "seed": fv.seed}
     if fv.samples_out:
         _write_atomic(fv.samples_out, "".join(

@@ -284,9 +284,23 @@ def test_bad_inputs(model_dir, tmp_path, capsys):
         ([m, "--task=sort_letters"], "unknown task 'sort_letters'"),
         ([m, d, "--top_p=0"], "top_p=0.0 must be in (0, 1]"),
         ([m, d, "--chat"], "has no chat template"),
+        ([m, "--task=word_problems", "--task_options={difficulty: 1}"], "is not JSON"),
+        ([m, "--task=word_problems", "--task_options=[1]"], "must be a JSON object"),
+        ([m, "--task=word_problems", '--task_options={"difficulty": 9}'], "difficulty"),
     ]
     for argv, message in cases:
         code, stdout, err = _run(argv, capsys)
         assert code == 2, (argv, err)
         assert message in err and err.startswith("error: ") and err.count("\n") == 1, err
         assert stdout == ""
+
+
+def test_a_run_is_evaluated_with_its_own_generation_settings():
+    """With --workdir, sampling settings not given as flags come from the run's config."""
+    run = {"max_new_tokens": 144, "temperature": 0.8, "top_p": 0.95, "top_k": 7}
+    assert evaluate._generation(_flags(), run) == run
+    given = _flags("--max_new_tokens=32", "--temperature=1.0")
+    assert evaluate._generation(given, run) == dict(run, max_new_tokens=32, temperature=1.0)
+    # A Hugging Face directory has no run: the flags' defaults.
+    assert evaluate._generation(_flags(), None) == {
+        "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
