@@ -1,12 +1,18 @@
-"""Kill -9 a run at a random point, resume it from its workdir: nothing lost, nothing twice.
+"""Kill -9 a run at a seeded random point, resume it from its workdir: nothing lost, nothing twice.
 
 Conventional mode with a fixed seed is deterministic, so the resumed run's per-step losses
 must equal an uninterrupted run's, and the prompts trained at each step must be the same.
+Pipeline mode (the default) is not: weights land in the sampler whenever the trainer
+publishes them, so losses differ from run to run. What it guarantees is the data: steps train
+groups in start order, so each step trains the same prompts as an uninterrupted run, every
+prompt of the stream's first steps x groups is trained exactly once, and the groups in flight
+or scored-but-untrained at the checkpoint are carried over (regenerated or trained as saved).
 """
 
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -21,9 +27,27 @@ FLAGS = ["--config=configs/tiny.py", "--config.mode=conventional",
          "--config.conventional_steps=2", "--config.steps=6", "--config.checkpoint_every=2"]
 
 
-def launch(workdir, *extra, wait=True):
+PIPELINE_FLAGS = ["--config=configs/tiny.py", "--config.max_lag=3", "--config.steps=8",
+                  "--config.checkpoint_every=2", "--config.checkpoint_keep=8",
+                  "--config.reward.fn=tests.test_pipeline_resume:uneven_reward"]
+KILL_SEED = 20261125  # the kill points are drawn from this seed (printed on failure)
+
+
+def uneven_reward(completion: str, problem):
+    """The task's reward, 0.3 s late for every third problem (by a hash of its uid) and at
+  once for the rest: later groups are then scored while earlier ones still wait, so a
+  checkpoint finds both scored-but-untrained groups and groups still in flight."""
+    import zlib
+
+    from pipelinerl_jax.rewards.tables import task_reward
+    if zlib.crc32(problem.uid.encode()) % 3 == 0:
+        time.sleep(0.3)
+    return task_reward(completion, problem)
+
+
+def launch(workdir, *extra, wait=True, flags=FLAGS):
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, str(ROOT / "launch.py"), *FLAGS, f"--workdir={workdir}", *extra]
+    cmd = [sys.executable, str(ROOT / "launch.py"), *flags, f"--workdir={workdir}", *extra]
     if wait:
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -42,19 +66,8 @@ def test_kill_9_then_resume_continues_exactly(tmp_path):
     ref_records = {r["step"]: r for r in train_records(full)}
     assert sorted(ref_records) == list(range(6))
 
-    kill_after = random.Random().choice([3, 4, 5])  # a random point past a checkpoint
-    proc = launch(killed, wait=False)
-    deadline = time.time() + 300
-    while True:
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.time() < deadline
-        ckpts = killed / "checkpoints"
-        saved = ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
-        if saved and len(train_records(killed)) >= kill_after:
-            break  # past a finished checkpoint (saves are asynchronous)
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_after = random.Random(KILL_SEED).choice([3, 4, 5])  # a point past a checkpoint
+    kill_after_checkpoint(launch(killed, wait=False), killed, kill_after)
 
     resumed = launch(killed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -70,6 +83,62 @@ def test_kill_9_then_resume_continues_exactly(tmp_path):
                                    rtol=1e-5, atol=1e-7)
     trained = [uid for s in range(6) for uid in by_step[s]["prompts"]]
     assert len(trained) == len(set(trained))  # no prompt trained twice
+
+
+def kill_after_checkpoint(proc, workdir, kill_after: int) -> None:
+    """SIGKILLs the run's process group once a checkpoint is finished and `kill_after` steps
+    are logged."""
+    deadline = time.time() + 300
+    while True:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, f"no checkpoint and {kill_after} steps within 300 s"
+        ckpts = Path(workdir) / "checkpoints"
+        saved = ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
+        if saved and len(train_records(workdir)) >= kill_after:
+            break  # past a finished checkpoint (saves are asynchronous)
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    ref = launch(full, flags=PIPELINE_FLAGS)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    ref_prompts = {r["step"]: r["prompts"] for r in train_records(full)}
+    assert sorted(ref_prompts) == list(range(8))
+
+    kill_after = random.Random(KILL_SEED + 1).choice([3, 4, 5, 6])
+    context = f"kill after {kill_after} logged steps (random.Random({KILL_SEED + 1}))"
+    kill_after_checkpoint(launch(killed, wait=False, flags=PIPELINE_FLAGS), killed, kill_after)
+
+    resumed = launch(killed, flags=PIPELINE_FLAGS)
+    assert resumed.returncode == 0, (context, resumed.stderr[-3000:])
+    found = re.search(r"resumed from step (\d+): (\d+) untrained groups carried over",
+                      resumed.stdout)
+    assert found, (context, resumed.stdout[-2000:])
+    step, carried = int(found.group(1)), int(found.group(2))
+
+    # What the checkpoint carried over: groups already scored (with their samples) and
+    # groups still being generated (prompts only, regenerated on resume).
+    from pipelinerl_jax.checkpoint import RunCheckpointer
+    extra = RunCheckpointer(killed, read_only=True).read_json(step, "extra")
+    pending = extra["pending"]
+    assert len(pending) == carried > 0, context
+    scored = [g for g in pending if "samples" in g]
+    in_flight = [g for g in pending if "samples" not in g]
+    assert scored and in_flight, (context, len(scored), len(in_flight))
+
+    by_step = {r["step"]: r["prompts"] for r in train_records(killed)}  # last record per step
+    assert sorted(by_step) == list(range(8)), context
+    for s in range(8):
+        assert by_step[s] == ref_prompts[s], (context, s)
+    trained = [uid for s in range(8) for uid in by_step[s]]
+    assert len(trained) == len(set(trained)) == 8 * 4, context  # each prompt once
+    assert set(trained) == {uid for s in range(8) for uid in ref_prompts[s]}
+    after = [uid for s in range(step, 8) for uid in by_step[s]]
+    for group in pending:  # every carried-over group was trained after the resume, once
+        assert after.count(group["problem"]["uid"]) == 1, (context, group["index"])
 
 
 def test_changed_model_shape_is_refused_on_resume(tmp_path):
