@@ -94,12 +94,20 @@ def decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads, head_dim, i
 
 @jax.named_call
 def paged_decode_attention_ref(q_BxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
-                               lengths_B, *, scale, pages_per_step=None):
+                               lengths_B, *, scale, pages_per_step=None, round_probs_dtype=None):
     """One query token per sequence attending to its first lengths_B cached positions.
 
     Returns [B, H, D] in q's dtype; a length of 0 gives zeros. Positions past the table's
     M * S slots do not exist. pages_per_step (default: decode_pages_per_step) only changes how
     the work is blocked, not the result beyond f32 rounding.
+
+    round_probs_dtype (default None: the probabilities stay f32) rounds each step's
+    probabilities to that dtype (and back to f32) right before the probability x V dot, as the
+    Triton kernel does for 16-bit caches (`p.to(v.dtype)`); the softmax denominator still sums
+    the unrounded probabilities, as in the kernel. The probabilities are relative to the running
+    max of the step they are computed in, so the rounding depends on the blocking: with
+    pages_per_step = BLOCK_N / page_size the reference reproduces the kernel's rounding (up to
+    f32 rounding of the scores). Only the kernel tests need it; production uses the default.
     """
     if q_BxHxD.ndim != 3:
         raise PagedAttentionShapeError(
@@ -127,7 +135,7 @@ def paged_decode_attention_ref(q_BxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_
     def step(carry, xs):
         tables_BxC, first_pos = xs
         return _decode_step(carry, q_BxKxGxD, k_pages_PxKxSxD, v_pages_PxKxSxD, tables_BxC,
-                            first_pos, lengths_B, scale), None
+                            first_pos, lengths_B, scale, round_probs_dtype), None
 
     if num_steps == 1:
         carry, _ = step(carry, (block_tables_BxM, 0))
@@ -145,7 +153,8 @@ def paged_decode_attention_ref(q_BxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_
     return out_BxKxGxD.reshape(batch, kv_heads * group, head_dim).astype(q_BxHxD.dtype)
 
 
-def _decode_step(carry, q_BxKxGxD, k_pages, v_pages, tables_BxC, first_pos, lengths_B, scale):
+def _decode_step(carry, q_BxKxGxD, k_pages, v_pages, tables_BxC, first_pos, lengths_B, scale,
+                 round_probs_dtype=None):
     """One online-softmax step over the C pages in tables_BxC (positions first_pos onwards)."""
     max_BxKxG, denom_BxKxG, acc_BxKxGxD = carry
     k_BxCxKxSxD = _gather_pages(k_pages, tables_BxC)
@@ -169,7 +178,10 @@ def _decode_step(carry, q_BxKxGxD, k_pages, v_pages, tables_BxC, first_pos, leng
     p_BxKxGxCxS = jnp.where(valid_Bx1x1xCxS,
                             jnp.exp(s_BxKxGxCxS - shift_BxKxG[..., None, None]), 0.0)
     denom_BxKxG = denom_BxKxG * alpha_BxKxG + jnp.sum(p_BxKxGxCxS, axis=(-2, -1))
-    # Probabilities stay f32 (the oracle should not round them); V is promoted.
+    # Probabilities stay f32 (the oracle should not round them) unless asked to reproduce the
+    # kernel's 16-bit rounding; V is promoted.
+    if round_probs_dtype is not None:
+        p_BxKxGxCxS = p_BxKxGxCxS.astype(round_probs_dtype).astype(jnp.float32)
     pv_BxKxGxD = jnp.einsum("bkgcs,bcksd->bkgd", p_BxKxGxCxS, v_BxCxKxSxD.astype(jnp.float32),
                             preferred_element_type=jnp.float32)
     acc_BxKxGxD = acc_BxKxGxD * alpha_BxKxG[..., None] + pv_BxKxGxD

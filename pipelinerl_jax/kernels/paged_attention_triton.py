@@ -39,6 +39,16 @@ class PagedKernelConfigError(ValueError):
 
 
 @triton.jit
+def round_to_bf16_rne(x):
+    """f32 -> the nearest bf16 value (ties to even), kept in f32: what the GPU's f32 -> bf16
+    conversion (cvt.rn) gives. Done on the bits because Triton 3.9's interpreter truncates on an
+    f32 -> bf16 cast. Finite inputs only (the kernel's probabilities and outputs)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, lengths_ptr, out_ptr,
     SCALE_LOG2E: tl.constexpr,
@@ -99,12 +109,21 @@ def paged_decode_kernel(
         l_GP = l_GP * alpha_GP + tl.sum(p_GPxN, axis=1)
         if IEEE_DOT:
             pv_GPxD = tl.dot(p_GPxN, v_NxD, input_precision="ieee")
+        elif UPCAST_DOTS:
+            # The interpreter's stand-in for the bf16 dot below: the same rounding of the
+            # probabilities to bf16, then an f32 dot (bf16 x bf16 products are exact in f32).
+            pv_GPxD = tl.dot(round_to_bf16_rne(p_GPxN), v_NxD)
         else:
             pv_GPxD = tl.dot(p_GPxN.to(v_NxD.dtype), v_NxD)
         acc_GPxD = acc_GPxD * alpha_GP[:, None] + pv_GPxD
         m_GP = m_new_GP
 
     out_GPxD = acc_GPxD / tl.where(l_GP > 0, l_GP, 1.0)[:, None]
+    if UPCAST_DOTS:
+        if out_ptr.dtype.element_ty == tl.bfloat16:
+            # Round to nearest as the GPU's store cast does (the interpreter's would truncate);
+            # the cast below is then exact.
+            out_GPxD = round_to_bf16_rne(out_GPxD)
     o_off_GPxD = b.to(tl.int64) * O_SB + head_GP[:, None] * O_SH + d_D[None, :]
     tl.store(out_ptr + o_off_GPxD, out_GPxD.to(out_ptr.dtype.element_ty),
              mask=g_valid_GP[:, None])
@@ -134,8 +153,11 @@ def launch_params(*, q_shape, q_strides, cache_shape, cache_strides, cache_layou
     """Grid, block sizes, warps, stages and constexprs for paged_decode_kernel.
 
     q is [B, H, D]; the cache is [P, S, K, D] ("PSKD") or [P, K, S, D] ("PKSD"); strides are in
-    elements. `interpret` switches on the f32 upcast of the dot operands that Triton's
-    interpreter needs for bf16 (its bf16 arithmetic is wrong; loads and casts are right).
+    elements. `interpret` switches on UPCAST_DOTS for bf16, which Triton 3.9's interpreter needs:
+    its bf16 dots multiply the raw bit patterns and its f32 -> bf16 casts truncate (loads and
+    stores are right). Under the flag the dots take exactly upcast f32 operands and the
+    probabilities and output are rounded to nearest-even bf16 on their bits where the compiled
+    kernel converts them (cvt.rn), so the interpreter reproduces the shipped bf16 rounding.
     """
     if dtype not in SUPPORTED_DTYPES:
         raise PagedKernelConfigError(
