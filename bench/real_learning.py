@@ -1,7 +1,7 @@
 """Does the real model learn? SmolLM2-135M-Instruct on word problems (configs/smollm2_math.py).
 
     make real-model                                    # once
-    python bench/real_learning.py                      # seeds 0-2, 24 steps each (~30 min each)
+    python bench/real_learning.py                      # seeds 0-2, 48 steps each (<= 30 min each)
     python bench/real_learning.py --seeds=0 --steps=12
     python bench/real_learning.py --from_workdir=runs/learn0 --seeds=0   # summarise a run
     python bench/real_learning.py --seeds=0,1,2 --summarise   # the seeds' finished runs again
@@ -11,8 +11,11 @@ Each seed runs `launch.py --config=configs/smollm2_math.py --config.seed=S` in i
 starting policy (step 0), halfway and at the end. Reported per seed: held-out accuracy
 (math-verify on the last \\boxed{}) and boxed rate (a parsed boxed answer, right or wrong)
 before and after, their gains against the goals (+0.10 accuracy, +0.30 boxed rate), the
-sampled reward and answered fraction per step, wall time and steady seconds per step. Writes
-bench/results/real_learning.json and real_learning.png (curves).
+sampled reward and answered fraction per step, wall time and steady seconds per step. The run
+prompts with one worked example (configs/smollm2_math.py), under which the starting model
+already boxes most answers; so the starting model and each seed's final policy are also
+scored zero-shot (the paper's system prompt alone, `evaluate --nofew_shot`), where the
+starting model boxes few. Writes bench/results/real_learning.json and real_learning.png.
 """
 
 from __future__ import annotations
@@ -62,7 +65,33 @@ def summarise(workdir: Path) -> dict:
                                 / max(1, len(times) - 1 - len(times) // 2))
     out["meets_goals"] = (out["accuracy_gain"] >= GOALS["accuracy"]
                           and out["boxed_gain"] >= GOALS["boxed"])
+    wall = workdir / "wall_s.json"
+    if wall.exists():  # launch to exit: compilation, evaluations and every step
+        out["wall_s"] = json.loads(wall.read_text())["wall_s"]
+    zero = workdir / "zero_shot.json"
+    if (workdir / "checkpoints").is_dir():
+        if not zero.exists():
+            zero_shot([f"--workdir={workdir}", "--nofew_shot"], zero)
+        r = json.loads(zero.read_text())
+        out["zero_shot_after"] = {"accuracy": r["avg@k"], "boxed": boxed_rate(r)}
     return out
+
+
+# Zero-shot held-out evaluation: the same 40 difficulty-1 problems as the in-run evaluation,
+# greedy, the run's 144-token budget, the paper's system prompt and no worked example.
+ZERO_SHOT = ["--task=word_problems", "--num_problems=40", "--greedy", "--max_new_tokens=144",
+             "--noprogress"]
+START_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
+
+
+def zero_shot(model_args: list[str], out: Path) -> dict:
+    """Held-out greedy accuracy and boxed rate without the worked example."""
+    cmd = [sys.executable, "-m", "pipelinerl_jax.evaluate", *model_args, *ZERO_SHOT,
+           f"--out={out}"]
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    r = json.loads(out.read_text())
+    return {"accuracy": r["avg@k"], "boxed": boxed_rate(r),
+            "command": " ".join(["python -m pipelinerl_jax.evaluate", *cmd[3:]])}
 
 
 def run_seed(seed: int, steps: int, root: Path) -> Path:
@@ -74,7 +103,9 @@ def run_seed(seed: int, steps: int, root: Path) -> Path:
            f"--config.checkpoint_every={steps}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
-    print(f"seed {seed}: {time.perf_counter() - t0:.0f} s")
+    wall = time.perf_counter() - t0
+    print(f"seed {seed}: {wall:.0f} s")
+    (workdir / "wall_s.json").write_text(json.dumps({"wall_s": wall, "command": " ".join(cmd[1:])}))
     return workdir
 
 
@@ -101,7 +132,7 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--steps", type=int, default=48)
     p.add_argument("--root", default=str(ROOT / "runs" / "real_learning"))
     p.add_argument("--from_workdir", default=None, help="summarise this finished run instead")
     p.add_argument("--summarise", action="store_true",
@@ -116,14 +147,29 @@ def main() -> None:
         common.warn_if_busy()
         workdirs = [run_seed(s, args.steps, Path(args.root)) for s in seeds]
     results = [summarise(w) for w in workdirs]
+    start = Path(args.root) / "zero_shot_start.json"
+    zero_start = None
+    if START_MODEL.is_dir():
+        if not start.exists():
+            zero_shot([f"--model_dir={START_MODEL}", "--chat"], start)
+        r = json.loads(start.read_text())
+        zero_start = {"accuracy": r["avg@k"], "boxed": boxed_rate(r)}
     for r in results:
         print(f"{r['workdir']}: accuracy {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f}"
               f" ({r['accuracy_gain']:+.3f}), boxed {r['boxed_before']:.3f} -> "
               f"{r['boxed_after']:.3f} ({r['boxed_gain']:+.3f}), {r['steps']} steps, "
-              f"{r['steady_s_per_step']:.0f} s/step steady")
+              f"{r['steady_s_per_step']:.0f} s/step steady"
+              + (f", {r['wall_s'] / 60:.1f} min in all" if "wall_s" in r else ""))
+        if zero_start and "zero_shot_after" in r:
+            z = r["zero_shot_after"]
+            print(f"  zero-shot: accuracy {zero_start['accuracy']:.3f} -> {z['accuracy']:.3f}, "
+                  f"boxed {zero_start['boxed']:.3f} -> {z['boxed']:.3f}")
     common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     plot(results, common.RESULTS_DIR / "real_learning.png")
-    common.write_result("real_learning", {"goals": GOALS, "seeds": seeds, "runs": results})
+    common.write_result("real_learning", {
+        "goals": GOALS, "seeds": seeds, "runs": results, "zero_shot_start": zero_start,
+        "zero_shot_command": " ".join(["python -m pipelinerl_jax.evaluate", "--workdir=W",
+                                       "--nofew_shot", *ZERO_SHOT])})
 
 
 if __name__ == "__main__":

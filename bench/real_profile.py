@@ -1,10 +1,11 @@
 """Where a real-config step's time and memory go, and the pipeline against its serial prediction.
 
     make real-model                                  # once
-    python bench/real_profile.py                     # 8 pipeline steps, then each role alone
+    python bench/real_profile.py                     # 10 pipeline steps, then each role alone
     python bench/real_profile.py --steps=5 --warm_cache   # with the persistent compile cache
 
-On configs/smollm2_math.py (SmolLM2-135M-Instruct, 16 sequences of <= 288 tokens a step):
+On configs/smollm2_math.py (SmolLM2-135M-Instruct, 16 sequences of <= 288 tokens a step, a
+group's 4 attempts sharing one prompt copy in rows of 448 tokens):
 
 1. The pipeline, launched cold as a user launches it (no persistent compilation cache unless
    --warm_cache): seconds from launch to the first step, compilations per step (after warm-up
@@ -13,8 +14,9 @@ On configs/smollm2_math.py (SmolLM2-135M-Instruct, 16 sequences of <= 288 tokens
    upload; the sampler's host work is its step time minus those; the trainer's is its step
    time. Idle decode slots: 1 - generated tokens / (chunks x chunk_steps x slots).
 2. The sampler alone (Sampler.generate on fresh prompts, same sampling settings) and the
-   trainer alone (train_step on a batch built from those samples: the step's shape is static,
-   [num_rows, seq_len], so its cost does not depend on the contents), each a median of 3.
+   trainer alone (train_step on the batch built from those very samples: with shared prompts
+   and empty micro-batches skipped, the step's cost follows the rows the batch fills), each a
+   median of 3.
 3. The serial prediction for one step, tokens / sampler tok/s + train step, against the
    pipeline's steady seconds per step (goal: pipeline tok/s >= 0.8x serial).
 
@@ -183,7 +185,7 @@ def alone(c, cfg, rounds: int = 3) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warm_cache", action="store_true",
                    help="use the persistent compilation cache (default: compile everything)")
     args = p.parse_args()

@@ -63,7 +63,9 @@ def test_real_model_rows(tmp_path, monkeypatch):
         {"steps": 24, "accuracy_before": 0.4, "accuracy_after": 0.55, "boxed_before": 0.9,
          "boxed_after": 1.0, "train": [{"time": 1500.0}]},
         {"steps": 24, "accuracy_before": 0.4, "accuracy_after": 0.45, "boxed_before": 0.9,
-         "boxed_after": 0.95, "train": [{"time": 1800.0}]}]}
+         "boxed_after": 0.95, "train": [{"time": 1700.0}], "wall_s": 1800.0,
+         "zero_shot_after": {"accuracy": 0.3, "boxed": 0.7}}],
+        "zero_shot_start": {"accuracy": 0.05, "boxed": 0.1}}
     (tmp_path / "real_learning.json").write_text(json.dumps(learning))
     prompts = {"rows": [
         {"variant": "paper", "temperature": 0.8, "attempts": 128, "boxed_rate": 0.02,
@@ -78,7 +80,10 @@ def test_real_model_rows(tmp_path, monkeypatch):
     assert "(steps 2-3) | 0 | 0 (goal) | meets |" in text
     assert "| 16.0 (62 s a step) | 20.0 (50 s: sampler 100 tok/s, train 40 s) | 0.80x" in text
     assert "decode 9.0, train step 41.0" in text and "idle decode slots 25%" in text
-    assert "after 24/24 steps, 2 seed(s), 30 min per run at most | 0.40 -> 0.55; 0.40 -> 0.45 |"\
-        in text
+    assert ("after 24/24 steps, one worked example in the prompt, 2 seed(s), 30 min per run at "
+            "most (launch to exit) | 0.40 -> 0.55; 0.40 -> 0.45 |") in text
     assert "| +0.10 (goal) | +0.05 .. +0.15 |" in text
+    # Zero-shot rows: only the seeds that have a zero-shot score of their final policy.
+    assert "starting model -> each seed's final policy | 0.05 -> 0.30 | +0.10 (goal) | +0.25" in text
+    assert "| 0.10 -> 0.70 | +0.30 (goal) | +0.60 .. +0.60 |" in text
     assert "| 0.63 / 0.29 | 0.02 / 0.00 |" in text
