@@ -21,7 +21,9 @@ micro-batch, B sampler slots):
   accumulator and the current micro-batch's gradient.
 - sampler_params: `sampler.forward.decode_params`, the sampler's own per-version copy (embedding
   and layers in compute dtype, plus the LM head as f32 [V, E]), twice: the next version is
-  prepared while the current one still decodes.
+  prepared while the current one still decodes; plus the publisher's copy of the trainer's
+  params that the conversion reads (pipeline/weights.py: it never aliases the trainer's
+  buffers, which the next step donates), held until the conversion is done.
 - kv_pool: the page pool exactly as `pages.size_pool` sizes it for the sampler config.
 - decode_stage: the staged attention's dense copy of every slot's window (staged.py), at the
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
@@ -38,9 +40,11 @@ micro-batch, B sampler slots):
 Calibration (SmolLM2-135M, f32, 16 rows x 288 tokens, attention_block 128; peak RSS measured
 with /usr/bin/time -v, see tests/test_memory.py): train step alone 14.45 GB without remat, 3.89
 GB with remat, 4.15 GB with remat and 4 micro-batches; a whole pipeline run (plus a 16-slot x
-288-token f32 sampler, no remat) 15.85 GB. The estimates are 13.8, 3.7, 3.7 and 15.4 GiB:
-within 10% of either reading of "GB" (10^9 or 2^30 bytes). It is a sum of peaks, so it leans
-high where the sampler's and the trainer's peaks do not coincide.
+288-token f32 sampler, no remat) 15.85 GB. The estimates are 13.8, 3.7, 3.7 and 15.9 GiB:
+within 10% of either reading of "GB" (10^9 or 2^30 bytes). configs/smollm2_math.py (remat,
+shared prompts, 16 one-row micro-batches, evaluation on) peaked at 6.83 GiB over a 48-step run;
+its estimate is 6.6 GiB. It is a sum of peaks, so it leans high where the sampler's and the
+trainer's peaks do not coincide.
 
 Not modelled: sharding (everything is counted as if one device held it; on a sharded mesh
 params, moments and gradients divide over the fsdp x tp devices), the reference model's forward
@@ -219,7 +223,7 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     V, E = m.vocab_size, m.hidden_size
     untied_head = 0 if m.tie_word_embeddings else E * V
     decode_copy = (count - untied_head - E) * c_size + E * p_size + V * E * F32
-    sampler_params = 2 * decode_copy
+    sampler_params = 2 * decode_copy + params
 
     pool, cache_size = _sampler_kv_pool(cfg, m)
     s = cfg.sampler
