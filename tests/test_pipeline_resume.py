@@ -4,9 +4,10 @@ Conventional mode with a fixed seed is deterministic, so the resumed run's per-s
 must equal an uninterrupted run's, and the prompts trained at each step must be the same.
 Pipeline mode (the default) is not: weights land in the sampler whenever the trainer
 publishes them, so losses differ from run to run. What it guarantees is the data: steps train
-groups in start order, so each step trains the same prompts as an uninterrupted run, every
-prompt of the stream's first steps x groups is trained exactly once, and the groups in flight
-or scored-but-untrained at the checkpoint are carried over (regenerated or trained as saved).
+groups in start order, so step s trains the stream's problems s*g .. s*g + g - 1 as an
+uninterrupted run does, every prompt of the stream's first steps x g is trained exactly once,
+and the groups in flight or scored-but-untrained at the checkpoint are carried over
+(regenerated, or trained as saved).
 """
 
 import json
@@ -27,20 +28,20 @@ FLAGS = ["--config=configs/tiny.py", "--config.mode=conventional",
          "--config.conventional_steps=2", "--config.steps=6", "--config.checkpoint_every=2"]
 
 
-PIPELINE_FLAGS = ["--config=configs/tiny.py", "--config.max_lag=3", "--config.steps=8",
+PIPELINE_FLAGS = ["--config=configs/tiny.py", "--config.max_lag=3", "--config.steps=10",
                   "--config.checkpoint_every=2", "--config.checkpoint_keep=8",
                   "--config.reward.fn=tests.test_pipeline_resume:uneven_reward"]
 KILL_SEED = 20261125  # the kill points are drawn from this seed (printed on failure)
 
 
 def uneven_reward(completion: str, problem):
-    """The task's reward, 0.3 s late for every third problem (by a hash of its uid) and at
-  once for the rest: later groups are then scored while earlier ones still wait, so a
-  checkpoint finds both scored-but-untrained groups and groups still in flight."""
+    """The task's reward, 0.3 s late for half the problems (by a hash of their uid) and at once
+  for the rest: later groups are then scored while earlier ones still wait, so checkpoints
+  find both scored-but-untrained groups and groups still in flight."""
     import zlib
 
     from pipelinerl_jax.rewards.tables import task_reward
-    if zlib.crc32(problem.uid.encode()) % 3 == 0:
+    if zlib.crc32(problem.uid.encode()) % 2 == 0:
         time.sleep(0.3)
     return task_reward(completion, problem)
 
@@ -101,16 +102,45 @@ def kill_after_checkpoint(proc, workdir, kill_after: int) -> None:
     proc.wait()
 
 
-def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    ref = launch(full, flags=PIPELINE_FLAGS)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    ref_prompts = {r["step"]: r["prompts"] for r in train_records(full)}
-    assert sorted(ref_prompts) == list(range(8))
+def kill_at_mixed_checkpoint(proc, workdir, min_step: int) -> int:
+    """SIGKILLs the run right after the first checkpoint at or after `min_step` that carries
+    both scored-but-untrained groups and groups still in flight; returns its step."""
+    deadline, seen = time.time() + 300, set()
+    ckpts = Path(workdir) / "checkpoints"
+    while True:
+        assert proc.poll() is None, ("the run ended before a checkpoint held both kinds of "
+                                     f"pending groups (checked {sorted(seen)})")
+        assert time.time() < deadline
+        # A step's directory gets its final name only once every item is written.
+        steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) \
+            if ckpts.is_dir() else []
+        for step in (s for s in steps if s >= min_step and s not in seen):
+            seen.add(step)
+            pending = json.loads((ckpts / str(step) / "extra" / "metadata").read_text())["pending"]
+            if any("samples" in g for g in pending) and any("samples" not in g for g in pending):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return step
+        time.sleep(0.02)
 
-    kill_after = random.Random(KILL_SEED + 1).choice([3, 4, 5, 6])
-    context = f"kill after {kill_after} logged steps (random.Random({KILL_SEED + 1}))"
-    kill_after_checkpoint(launch(killed, wait=False, flags=PIPELINE_FLAGS), killed, kill_after)
+
+def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
+    killed = tmp_path / "killed"
+    # Steps train groups in start order, and groups start in stream order: step s trains the
+    # stream's problems 4s .. 4s + 3, whatever the timing (an uninterrupted run does too).
+    from configs import tiny
+    from pipelinerl_jax.config import from_config_dict
+    from pipelinerl_jax.data.datasets import PromptStream
+    from pipelinerl_jax.pipeline.run import build_data
+    cfg = from_config_dict(tiny.get_config())
+    stream = PromptStream(build_data(cfg)[1], seed=cfg.data.shuffle_seed + cfg.seed)
+    ref_prompts = {s: [next(stream).uid for _ in range(4)] for s in range(10)}
+
+    min_step = random.Random(KILL_SEED + 1).choice([2, 4])
+    killed_at = kill_at_mixed_checkpoint(launch(killed, wait=False, flags=PIPELINE_FLAGS),
+                                         killed, min_step)
+    context = (f"killed after the checkpoint at step {killed_at} (the first with both kinds of "
+               f"pending groups from step {min_step}, drawn by random.Random({KILL_SEED + 1}))")
 
     resumed = launch(killed, flags=PIPELINE_FLAGS)
     assert resumed.returncode == 0, (context, resumed.stderr[-3000:])
@@ -127,16 +157,17 @@ def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
     assert len(pending) == carried > 0, context
     scored = [g for g in pending if "samples" in g]
     in_flight = [g for g in pending if "samples" not in g]
+    assert step == killed_at, context
     assert scored and in_flight, (context, len(scored), len(in_flight))
 
     by_step = {r["step"]: r["prompts"] for r in train_records(killed)}  # last record per step
-    assert sorted(by_step) == list(range(8)), context
-    for s in range(8):
+    assert sorted(by_step) == list(range(10)), context
+    for s in range(10):
         assert by_step[s] == ref_prompts[s], (context, s)
-    trained = [uid for s in range(8) for uid in by_step[s]]
-    assert len(trained) == len(set(trained)) == 8 * 4, context  # each prompt once
-    assert set(trained) == {uid for s in range(8) for uid in ref_prompts[s]}
-    after = [uid for s in range(step, 8) for uid in by_step[s]]
+    trained = [uid for s in range(10) for uid in by_step[s]]
+    assert len(trained) == len(set(trained)) == 10 * 4, context  # each prompt once
+    assert set(trained) == {uid for s in range(10) for uid in ref_prompts[s]}
+    after = [uid for s in range(step, 10) for uid in by_step[s]]
     for group in pending:  # every carried-over group was trained after the resume, once
         assert after.count(group["problem"]["uid"]) == 1, (context, group["index"])
 
