@@ -166,7 +166,11 @@ def main() -> None:
                   f"boxed {zero_start['boxed']:.3f} -> {z['boxed']:.3f}")
     common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     plot(results, common.RESULTS_DIR / "real_learning.png")
+    steps = sorted({r["steps"] for r in results})
     common.write_result("real_learning", {
+        # The runs' command (a --summarise pass only re-reads them and adds zero-shot scores).
+        "command": f"python bench/real_learning.py --seeds={args.seeds} --steps="
+                   + "/".join(map(str, steps)),
         "goals": GOALS, "seeds": seeds, "runs": results, "zero_shot_start": zero_start,
         "zero_shot_command": " ".join(["python -m pipelinerl_jax.evaluate", "--workdir=W",
                                        "--nofew_shot", *ZERO_SHOT])})

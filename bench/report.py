@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -195,6 +196,34 @@ def _real_learning(d):
     return rows
 
 
+def _real_packing(d):
+    sh, un = d["shared"], d["unshared"]
+    return [(f"{REAL}: train step seconds, a group's attempts sharing one prompt copy (rows of "
+             f"{sh['seq_len']}, {statistics.median(sh['rows_used']):.0f} of {sh['num_rows']} "
+             f"used) vs one copy per attempt ({un['num_rows']} rows of {un['seq_len']})",
+             f"{sh['step_s']:.1f} s ({sh['peak_rss_gib']:.2f} GiB)",
+             f"{un['step_s']:.1f} s ({un['peak_rss_gib']:.2f} GiB)", f"{d['speedup']:.2f}x")]
+
+
+def _vs_trl(d):
+    t, p, c = d["trl"], d["pipeline"], d["conventional"]
+    side = lambda s: (f"{s['samples_per_s']:.2f} samples/s, {s['completion_tokens_per_s']:.0f} "
+                      f"tok/s ({s['s_per_step']:.0f} s a step)")
+    return [
+        (f"{REAL} RL step vs TRL 1.16 GRPOTrainer (objective matched, same prompts, reward, "
+         "16 x <=144 tokens): pipeline mode", side(p), side(t),
+         f"{d['samples_per_s_ratio']:.2f}x (goal >= {d['goal']['samples_per_s_ratio']:g})"),
+        (f"{REAL} RL step vs TRL: conventional mode (one step per round)", side(c), side(t),
+         f"{d['conventional_samples_per_s_ratio']:.2f}x"),
+        (f"{REAL} RL run vs TRL: peak RSS", f"{p['peak_rss_gib']:.2f} GiB (pipeline)",
+         f"{t['peak_rss_gib']:.2f} GiB", f"{d['peak_rss_ratio']:.2f}x"),
+        (f"{REAL} RL run vs TRL: sampled reward, mean of the last 3 steps within TRL's "
+         f"{t['train_s'] / 60:.0f} min of training (steps done)",
+         f"{p['equal_time_reward_last3']:.3f} ({p['equal_time_steps']} steps)",
+         f"{t['equal_time_reward_last3']:.3f} ({t['equal_time_steps']} steps)", "-"),
+    ]
+
+
 def _real_prompts(d):
     rows = {(r["variant"], r["temperature"]): r for r in d["rows"]}
     out = []
@@ -220,6 +249,9 @@ SECTIONS = (
     ("real_profile", "python bench/real_profile.py", "serial prediction", _real_profile),
     ("real_learning", "python bench/real_learning.py", "goals", _real_learning),
     ("real_prompts", "python bench/real_prompts.py", "paper's prompt", _real_prompts),
+    ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt",
+     _real_packing),
+    ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", _vs_trl),
 )
 
 

@@ -8,8 +8,8 @@ import pytest
 from pipelinerl_jax import trainer as tr
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.rl.batch import Sample, build_batch
-from pipelinerl_jax.rl.config import BatchConfig, LossConfig
-from tests.test_trainer import VOCAB, tiny_model
+from pipelinerl_jax.rl.config import BatchConfig
+from tests.test_trainer import VOCAB, tiny_model, two_losses_and_grads
 
 
 def _group_samples(prompt_lengths, completion_lengths, seed):
@@ -81,13 +81,8 @@ def test_shared_prompts_same_logprobs_loss_and_grads(seq_len):
     for k in lp_plain:
         np.testing.assert_allclose(lp_shared[k], lp_plain[k], rtol=1e-5, atol=1e-5)
 
-    def value_and_grad(batch, block):
-        fn = lambda p: tr._loss_fn(p, None, batch, graphdef=graphdef, loss_cfg=LossConfig(),
-                                   kl_coef=0.0, entropy_coef=0.0, attention_block=block)
-        return jax.value_and_grad(fn, has_aux=True)(params)
-
-    ((l1, s1), g1), ((l2, s2), g2) = jax.jit(
-        lambda u, p: (value_and_grad(u, 0), value_and_grad(p, 7)))(b_plain, b_shared)
+    ((l1, s1), g1), ((l2, s2), g2) = two_losses_and_grads(graphdef, params, b_plain, 0,
+                                                           b_shared, 7)
     np.testing.assert_allclose(l2, l1, rtol=1e-5)
     assert float(s1["tokens"]) == float(s2["tokens"]) == sum(len(s.completion_tokens) for s in data)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):

@@ -36,6 +36,18 @@ def samples(lengths, seed=0):
     return out
 
 
+def two_losses_and_grads(graphdef, params, batch_a, block_a, batch_b, block_b):
+    """((loss, stats), grads) of the trainer's loss on two batches, in one jit; block_* is the
+  trainer's attention_block (0: the model's plain segment attention)."""
+    def value_and_grad(batch, block):
+        fn = lambda p: tr._loss_fn(p, None, batch, graphdef=graphdef, loss_cfg=LossConfig(),
+                                   kl_coef=0.0, entropy_coef=0.0, attention_block=block)
+        return jax.value_and_grad(fn, has_aux=True)(params)
+
+    return jax.jit(lambda a, b: (value_and_grad(a, block_a), value_and_grad(b, block_b)))(
+        batch_a, batch_b)
+
+
 def test_blocked_attention_matches_model_attention():
     k = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(k[0], (2, 15, 4, 8))
@@ -59,13 +71,8 @@ def test_packed_rows_equal_unpacked_loss_and_grads():
                                               max_sequence_len=12))
     assert (packed.segment_ids.max(axis=1) == 2).all()
 
-    def value_and_grad(batch, block):
-        fn = lambda p: tr._loss_fn(p, None, batch, graphdef=graphdef, loss_cfg=LossConfig(),
-                                   kl_coef=0.0, entropy_coef=0.0, attention_block=block)
-        return jax.value_and_grad(fn, has_aux=True)(params)
-
-    ((l1, s1), g1), ((l2, s2), g2) = jax.jit(
-        lambda u, p: (value_and_grad(u, 0), value_and_grad(p, 5)))(unpacked, packed)
+    ((l1, s1), g1), ((l2, s2), g2) = two_losses_and_grads(graphdef, params, unpacked, 0,
+                                                           packed, 5)
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     assert float(s1["tokens"]) == float(s2["tokens"]) == 29
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
