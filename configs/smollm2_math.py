@@ -24,13 +24,13 @@ from configs import default
 
 def get_config():
     c = default.get_config()
-    c.steps = 60
+    c.steps = 48                   # ~20 min on 2 cores (bench/real_learning.py runs the same)
     c.max_lag = 1
     c.group_size = 4
     c.batch_size = 16
     c.log_every = 1
     c.checkpoint_every = 10
-    c.eval_every = 20
+    c.eval_every = 24
 
     c.model.hf_dir = "models/SmolLM2-135M-Instruct"
     c.model.init = {}
