@@ -47,6 +47,8 @@ def test_shared_layout_by_hand():
     assert not batch.loss_mask[1].any()
     assert stats["packed_tokens"] == 10 and stats["unshared_tokens"] == 12
     assert stats["rows_used"] == 1
+    assert stats["padding_fraction"] == pytest.approx(1 - 10 / 24)
+    assert stats["used_rows_padding_fraction"] == pytest.approx(1 - 10 / 12)
 
 
 def _logprobs_by_sequence(graphdef, params, batch):

@@ -225,6 +225,7 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
         raise ConfigError("build_batch: behaviour logprobs contain NaN/Inf; the sampler must record "
                           "finite logprobs (check the sampling temperature)")
     laid_out = sum(piece.length for piece in pieces)
+    rows_used = int(max((r for r, _ in placement), default=-1) + 1)
     unshared = sum(len(samples[i].prompt_tokens) + len(samples[i].completion_tokens) for i in kept)
     stats = {
         "samples": len(samples),
@@ -234,9 +235,11 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
         "overlong_samples": int((~finished).sum()),
         "trained_samples": len(kept),
         "completion_tokens": int(lengths.sum()),
-        "rows_used": int(max((r for r, _ in placement), default=-1) + 1),
+        "rows_used": rows_used,
         "packed_tokens": laid_out,
         "unshared_tokens": unshared,
         "padding_fraction": 1.0 - float(laid_out) / (R * T),
+        # What a step computes when empty one-row micro-batches are skipped (trainer.py).
+        "used_rows_padding_fraction": 1.0 - float(laid_out) / max(1, rows_used * T),
     }
     return TrainBatch(**out, **seq), stats
