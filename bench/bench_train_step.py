@@ -10,6 +10,13 @@ bench/results/train_step.json.
 
   .venv/bin/python bench/bench_train_step.py           # full size (idle machine, minutes)
   .venv/bin/python bench/bench_train_step.py --quick   # tiny shapes: checks that it runs
+  .venv/bin/python bench/bench_train_step.py --model_dir=models/SmolLM2-135M-Instruct
+
+With --model_dir (after `make real-model`): the real model, 16 sequences x 512 tokens (64 prompt
++ 448 completion), f32, per-layer remat on our side and gradient checkpointing on torch's (as
+TRL trains by default), 3 alternating rounds with no untimed call between them (a step takes
+most of a minute, so the few milliseconds of torch's spinning OpenMP workers do not matter);
+writes bench/results/train_step_real.json.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ def jax_step(cfg: ModelConfig, params, batch, token_chunk: int):
     return step
 
 
-def torch_step(cfg: ModelConfig, params, batch, autocast: bool):
+def torch_step(cfg: ModelConfig, params, batch, autocast: bool, checkpointing: bool = False):
     import torch
     import transformers
 
@@ -75,7 +82,13 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool):
     model = transformers.LlamaForCausalLM(hf_cfg).float()
     state = {name: torch.from_numpy(np.array(a)) for name, a in hf_io.hf_tensors(cfg, params)}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    tied = lambda m: cfg.tie_word_embeddings and m == "lm_head.weight"  # shares embed's storage
+    assert not unexpected and all("rotary" in m or tied(m) for m in missing), (missing, unexpected)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
     t = lambda x, dt=None: torch.from_numpy(np.asarray(x)) if dt is None else \
         torch.from_numpy(np.asarray(x)).to(dt)
@@ -111,7 +124,12 @@ def main(argv=None) -> dict:
                              "torch's bf16 autocast backward takes most of an hour per step on "
                              "CPUs without AMX/avx512_bf16")
     parser.add_argument("--token-chunk", type=int, default=1024)
+    parser.add_argument("--model_dir", default=None,
+                        help="a Hugging Face directory: time that model (f32, 16 x 512, remat "
+                             "vs gradient checkpointing) instead of the bench model")
     args = parser.parse_args(argv)
+    if args.model_dir:
+        return real_model(args)
     import torch
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
@@ -152,6 +170,39 @@ def main(argv=None) -> dict:
                                repeats=dict(float32=args.repeats, bfloat16=args.repeats_bf16),
                                jax=jax.__version__, torch=torch.__version__))
     common.write_result("train_step_quick" if args.quick else "train_step", payload)
+    return payload
+
+
+def real_model(args) -> dict:
+    """The real model's f32 step: ours (remat) vs torch + transformers (gradient checkpointing)."""
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    load = common.warn_if_busy()
+    num_seq, seq_len, prompt_len, repeats = 16, 512, 64, 3
+    cfg, _, params = hf_io.load_hf(args.model_dir, param_dtype="float32", remat=True)
+    batch = make_batch(cfg, num_seq, seq_len, prompt_len)
+    ours = jax_step(cfg, params, batch, args.token_chunk)
+    t0 = time.perf_counter()
+    first_ours = ours()  # compiles
+    compile_s = time.perf_counter() - t0
+    theirs = torch_step(cfg, params, batch, autocast=False, checkpointing=True)
+    first_torch = theirs()
+    medians = common.alternating_medians({"ours": ours, "torch": theirs}, repeats=repeats,
+                                         warmup=0)
+    ours_s, torch_s = medians["ours"][0], medians["torch"][0]
+    tokens = num_seq * seq_len
+    row = dict(dtype="float32", ours_s=ours_s, torch_s=torch_s, ours_tok_s=tokens / ours_s,
+               torch_tok_s=tokens / torch_s, ratio=torch_s / ours_s, first_loss_ours=first_ours,
+               first_loss_torch=first_torch, compile_s=compile_s,
+               ours_times=medians["ours"][1], torch_times=medians["torch"][1])
+    common.print_table([row], ["dtype", "ours_tok_s", "torch_tok_s", "ratio", "ours_s", "torch_s",
+                               "first_loss_ours", "first_loss_torch", "compile_s"])
+    payload = dict(benchmark="train_step_real", load=load, rows=[row], config=dict(
+        model=str(args.model_dir), sequences=num_seq, seq_len=seq_len, prompt_len=prompt_len,
+        objective="tis_reinforce", optimizer="adamw", remat="ours: per layer; torch: "
+        "gradient checkpointing", token_chunk=args.token_chunk, repeats=repeats,
+        jax=jax.__version__, torch=torch.__version__))
+    common.write_result("train_step_real", payload)
     return payload
 
 

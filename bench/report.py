@@ -196,6 +196,14 @@ def _real_learning(d):
     return rows
 
 
+def _train_real(d):
+    return [(f"{REAL}: train step {r['dtype']}, {d['config']['sequences']} x "
+             f"{d['config']['seq_len']} tokens (ours remat, torch gradient checkpointing): "
+             "tokens/s", f"{r['ours_tok_s']:.0f} ({r['ours_s']:.0f} s)",
+             f"{r['torch_tok_s']:.0f} ({r['torch_s']:.0f} s)",
+             f"{r['ratio']:.2f}x (goal >= 1.2)") for r in d["rows"]]
+
+
 def _real_packing(d):
     sh, un = d["shared"], d["unshared"]
     return [(f"{REAL}: train step seconds, a group's attempts sharing one prompt copy (rows of "
@@ -249,6 +257,9 @@ SECTIONS = (
     ("real_profile", "python bench/real_profile.py", "serial prediction", _real_profile),
     ("real_learning", "python bench/real_learning.py", "goals", _real_learning),
     ("real_prompts", "python bench/real_prompts.py", "paper's prompt", _real_prompts),
+    ("train_step_real",
+     "python bench/bench_train_step.py --model_dir=models/SmolLM2-135M-Instruct",
+     "torch + transformers", _train_real),
     ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt",
      _real_packing),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", _vs_trl),

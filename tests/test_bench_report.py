@@ -73,6 +73,10 @@ def test_real_model_rows(tmp_path, monkeypatch):
         {"variant": "one_shot", "temperature": 0.8, "attempts": 128, "boxed_rate": 0.63,
          "accuracy": 0.29}]}
     (tmp_path / "real_prompts.json").write_text(json.dumps(prompts))
+    train_real = {"config": {"sequences": 16, "seq_len": 512}, "rows": [
+        {"dtype": "float32", "ours_tok_s": 150.0, "torch_tok_s": 120.0, "ours_s": 54.6,
+         "torch_s": 68.3, "ratio": 1.25}]}
+    (tmp_path / "train_step_real.json").write_text(json.dumps(train_real))
     text = report.table()
     assert "peak RSS of a whole run, f32, 16 x 288 tokens a step | 4.50 GiB |" in text
     assert "| misses |" in text  # 4.5 GiB is over the 4 GB goal
@@ -87,3 +91,5 @@ def test_real_model_rows(tmp_path, monkeypatch):
     assert "starting model -> each seed's final policy | 0.05 -> 0.30 | +0.10 (goal) | +0.25" in text
     assert "| 0.10 -> 0.70 | +0.30 (goal) | +0.60 .. +0.60 |" in text
     assert "| 0.63 / 0.29 | 0.02 / 0.00 |" in text
+    assert ("train step float32, 16 x 512 tokens (ours remat, torch gradient checkpointing): "
+            "tokens/s | 150 (55 s) | 120 (68 s) | 1.25x (goal >= 1.2) |") in text
