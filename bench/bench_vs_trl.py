@@ -82,14 +82,15 @@ def stream_problems(cfg, n: int) -> list:
     return [next(stream) for _ in range(n)]
 
 
-def steady(times: list[float], rewards: list[float], tokens: list[float], t_launch: float,
+def steady(times: list[float], rewards: list[float], tokens: list[float],
            budget_s: float | None) -> dict:
-    """Figures from per-step end times (seconds since launch), rewards and completion tokens."""
+    """Figures from per-step end times (seconds since the side's start), rewards and
+  completion tokens."""
     skip = WARMUP_STEPS if len(times) > WARMUP_STEPS + 1 else 0  # short runs: every step
-    gaps = [b - a for a, b in zip(times[skip:], times[skip + 1:])] or [times[0] - t_launch]
+    gaps = [b - a for a, b in zip(times[skip:], times[skip + 1:])] or [times[0]]
     s_per_step = statistics.median(gaps)
     out = {
-        "steps": len(times), "launch_to_first_step_s": times[0] - t_launch,
+        "steps": len(times), "launch_to_first_step_s": times[0],
         "s_per_step": s_per_step, "samples_per_s": BATCH / s_per_step,
         "completion_tokens_per_s": statistics.median(tokens[skip + 1:] or tokens) / s_per_step,
         "reward_by_step": rewards, "reward_mean": statistics.mean(rewards),
@@ -128,13 +129,13 @@ def trl_worker(steps: int, out: Path) -> None:
         "gold": [p.answer for p in problems], "source": [p.source for p in problems]})
 
     def reward(prompts, completions, completion_ids, uid, question, gold, source, **_):
-        out = []
+        scores = []
         for c, ids, u, q, a, s in zip(completions, completion_ids, uid, question, gold, source):
             verdict = math_reward(c[0]["content"], Problem(uid=u, question=q, answer=a, source=s))
             finished = len(ids) < MAX_NEW or (len(ids) > 0 and int(ids[-1]) in eos)
-            out.append(table.compute(verdict, num_tokens=len(ids), max_tokens=MAX_NEW,
-                                     finished=finished).reward)
-        return out
+            scores.append(table.compute(verdict, num_tokens=len(ids), max_tokens=MAX_NEW,
+                                        finished=finished).reward)
+        return scores
 
     ends, records = [], []
 
@@ -163,7 +164,7 @@ def trl_worker(steps: int, out: Path) -> None:
         trainer.train()
     rewards = [float(r["reward"]) for r in records]  # TRL logs numbers as strings
     tokens = [float(r["completions/mean_length"]) * BATCH for r in records]
-    result = steady(ends, rewards, tokens, 0.0, None)
+    result = steady(ends, rewards, tokens, None)
     result["prompts"] = [p.uid for p in problems]
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     result["logs"] = records
@@ -189,7 +190,7 @@ def ours_worker(steps: int, mode: str, budget_s: float | None, out: Path) -> Non
     times = [r["time"] for r in train]  # seconds since the run's metrics writer started
     rewards = [r["reward/mean"] for r in train]
     tokens = [r["completion/len_mean"] * BATCH for r in train]
-    result = steady(times, rewards, tokens, 0.0, budget_s)
+    result = steady(times, rewards, tokens, budget_s)
     result["launch_to_first_step_s"] = first_step[0]
     result["peak_rss_gib"] = max(r.get("memory/peak_rss_gib", 0.0) for r in train)
     result["prompts"] = [u for r in train for u in r["prompts"]]

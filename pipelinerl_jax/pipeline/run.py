@@ -237,11 +237,8 @@ def build_evaluator(cfg, c: Components, reward_pool):
     def evaluate(params, version):
         eval_sampler = Sampler(graphdef, params, c.sampler.config, version=version,
                                eos_token_ids=c.sampler.eos_token_ids, mesh=mesh)
-        try:
-            return evaluate_problems(eval_sampler, c.tokenizer, problems, reward_pool,
-                                     cfg.eval.k, sampling, prompt_cfg)
-        finally:
-            del eval_sampler
+        return evaluate_problems(eval_sampler, c.tokenizer, problems, reward_pool,
+                                 cfg.eval.k, sampling, prompt_cfg)
     return evaluate
 
 
@@ -276,7 +273,7 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
 def _run(cfg, workdir, devices, components, echo, watch) -> dict:
     c = components or build(cfg, devices)
     # On a terminal the default console gets a bar over the steps; logs and pipes get lines.
-    progress = Progress(cfg.steps) if echo is print else Progress(cfg.steps, enabled=False)
+    progress = Progress(cfg.steps, enabled=None if echo is print else False)
     if progress.bar is not None:
         echo = watch.echo = progress.echo
     writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo,
