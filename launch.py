@@ -25,14 +25,26 @@ from pipelinerl_jax import cli, config_cli
 from pipelinerl_jax.errors import ConfigError
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
-_CONFIG = flags.DEFINE_string("config", _DEFAULT, "Python config file whose get_config() "
-                              "returns an ml_collections.ConfigDict; --config.<field>=<value> "
-                              "overrides any field (listed by --help).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: metrics.jsonl, config.json, "
-                               "samples.jsonl, checkpoints; launching again resumes.")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate the config, resolve the devices, print "
-                             "the resolved config, parameter count and memory estimate, and "
-                             "exit without loading weights or compiling.")
+_CONFIG = flags.DEFINE_string(
+    "config",
+    _DEFAULT,
+    "Python config file whose get_config() "
+    "returns an ml_collections.ConfigDict; --config.<field>=<value> "
+    "overrides any field (listed by --help).",
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir",
+    None,
+    "Run directory: metrics.jsonl, config.json, "
+    "samples.jsonl, checkpoints; launching again resumes.",
+)
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run",
+    False,
+    "Validate the config, resolve the devices, print "
+    "the resolved config, parameter count and memory estimate, and "
+    "exit without loading weights or compiling.",
+)
 
 
 def main(argv, overrides):
@@ -48,12 +60,14 @@ def main(argv, overrides):
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from pipelinerl_jax import config as config_lib
+
     try:
         c = config_cli.load_file(_CONFIG.value)
         config_cli.apply_overrides(c, overrides)
         cfg = config_lib.from_config_dict(c)
         if _DRY_RUN.value:
             from pipelinerl_jax.dry_run import dry_run
+
             config_cli.check_workdir(_WORKDIR.value, create=False)
             dry_run(cfg)
             return
@@ -62,6 +76,7 @@ def main(argv, overrides):
         _fail("config error", e)
     from pipelinerl_jax.pipeline.coordinator import PipelineError
     from pipelinerl_jax.pipeline.run import run
+
     try:
         run(cfg, _WORKDIR.value)
     except KeyboardInterrupt:
@@ -114,10 +129,13 @@ def _help(argv, overrides, asked: str) -> None:
     else:
         flag_help = flags.FLAGS.module_help(sys.modules[__name__]) + (
             "\n  --verbosity: absl logging level: -1 warnings (the default here), 0 INFO, "
-            "1 debug.\n  (--helpfull lists absl's other flags)")
+            "1 debug.\n  (--helpfull lists absl's other flags)"
+        )
     source = os.path.relpath(_CONFIG.value) if _CONFIG.value else "the config"
-    print(f"{__doc__.strip()}\n\nflags:\n{flag_help.rstrip()}\n\n"
-          f"{config_cli.help_text(c, source)}", end="")
+    print(
+        f"{__doc__.strip()}\n\nflags:\n{flag_help.rstrip()}\n\n{config_cli.help_text(c, source)}",
+        end="",
+    )
 
 
 def launch(argv: list[str]) -> None:

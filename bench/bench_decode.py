@@ -66,70 +66,110 @@ def make_checkpoint(path: Path):
     """Random BENCH_MODEL weights saved by transformers; both engines load this directory."""
     import torch
     import transformers
+
     m = common.BENCH_MODEL
     config = transformers.LlamaConfig(
-        vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
-        intermediate_size=m["intermediate_size"], num_hidden_layers=m["num_layers"],
-        num_attention_heads=m["num_heads"], num_key_value_heads=m["num_kv_heads"],
-        head_dim=m["head_dim"], tie_word_embeddings=m["tie_word_embeddings"],
-        max_position_embeddings=2048, eos_token_id=None, bos_token_id=None)
+        vocab_size=m["vocab_size"],
+        hidden_size=m["hidden_size"],
+        intermediate_size=m["intermediate_size"],
+        num_hidden_layers=m["num_layers"],
+        num_attention_heads=m["num_heads"],
+        num_key_value_heads=m["num_kv_heads"],
+        head_dim=m["head_dim"],
+        tie_word_embeddings=m["tie_word_embeddings"],
+        max_position_embeddings=2048,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
 
 
-def hf_generate_fn(path: Path, dtype: str, prompts: np.ndarray, new_tokens: int,
-                   temperature: float = 0.0):
+def hf_generate_fn(
+    path: Path, dtype: str, prompts: np.ndarray, new_tokens: int, temperature: float = 0.0
+):
     import torch
     import transformers
+
     torch.set_num_threads(os.cpu_count())
-    model = transformers.LlamaForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, dtype)).eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     ids = torch.tensor(prompts)
     # Plain temperature sampling, as RL samples: transformers' default top_k=50 switched off.
-    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-                if temperature > 0 else dict(do_sample=False))
+    sampling = (
+        dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        if temperature > 0
+        else dict(do_sample=False)
+    )
 
     def run():
         with torch.no_grad():
-            return model.generate(ids, attention_mask=torch.ones_like(ids),
-                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                  eos_token_id=None, pad_token_id=0, **sampling)
+            return model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+                **sampling,
+            )
+
     return run
 
 
 def our_sampler(path: Path, dtype: str, batch: int, new_tokens: int, chunk_steps: int):
     from pipelinerl_jax.models import hf_io
     from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+
     _, graphdef, params = hf_io.load_hf(path, param_dtype=dtype)
     page = 16
     max_len = -(-(PROMPT_LEN + new_tokens) // page) * page
-    config = SamplerConfig(num_slots=batch, max_seq_len=max_len, page_size=page,
-                           chunk_steps=chunk_steps, max_prefill_rows=min(batch, 64),
-                           prefill_chunk=max(page, min(512, max_len)))
+    config = SamplerConfig(
+        num_slots=batch,
+        max_seq_len=max_len,
+        page_size=page,
+        chunk_steps=chunk_steps,
+        max_prefill_rows=min(batch, 64),
+        prefill_chunk=max(page, min(512, max_len)),
+    )
     return Sampler(graphdef, params, config), params
 
 
-def bench_pair(path, dtype, batch, new_tokens, repeats, chunk_steps, check_parity,
-               temperature: float = 0.0):
+def bench_pair(
+    path, dtype, batch, new_tokens, repeats, chunk_steps, check_parity, temperature: float = 0.0
+):
     """One row: ours vs transformers generate, greedy (temperature 0) or plain temperature
     sampling (no top-k / top-p: how RL samples), every row forced to `new_tokens` tokens."""
     from pipelinerl_jax.sampler.scheduler import SamplingParams
-    prompts = np.random.default_rng(batch).integers(0, common.BENCH_MODEL["vocab_size"],
-                                                    (batch, PROMPT_LEN))
+
+    prompts = np.random.default_rng(batch).integers(
+        0, common.BENCH_MODEL["vocab_size"], (batch, PROMPT_LEN)
+    )
     sampler, params = our_sampler(path, dtype, batch, new_tokens, chunk_steps)
     how = SamplingParams(temperature=temperature, max_new_tokens=new_tokens)
     ours_out, hf_out = [], []
     hf_fn = hf_generate_fn(path, dtype, prompts, new_tokens, temperature)
     medians = common.alternating_medians(
-        {"ours": lambda: ours_out.append(sampler.generate(list(prompts), params=how)),
-         "hf": lambda: hf_out.append(hf_fn())}, repeats=repeats, warmup=1)
+        {
+            "ours": lambda: ours_out.append(sampler.generate(list(prompts), params=how)),
+            "hf": lambda: hf_out.append(hf_fn()),
+        },
+        repeats=repeats,
+        warmup=1,
+    )
     ours_s, hf_s = medians["ours"][0], medians["hf"][0]
     ours_tokens = sum(len(s.token_ids) for s in ours_out[-1])
     if ours_tokens != batch * new_tokens:
-        raise SystemExit(f"ours generated {ours_tokens} tokens, not {batch * new_tokens}: the "
-                         "bench model must not stop early")
-    row = {"batch": batch, "dtype": dtype, "temperature": temperature,
-           "ours_tok_s": batch * new_tokens / ours_s, "hf_tok_s": batch * new_tokens / hf_s}
+        raise SystemExit(
+            f"ours generated {ours_tokens} tokens, not {batch * new_tokens}: the "
+            "bench model must not stop early"
+        )
+    row = {
+        "batch": batch,
+        "dtype": dtype,
+        "temperature": temperature,
+        "ours_tok_s": batch * new_tokens / ours_s,
+        "hf_tok_s": batch * new_tokens / hf_s,
+    }
     row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
     if check_parity:
         ours_tokens = [s.token_ids for s in ours_out[-1]]
@@ -151,11 +191,15 @@ def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
     and its time is reported separately.
     """
     import jax
+
     from pipelinerl_jax.sampler.scheduler import SamplingParams
+
     batch = sampler.config.num_slots
     t = time.perf_counter()
-    versions = [jax.block_until_ready(sampler.prepare(jax.tree.map(lambda x: x * f, params)))
-                for f in (1.001, 0.999)]
+    versions = [
+        jax.block_until_ready(sampler.prepare(jax.tree.map(lambda x: x * f, params)))
+        for f in (1.001, 0.999)
+    ]
     prepare_s = (time.perf_counter() - t) / len(versions)
     prompts = np.random.default_rng(1).integers(0, 1000, (batch, PROMPT_LEN))
     budget = sampler.config.max_seq_len - PROMPT_LEN
@@ -166,15 +210,14 @@ def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
         times, index = [], 0
         while sampler.has_work():
             start = time.perf_counter()
-            if swap and index > 0:   # chunk 0 also admits and prefills
-                sampler.set_params(versions[index % 2], version=sampler.version + 1,
-                                   prepared=True)
+            if swap and index > 0:  # chunk 0 also admits and prefills
+                sampler.set_params(versions[index % 2], version=sampler.version + 1, prepared=True)
             sampler.step()
             times.append(time.perf_counter() - start)
             index += 1
         return times
 
-    one_pass(swap=True)   # warm-up: compiles every window the passes use
+    one_pass(swap=True)  # warm-up: compiles every window the passes use
     compiles = sampler.engine.decode_chunk._cache_size()
     plain, swapped = [], []
     for _ in range(max(1, repeats)):
@@ -182,18 +225,24 @@ def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
         swapped.append(one_pass(swap=True))
     chunks = min(map(len, plain + swapped))
     if chunks < 2:
-        raise SystemExit("the swap benchmark needs 2+ decode chunks per pass: raise --new_tokens "
-                         "or lower --chunk_steps")
+        raise SystemExit(
+            "the swap benchmark needs 2+ decode chunks per pass: raise --new_tokens "
+            "or lower --chunk_steps"
+        )
     plain_i = [float(np.median([p[i] for p in plain])) for i in range(1, chunks)]
     swap_i = [float(np.median([s[i] for s in swapped])) for i in range(1, chunks)]
     step_s = float(np.median(plain_i)) / chunk_steps
     extra_s = float(np.median(np.subtract(swap_i, plain_i)))
-    return {"batch": batch, "chunk_steps": chunk_steps, "chunk_s": float(np.median(plain_i)),
-            "prepare_s_off_the_sampler_thread": prepare_s,
-            "staged_to_first_token_visible_s": float(np.median(swap_i)),
-            "extra_cost_in_decode_steps": extra_s / step_s,
-            "swaps_timed": (chunks - 1) * max(1, repeats),
-            "recompiled": sampler.engine.decode_chunk._cache_size() != compiles}
+    return {
+        "batch": batch,
+        "chunk_steps": chunk_steps,
+        "chunk_s": float(np.median(plain_i)),
+        "prepare_s_off_the_sampler_thread": prepare_s,
+        "staged_to_first_token_visible_s": float(np.median(swap_i)),
+        "extra_cost_in_decode_steps": extra_s / step_s,
+        "swaps_timed": (chunks - 1) * max(1, repeats),
+        "recompiled": sampler.engine.decode_chunk._cache_size() != compiles,
+    }
 
 
 def flags_study(quick: bool) -> dict:
@@ -203,11 +252,16 @@ def flags_study(quick: bool) -> dict:
         flags = FLAG_SETS[name]
         env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
         probe = MATMUL_PROBE % ((2, 512) if quick else (5, 2048))
-        proc = subprocess.run([sys.executable, "-c", probe],
-                              env=env, capture_output=True, text=True, timeout=600)
-        out[name] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
-                     else {"error": proc.stderr.strip().splitlines()[-1][:200]})
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600
+        )
+        out[name] = (
+            json.loads(proc.stdout.strip().splitlines()[-1])
+            if proc.returncode == 0
+            else {"error": proc.stderr.strip().splitlines()[-1][:200]}
+        )
     import torch
+
     torch.set_num_threads(os.cpu_count())
     n = 512 if quick else 2048
     for dt in ("float32", "bfloat16"):
@@ -241,8 +295,9 @@ def main():
         path = Path(tmp) / "bench_model"
         make_checkpoint(path)
         for batch in batches:
-            row, sampler, params = bench_pair(path, "float32", batch, new_tokens, repeats, chunk,
-                                              check_parity=batch <= 8)
+            row, sampler, params = bench_pair(
+                path, "float32", batch, new_tokens, repeats, chunk, check_parity=batch <= 8
+            )
             row["frac_f32_matmul_peak"] = row["ours_tok_s"] * flop_per_token / (gflops * 1e9)
             row["hf_frac_f32_matmul_peak"] = row["hf_tok_s"] * flop_per_token / (gflops * 1e9)
             rows.append(row)
@@ -250,26 +305,48 @@ def main():
             if batch == (8 if 8 in batches else batches[0]):
                 swap = bench_swap(sampler, params, chunk, repeats)
                 print("swap", swap, flush=True)
-        for batch in ([8] if args.quick else [8, 64]):
+        for batch in [8] if args.quick else [8, 64]:
             row, _, _ = bench_pair(path, "bfloat16", batch, new_tokens, repeats, chunk, False)
             rows.append(row)
             print(row, flush=True)
-        for batch in ([8] if args.quick else [8, 64]):
-            row, _, _ = bench_pair(path, "float32", batch, new_tokens, repeats, chunk, False,
-                                   temperature=1.0)
+        for batch in [8] if args.quick else [8, 64]:
+            row, _, _ = bench_pair(
+                path, "float32", batch, new_tokens, repeats, chunk, False, temperature=1.0
+            )
             rows.append(row)
             print(row, flush=True)
     flags = flags_study(args.quick)
-    payload = {"config": {**common.BENCH_MODEL, "prompt_len": PROMPT_LEN,
-                          "new_tokens": new_tokens, "greedy": True, "chunk_steps": chunk,
-                          "quick": args.quick},
-               "load_before": load, "load_after": common.load_average(),
-               "cpu": common.cpu_features(), "f32_matmul_gflops": gflops,
-               "flop_per_token": flop_per_token, "rows": rows, "param_swap": swap,
-               "xla_bf16_flags": flags}
-    common.print_table(rows, ["batch", "dtype", "ours_tok_s", "hf_tok_s", "ratio",
-                              "frac_f32_matmul_peak", "hf_frac_f32_matmul_peak",
-                              "same_tokens_frac"])
+    payload = {
+        "config": {
+            **common.BENCH_MODEL,
+            "prompt_len": PROMPT_LEN,
+            "new_tokens": new_tokens,
+            "greedy": True,
+            "chunk_steps": chunk,
+            "quick": args.quick,
+        },
+        "load_before": load,
+        "load_after": common.load_average(),
+        "cpu": common.cpu_features(),
+        "f32_matmul_gflops": gflops,
+        "flop_per_token": flop_per_token,
+        "rows": rows,
+        "param_swap": swap,
+        "xla_bf16_flags": flags,
+    }
+    common.print_table(
+        rows,
+        [
+            "batch",
+            "dtype",
+            "ours_tok_s",
+            "hf_tok_s",
+            "ratio",
+            "frac_f32_matmul_peak",
+            "hf_frac_f32_matmul_peak",
+            "same_tokens_frac",
+        ],
+    )
     print(json.dumps(flags, indent=1))
     common.write_result("decode_quick" if args.quick else "decode", payload)
 

@@ -27,8 +27,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.common import (BENCH_MODEL, alternating_medians, f32_matmul_gflops,  # noqa: E402
-                          print_table, warn_if_busy, write_result)
+from bench.common import (  # noqa: E402
+    BENCH_MODEL,
+    alternating_medians,
+    f32_matmul_gflops,
+    print_table,
+    warn_if_busy,
+    write_result,
+)
 from pipelinerl_jax.models import hf_io, llama  # noqa: E402
 from pipelinerl_jax.models.config import ModelConfig  # noqa: E402
 
@@ -36,12 +42,24 @@ from pipelinerl_jax.models.config import ModelConfig  # noqa: E402
 def bench_config(dtype: str) -> ModelConfig:
     m = BENCH_MODEL
     return ModelConfig(
-        model_type="llama", vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
-        intermediate_size=m["intermediate_size"], num_layers=m["num_layers"],
-        num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
-        rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=2048,
-        tie_word_embeddings=m["tie_word_embeddings"], attention_bias=False, qk_norm=False,
-        param_dtype=dtype, compute_dtype=dtype)
+        model_type="llama",
+        vocab_size=m["vocab_size"],
+        hidden_size=m["hidden_size"],
+        intermediate_size=m["intermediate_size"],
+        num_layers=m["num_layers"],
+        num_heads=m["num_heads"],
+        num_kv_heads=m["num_kv_heads"],
+        head_dim=m["head_dim"],
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=2048,
+        tie_word_embeddings=m["tie_word_embeddings"],
+        attention_bias=False,
+        qk_norm=False,
+        param_dtype=dtype,
+        compute_dtype=dtype,
+    )
 
 
 def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> float:
@@ -64,6 +82,7 @@ def main() -> None:
 
     import torch
     import transformers
+
     torch.set_num_threads(os.cpu_count() or 1)
 
     load = warn_if_busy()
@@ -98,27 +117,54 @@ def main() -> None:
         results = {}
         # bf16 on CPU is several times slower (no native bf16 matmul): fewer repeats there.
         n = repeats if dtype == "float32" else max(2, (repeats + 1) // 2)
-        timed = alternating_medians({"pipelinerl_jax": ours, "transformers": theirs},
-                                    repeats=n, warmup=1)
+        timed = alternating_medians(
+            {"pipelinerl_jax": ours, "transformers": theirs}, repeats=n, warmup=1
+        )
         for name, (med, times) in timed.items():
             results[name] = med
-            rows.append({
-                "impl": name, "dtype": dtype, "batch": batch, "seq": seq, "median_s": med,
-                "times_s": times, "tokens_per_s": batch * seq / med, "gflops": flops / med / 1e9,
-                "frac_f32_peak": flops / med / 1e9 / peak, "logits_rel_diff": err,
-            })
+            rows.append(
+                {
+                    "impl": name,
+                    "dtype": dtype,
+                    "batch": batch,
+                    "seq": seq,
+                    "median_s": med,
+                    "times_s": times,
+                    "tokens_per_s": batch * seq / med,
+                    "gflops": flops / med / 1e9,
+                    "frac_f32_peak": flops / med / 1e9 / peak,
+                    "logits_rel_diff": err,
+                }
+            )
         rows[-2]["ratio_vs_transformers"] = results["transformers"] / results["pipelinerl_jax"]
-        del model, params
-    print_table(rows, ["impl", "dtype", "batch", "seq", "median_s", "tokens_per_s", "gflops",
-                       "frac_f32_peak", "ratio_vs_transformers"])
-    write_result("forward_quick" if args.quick else "forward", {
-        "benchmark": "prefill forward, ours vs transformers on the same weights",
-        "model": dict(BENCH_MODEL, num_params=bench_config("float32").num_params()),
-        "f32_matmul_gflops": peak, "load": load, "repeats": repeats,
-        "flops_per_forward": forward_flops(bench_config("float32"), batch, seq),
-        "command": " ".join(["bench/bench_forward.py"] + sys.argv[1:]),
-        "rows": rows,
-    })
+        model = params = None  # frees both before the next dtype is built
+    print_table(
+        rows,
+        [
+            "impl",
+            "dtype",
+            "batch",
+            "seq",
+            "median_s",
+            "tokens_per_s",
+            "gflops",
+            "frac_f32_peak",
+            "ratio_vs_transformers",
+        ],
+    )
+    write_result(
+        "forward_quick" if args.quick else "forward",
+        {
+            "benchmark": "prefill forward, ours vs transformers on the same weights",
+            "model": dict(BENCH_MODEL, num_params=bench_config("float32").num_params()),
+            "f32_matmul_gflops": peak,
+            "load": load,
+            "repeats": repeats,
+            "flops_per_forward": forward_flops(bench_config("float32"), batch, seq),
+            "command": " ".join(["bench/bench_forward.py"] + sys.argv[1:]),
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -32,33 +32,53 @@ from bench.common import print_table, warn_if_busy, write_result  # noqa: E402
 
 
 def run_mode(mode: str, args, workdir: Path) -> dict:
-    flags = [f"--config.mode={mode}", f"--config.steps={args.steps}", "--config.log_every=0",
-             f"--config.seed={args.seed}", "--config.devices.sampler=0.5",
-             "--config.checkpoint_every=0", f"--workdir={workdir}"]
+    flags = [
+        f"--config.mode={mode}",
+        f"--config.steps={args.steps}",
+        "--config.log_every=0",
+        f"--config.seed={args.seed}",
+        "--config.devices.sampler=0.5",
+        "--config.checkpoint_every=0",
+        f"--workdir={workdir}",
+    ]
     if mode == "pipeline":
         flags.append(f"--config.max_lag={args.lag}")
     else:
         flags.append(f"--config.conventional_steps={args.lag + 1}")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}",
+    )
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
     records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     summary = next(r for r in records if r["kind"] == "summary")
     return {
-        "mode": mode, "process_wall_s": time.perf_counter() - t0,
-        "run_wall_s": summary["wall_s"], "samples_per_s": summary["steady_samples_per_s"],
+        "mode": mode,
+        "process_wall_s": time.perf_counter() - t0,
+        "run_wall_s": summary["wall_s"],
+        "samples_per_s": summary["steady_samples_per_s"],
         "steps_per_s": summary["steady_steps_per_s"],
         "samples_per_s_incl_compile": summary["samples_per_s"],
-        "sampler_busy": summary["sampler/busy_frac"], "trainer_busy": summary["trainer/busy_frac"],
+        "sampler_busy": summary["sampler/busy_frac"],
+        "trainer_busy": summary["trainer/busy_frac"],
         "swap_pause_ms": summary["sampler/swap_pause_ms_mean"],
-        "swaps": summary["sampler/swaps"], "max_lag": summary["lag/token_max"],
+        "swaps": summary["sampler/swaps"],
+        "max_lag": summary["lag/token_max"],
         "mixed_seq_frac": summary["seq/mixed_version_frac"],
-        "reward_first20": summary["reward/first20"], "reward_last_tenth": summary["reward/last_tenth"],
+        "reward_first20": summary["reward/first20"],
+        "reward_last_tenth": summary["reward/last_tenth"],
         "reward_vs_time": [(round(r["time"], 2), r["reward/mean"]) for r in train],
     }
 
@@ -78,14 +98,28 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("pipeline", "conventional"):
             rows.append(run_mode(mode, args, Path(tmp) / mode))
-    print_table(rows, ["mode", "samples_per_s", "steps_per_s", "sampler_busy", "trainer_busy",
-                       "swap_pause_ms", "max_lag", "mixed_seq_frac", "reward_first20",
-                       "reward_last_tenth"])
+    print_table(
+        rows,
+        [
+            "mode",
+            "samples_per_s",
+            "steps_per_s",
+            "sampler_busy",
+            "trainer_busy",
+            "swap_pause_ms",
+            "max_lag",
+            "mixed_seq_frac",
+            "reward_first20",
+            "reward_last_tenth",
+        ],
+    )
     ratio = rows[0]["samples_per_s"] / rows[1]["samples_per_s"]
     print(f"pipeline / conventional samples/s: {ratio:.2f}x at max lag {args.lag}")
     name = "pipeline_vs_conventional" + ("_quick" if args.quick else "")
-    write_result(name, {"config": vars(args), "load_before": load, "rows": rows,
-                        "samples_per_s_ratio": ratio})
+    write_result(
+        name,
+        {"config": vars(args), "load_before": load, "rows": rows, "samples_per_s_ratio": ratio},
+    )
 
 
 if __name__ == "__main__":

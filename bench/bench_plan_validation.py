@@ -104,18 +104,41 @@ def profile_rates(cfg, graphdef, params, sizes, *, context_len, repeats) -> dict
     from pipelinerl_jax.plan import engine_probe
 
     k = cfg.sampler.chunk_steps
-    lat = engine_probe.decode_latency(graphdef, params, sizes, context_len=context_len,
-                                      page_size=cfg.sampler.page_size, chunk_steps=k,
-                                      repeats=repeats)
+    lat = engine_probe.decode_latency(
+        graphdef,
+        params,
+        sizes,
+        context_len=context_len,
+        page_size=cfg.sampler.page_size,
+        chunk_steps=k,
+        repeats=repeats,
+    )
     prompt_len = min(cfg.max_prompt_tokens, cfg.batch.seq_len - 1)
-    train = engine_probe.train_throughput(graphdef, params, rows=cfg.batch.num_rows,
-                                          seq_len=cfg.batch.seq_len, prompt_len=prompt_len,
-                                          repeats=repeats, trainer_config=cfg.trainer)
+    train = engine_probe.train_throughput(
+        graphdef,
+        params,
+        rows=cfg.batch.num_rows,
+        seq_len=cfg.batch.seq_len,
+        prompt_len=prompt_len,
+        repeats=repeats,
+        trainer_config=cfg.trainer,
+    )
     step_s = cfg.batch.num_rows * cfg.batch.seq_len / train["packed_tokens_per_s"]
-    return {"decode": {"batch_sizes": list(sizes), "latency_s": lat, "context_len": context_len,
-                       "chunk_steps": k, "statistic": "min"},
-            "train": {"step_s": step_s, "rows": cfg.batch.num_rows,
-                      "seq_len": cfg.batch.seq_len, "statistic": "min"}}
+    return {
+        "decode": {
+            "batch_sizes": list(sizes),
+            "latency_s": lat,
+            "context_len": context_len,
+            "chunk_steps": k,
+            "statistic": "min",
+        },
+        "train": {
+            "step_s": step_s,
+            "rows": cfg.batch.num_rows,
+            "seq_len": cfg.batch.seq_len,
+            "statistic": "min",
+        },
+    }
 
 
 def sampler_loop(cfg, graphdef, params, data, num_slots, *, warmup, chunks) -> dict:
@@ -133,10 +156,19 @@ def sampler_loop(cfg, graphdef, params, data, num_slots, *, warmup, chunks) -> d
     g = cfg.group_size
     mesh = Mesh(np.asarray(jax.devices()[:1]), (cfg.sampler.data_axis,))
     scfg = dataclasses.replace(cfg.sampler, num_slots=num_slots, seed=cfg.sampler.seed + cfg.seed)
-    sampler = Sampler(graphdef, params, scfg, mesh=mesh,
-                      eos_token_ids=tuple(getattr(tokenizer, "eos_token_ids", ())))
-    sampling = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                              max_new_tokens=cfg.max_new_tokens)
+    sampler = Sampler(
+        graphdef,
+        params,
+        scfg,
+        mesh=mesh,
+        eos_token_ids=tuple(getattr(tokenizer, "eos_token_ids", ())),
+    )
+    sampling = SamplingParams(
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+    )
     stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
     open_groups, done, times, tokens = {}, [], [], []
     for i in range(warmup + chunks):
@@ -155,29 +187,43 @@ def sampler_loop(cfg, graphdef, params, data, num_slots, *, warmup, chunks) -> d
             if not open_groups[s.request_id]:
                 del open_groups[s.request_id]
     k = cfg.sampler.chunk_steps
-    return {"num_slots": num_slots, "chunks": chunks, "chunk_s_mean": statistics.mean(times),
-            "chunk_s_median": statistics.median(times),
-            "tokens_per_s": sum(tokens) / sum(times),
-            "occupancy": sum(tokens) / (len(tokens) * num_slots * k),
-            "lengths": [len(s.token_ids) for s in done], "samples": done}
+    return {
+        "num_slots": num_slots,
+        "chunks": chunks,
+        "chunk_s_mean": statistics.mean(times),
+        "chunk_s_median": statistics.median(times),
+        "tokens_per_s": sum(tokens) / sum(times),
+        "occupancy": sum(tokens) / (len(tokens) * num_slots * k),
+        "lengths": [len(s.token_ids) for s in done],
+        "samples": done,
+    }
 
 
 def build_batch_s(cfg, samples, repeats: int = 5) -> float:
     """Host seconds to pack one step's batch from real samples (median)."""
     import numpy as np
 
-    from pipelinerl_jax.rl.batch import Sample as TrainSample, build_batch
+    from pipelinerl_jax.rl.batch import Sample as TrainSample
+    from pipelinerl_jax.rl.batch import build_batch
 
     by_group = {}
     for s in samples:
         by_group.setdefault(s.request_id, []).append(s)
     full = [grp for grp in by_group.values() if len(grp) == cfg.group_size]
     rng = np.random.default_rng(0)
-    batch = [TrainSample(prompt_tokens=s.prompt_ids, completion_tokens=s.token_ids,
-                         completion_logprobs=s.logprobs, completion_versions=s.versions,
-                         reward=float(rng.uniform()), group_id=s.request_id,
-                         finished=s.finish_reason == "stop")
-             for grp in full[:cfg.groups_per_step] for s in grp]
+    batch = [
+        TrainSample(
+            prompt_tokens=s.prompt_ids,
+            completion_tokens=s.token_ids,
+            completion_logprobs=s.logprobs,
+            completion_versions=s.versions,
+            reward=float(rng.uniform()),
+            group_id=s.request_id,
+            finished=s.finish_reason == "stop",
+        )
+        for grp in full[: cfg.groups_per_step]
+        for s in grp
+    ]
     if len(batch) < cfg.batch_size:
         raise SystemExit(f"sampler loop finished only {len(full)} whole groups; raise --chunks")
     times = []
@@ -192,12 +238,24 @@ def build_batch_s(cfg, samples, repeats: int = 5) -> float:
 
 
 def run_pipeline(config_path: Path, overrides: dict, devices: int, workdir: Path) -> list[dict]:
-    flags = [f"--config={config_path}", f"--workdir={workdir}",
-             *(f"--config.{k}={v}" for k, v in overrides.items())]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    flags = [
+        f"--config={config_path}",
+        f"--workdir={workdir}",
+        *(f"--config.{k}={v}" for k, v in overrides.items()),
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         raise SystemExit(f"run on {devices} devices failed:\n{proc.stderr[-3000:]}")
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -211,17 +269,26 @@ def predictions(shape, prof_curve, prof, loops, build_s, prior, observed):
     from pipelinerl_jax.plan import validate
 
     h = shape.gen_batch
-    device = dict(gen_tokens_per_s_per_device=float(prof_curve.rate(h)),
-                  train_step_s_per_device=prof["train"]["step_s"])
+    device = dict(
+        gen_tokens_per_s_per_device=float(prof_curve.rate(h)),
+        train_step_s_per_device=prof["train"]["step_s"],
+    )
     host_step = prof["train"]["step_s"] + build_s
     return {
         "planner_prelen": validate.predict(shape, **device, lengths=prior),
         "planner": validate.predict(shape, **device, lengths=observed),
-        "planner_host": validate.predict(shape, gen_tokens_per_s_per_device=loops[h]["tokens_per_s"],
-                                         train_step_s_per_device=host_step, lengths=observed),
+        "planner_host": validate.predict(
+            shape,
+            gen_tokens_per_s_per_device=loops[h]["tokens_per_s"],
+            train_step_s_per_device=host_step,
+            lengths=observed,
+        ),
         "serial": validate.serial_prediction(
-            shape, gen_tokens_per_s=loops[shape.num_slots]["tokens_per_s"],
-            train_step_s=host_step, lengths=observed),
+            shape,
+            gen_tokens_per_s=loops[shape.num_slots]["tokens_per_s"],
+            train_step_s=host_step,
+            lengths=observed,
+        ),
     }
 
 
@@ -235,12 +302,16 @@ def explain(shape, meas, curve, loops, k) -> dict:
     chunks_per_s = meas["samples_per_s"] * meas["mean_len"] / tokens_per_chunk
     lone = loops[shape.gen_batch]
     stall = validate.swap_stall_fraction(
-        steps_per_s=meas["steps_per_s"], swaps_per_step=meas["swaps_per_step"],
-        swap_latency_s=meas["swap_latency_s_median"], chunk_s=lone["chunk_s_mean"])
+        steps_per_s=meas["steps_per_s"],
+        swaps_per_step=meas["swaps_per_step"],
+        swap_latency_s=meas["swap_latency_s_median"],
+        chunk_s=lone["chunk_s_mean"],
+    )
     return {
         "device_chunk_s": k * float(curve.step_time(shape.gen_batch)),
         "loop_chunk_s": lone["chunk_s_mean"],
-        "host_overhead_factor": lone["chunk_s_mean"] / (k * float(curve.step_time(shape.gen_batch))),
+        "host_overhead_factor": lone["chunk_s_mean"]
+        / (k * float(curve.step_time(shape.gen_batch))),
         "occupancy": lone["occupancy"],
         "in_run_chunk_s_est": meas["sampler_busy"] / chunks_per_s,
         "compile_and_first_step_s": meas["first_step_time_s"],
@@ -260,14 +331,21 @@ def recommendation(shape, prof_curve, prof, observed) -> dict | None:
     tau = prof["train"]["step_s"] / (shape.batch_size * observed.mean_len)
     dprof = layout.DeviceProfile(prof_curve, tau)
     try:
-        plan = layout.plan_layout(dprof, layout.Workload(shape.devices, shape.batch_size,
-                                                         observed, shape.max_lag),
-                                  compare_conventional=False)
+        plan = layout.plan_layout(
+            dprof,
+            layout.Workload(shape.devices, shape.batch_size, observed, shape.max_lag),
+            compare_conventional=False,
+        )
     except PlanError as e:
         return {"error": str(e)}
-    return {"gen_devices": plan.gen_devices, "gen_batch": plan.gen_batch, "lag": plan.lag,
-            "samples_per_s": plan.samples_rate, "gen_idle": plan.gen_idle,
-            "train_idle": plan.train_idle}
+    return {
+        "gen_devices": plan.gen_devices,
+        "gen_batch": plan.gen_batch,
+        "lag": plan.lag,
+        "samples_per_s": plan.samples_rate,
+        "gen_idle": plan.gen_idle,
+        "train_idle": plan.train_idle,
+    }
 
 
 def main():
@@ -278,15 +356,23 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per probe")
     parser.add_argument("--chunks", type=int, default=120, help="timed sampler-loop chunks")
-    parser.add_argument("--quick", action="store_true",
-                        help="N=2 only, 12 steps, short probes: checks the script in minutes")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="N=2 only, 12 steps, short probes: checks the script in minutes",
+    )
     args = parser.parse_args()
     if args.quick:
         args.devices, args.steps, args.repeats, args.chunks = "2", 12, 3, 40
     device_counts = [int(n) for n in args.devices.split(",")]
     config_path = Path(args.config).resolve()
-    overrides = {"steps": args.steps, "seed": args.seed, "log_every": 0,
-                 "checkpoint_every": 0, "eval_every": 0}
+    overrides = {
+        "steps": args.steps,
+        "seed": args.seed,
+        "log_every": 0,
+        "checkpoint_every": 0,
+        "eval_every": 0,
+    }
     load = {"start": warn_if_busy()}
 
     import jax
@@ -302,8 +388,13 @@ def main():
     for n in device_counts:
         sampler_devs, _ = run_lib.split_devices(list(range(n)), cfg.devices)
         shapes[n] = validate.RunShape(
-            devices=n, gen_devices=len(sampler_devs), num_slots=cfg.sampler.num_slots,
-            batch_size=cfg.batch_size, max_lag=cfg.max_lag, max_new_tokens=cfg.max_new_tokens)
+            devices=n,
+            gen_devices=len(sampler_devs),
+            num_slots=cfg.sampler.num_slots,
+            batch_size=cfg.batch_size,
+            max_lag=cfg.max_lag,
+            max_new_tokens=cfg.max_new_tokens,
+        )
     gen_batches = sorted({s.gen_batch for s in shapes.values()} | {cfg.sampler.num_slots})
     sizes = gen_batches if args.quick else sorted(set(gen_batches) | {1, 4, 16})
 
@@ -316,23 +407,35 @@ def main():
     t0 = time.perf_counter()
     prof = profile_rates(cfg, graphdef, params, sizes, context_len=context, repeats=args.repeats)
     load["after_profile"] = load_average()
-    loops = {h: sampler_loop(cfg, graphdef, params, data, h, warmup=max(20, args.chunks // 4),
-                             chunks=args.chunks) for h in gen_batches}
+    loops = {
+        h: sampler_loop(
+            cfg, graphdef, params, data, h, warmup=max(20, args.chunks // 4), chunks=args.chunks
+        )
+        for h in gen_batches
+    }
     build_s = build_batch_s(cfg, loops[cfg.sampler.num_slots]["samples"])
     probe_s = time.perf_counter() - t0
-    curve = UtilisationCurve.from_decode_latency(prof["decode"]["batch_sizes"],
-                                                 prof["decode"]["latency_s"], source="decode")
+    curve = UtilisationCurve.from_decode_latency(
+        prof["decode"]["batch_sizes"], prof["decode"]["latency_s"], source="decode"
+    )
     prior = model.LengthDistribution.from_lengths(
-        [min(x, cfg.max_new_tokens) for x in loops[cfg.sampler.num_slots]["lengths"]])
+        [min(x, cfg.max_new_tokens) for x in loops[cfg.sampler.num_slots]["lengths"]]
+    )
     k = cfg.sampler.chunk_steps
-    print(f"profile ({probe_s:.0f}s incl. compiles): decode " + ", ".join(
-        f"H={b}: {s * 1e3:.2f} ms/step" for b, s in zip(sizes, prof["decode"]["latency_s"]))
-          + f"; train step {prof['train']['step_s'] * 1e3:.1f} ms, batch build "
-          f"{build_s * 1e3:.1f} ms")
+    print(
+        f"profile ({probe_s:.0f}s incl. compiles): decode "
+        + ", ".join(
+            f"H={b}: {s * 1e3:.2f} ms/step" for b, s in zip(sizes, prof["decode"]["latency_s"])
+        )
+        + f"; train step {prof['train']['step_s'] * 1e3:.1f} ms, batch build "
+        f"{build_s * 1e3:.1f} ms"
+    )
     for h, lp in loops.items():
-        print(f"sampler loop H={h}: {lp['chunk_s_mean'] * 1e3:.1f} ms/chunk vs "
-              f"{k * float(curve.step_time(h)) * 1e3:.1f} ms device-only; occupancy "
-              f"{lp['occupancy']:.2f} tokens/slot-step; {lp['tokens_per_s']:.0f} tokens/s")
+        print(
+            f"sampler loop H={h}: {lp['chunk_s_mean'] * 1e3:.1f} ms/chunk vs "
+            f"{k * float(curve.step_time(h)) * 1e3:.1f} ms device-only; occupancy "
+            f"{lp['occupancy']:.2f} tokens/slot-step; {lp['tokens_per_s']:.0f} tokens/s"
+        )
 
     # Steps 2-4 per device count.
     runs, table = [], []
@@ -343,35 +446,64 @@ def main():
             records = run_pipeline(config_path, overrides, n, Path(tmp) / "run")
             run_s = time.perf_counter() - t_run
         meas = validate.steady_measurement(records)
-        observed = validate.maxent_lengths(min(meas["mean_len"], cfg.max_new_tokens),
-                                           cfg.max_new_tokens)
+        observed = validate.maxent_lengths(
+            min(meas["mean_len"], cfg.max_new_tokens), cfg.max_new_tokens
+        )
         preds = predictions(shape, curve, prof, loops, build_s, prior, observed)
         meas["trainer_device_busy_est"] = meas["steps_per_s"] * prof["train"]["step_s"]
         gaps = explain(shape, meas, curve, loops, k)
-        label = f"N={n} ({'shared' if shape.shared else f'{shape.gen_devices}+{shape.train_devices}'})"
+        label = (
+            f"N={n} ({'shared' if shape.shared else f'{shape.gen_devices}+{shape.train_devices}'})"
+        )
         table.extend(validate.comparison_rows(preds, meas, label=label, reference="planner"))
-        runs.append({"devices": n, "split": dataclasses.asdict(shape), "label": label,
-                     "process_s": run_s, "load_before": load_before, "measured": meas,
-                     "predictions": preds, "gaps": gaps, "prior_mean_len": prior.mean_len,
-                     "planner_recommends": recommendation(shape, curve, prof, observed)})
-        print(f"{label}: measured {meas['samples_per_s']:.1f} samples/s, planner "
-              f"{preds['planner']['samples_per_s']:.1f}, serial {preds['serial']['samples_per_s']:.1f}"
-              f" (mean length {meas['mean_len']:.2f}, run {run_s:.0f}s); a decode chunk took "
-              f"~{gaps['in_run_chunk_s_est'] * 1e3:.0f} ms in the run vs "
-              f"{gaps['loop_chunk_s'] * 1e3:.0f} ms in the lone sampler loop and "
-              f"{gaps['device_chunk_s'] * 1e3:.0f} ms device-only; sampler busy "
-              f"{meas['sampler_busy']:.2f} of which ~{gaps['sampler_swap_stall_est']:.2f} waiting "
-              f"for new weights; trainer device busy ~{gaps['trainer_device_busy_est']:.2f}")
+        runs.append(
+            {
+                "devices": n,
+                "split": dataclasses.asdict(shape),
+                "label": label,
+                "process_s": run_s,
+                "load_before": load_before,
+                "measured": meas,
+                "predictions": preds,
+                "gaps": gaps,
+                "prior_mean_len": prior.mean_len,
+                "planner_recommends": recommendation(shape, curve, prof, observed),
+            }
+        )
+        print(
+            f"{label}: measured {meas['samples_per_s']:.1f} samples/s, planner "
+            f"{preds['planner']['samples_per_s']:.1f}, serial {preds['serial']['samples_per_s']:.1f}"
+            f" (mean length {meas['mean_len']:.2f}, run {run_s:.0f}s); a decode chunk took "
+            f"~{gaps['in_run_chunk_s_est'] * 1e3:.0f} ms in the run vs "
+            f"{gaps['loop_chunk_s'] * 1e3:.0f} ms in the lone sampler loop and "
+            f"{gaps['device_chunk_s'] * 1e3:.0f} ms device-only; sampler busy "
+            f"{meas['sampler_busy']:.2f} of which ~{gaps['sampler_swap_stall_est']:.2f} waiting "
+            f"for new weights; trainer device busy ~{gaps['trainer_device_busy_est']:.2f}"
+        )
     load["end"] = load_average()
     print_table(table, ["run", "quantity", *COLUMNS, "measured", "measured/planner"])
     for lp in loops.values():
         del lp["samples"]
-    write_result("plan_validation" + ("_quick" if args.quick else ""), {
-        "config": {**vars(args), "config_file": str(config_path.relative_to(ROOT))
-                   if config_path.is_relative_to(ROOT) else str(config_path)},
-        "load": load, "cpus": os.cpu_count(), "profile": prof, "sampler_loops": loops,
-        "batch_build_s": build_s, "prior_lengths_mean": prior.mean_len, "runs": runs,
-        "table": table, "columns": COLUMNS})
+    write_result(
+        "plan_validation" + ("_quick" if args.quick else ""),
+        {
+            "config": {
+                **vars(args),
+                "config_file": str(config_path.relative_to(ROOT))
+                if config_path.is_relative_to(ROOT)
+                else str(config_path),
+            },
+            "load": load,
+            "cpus": os.cpu_count(),
+            "profile": prof,
+            "sampler_loops": loops,
+            "batch_build_s": build_s,
+            "prior_lengths_mean": prior.mean_len,
+            "runs": runs,
+            "table": table,
+            "columns": COLUMNS,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def ours_stack(cfg, dparams, tokens: int):
     """Jitted: the sampler's blocks on [E, N] activations with attention output = q."""
     import jax
     import jax.numpy as jnp
+
     from pipelinerl_jax.models import rope
     from pipelinerl_jax.sampler import layer as block
 
@@ -57,27 +58,29 @@ def ours_stack(cfg, dparams, tokens: int):
 
 def inputs(cfg, tokens: int) -> np.ndarray:
     """The activations [N, E] both sides start from."""
-    return np.random.default_rng(tokens).standard_normal(
-        (tokens, cfg.hidden_size)).astype(np.float32)
+    return (
+        np.random.default_rng(tokens).standard_normal((tokens, cfg.hidden_size)).astype(np.float32)
+    )
 
 
 def torch_stack(cfg, dparams, tokens: int):
     """The same blocks in torch, token-major [N, E] (attention output = q, RoPE included)."""
     import torch
     import torch.nn.functional as F
+
     to_t = lambda a: torch.from_numpy(np.array(a, np.float32))
     layers = [{name: to_t(w) for name, w in lp.items()} for lp in dparams["layers"]]
     eps, d = cfg.rms_norm_eps, cfg.head_dim
     pos = torch.arange(tokens, dtype=torch.float32)[:, None] + 7
     inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    ang = torch.cat([pos * inv, pos * inv], dim=-1)[:, None, :]        # [N, 1, D]
+    ang = torch.cat([pos * inv, pos * inv], dim=-1)[:, None, :]  # [N, 1, D]
     cos, sin = ang.cos(), ang.sin()
 
     def norm(x, w):
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
     def rotary(x):
-        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
     x0 = torch.from_numpy(inputs(cfg, tokens))
@@ -88,12 +91,15 @@ def torch_stack(cfg, dparams, tokens: int):
             for lp in layers:
                 h = norm(x, lp["attn_norm"])
                 q = rotary(F.linear(h, lp["q_proj"]).view(tokens, -1, d))
-                F.linear(h, lp["k_proj"]), F.linear(h, lp["v_proj"])   # computed, as in decode
+                F.linear(h, lp["k_proj"]), F.linear(h, lp["v_proj"])  # computed, as in decode
                 x = x + F.linear(q.reshape(tokens, -1), lp["o_proj"])
                 h = norm(x, lp["mlp_norm"])
-                x = x + F.linear(F.silu(F.linear(h, lp["gate_proj"])) * F.linear(h, lp["up_proj"]),
-                                 lp["down_proj"])
+                x = x + F.linear(
+                    F.silu(F.linear(h, lp["gate_proj"])) * F.linear(h, lp["up_proj"]),
+                    lp["down_proj"],
+                )
             return x
+
     return run
 
 
@@ -102,14 +108,18 @@ def gemv_ceiling_gb_s(quick: bool) -> dict:
     import jax
     import jax.numpy as jnp
     import torch
+
     rows = 4160 if quick else 41600
     a = np.random.default_rng(0).standard_normal((rows, 1000)).astype(np.float32)
     v = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
     ja, jv = jnp.asarray(a), jnp.asarray(v)
     mv = jax.jit(lambda m, x: m @ x)
     ta, tv = torch.from_numpy(a), torch.from_numpy(v)
-    med = common.alternating_medians({"xla": lambda: mv(ja, jv).block_until_ready(),
-                                      "torch": lambda: ta @ tv}, repeats=10, warmup=1)
+    med = common.alternating_medians(
+        {"xla": lambda: mv(ja, jv).block_until_ready(), "torch": lambda: ta @ tv},
+        repeats=10,
+        warmup=1,
+    )
     return {name: a.nbytes / m[0] / 1e9 for name, m in med.items()}
 
 
@@ -120,15 +130,18 @@ def main():
     args = ap.parse_args()
     import jax
     import torch
+
     from pipelinerl_jax.models import llama
     from pipelinerl_jax.sampler import forward as fwd
+
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
     cfg = common.bench_model_config(args.quick)
     _, params = llama.init(cfg, jax.random.key(0))
     dparams = fwd.decode_params(cfg, params)
-    weight_bytes = sum(w.nbytes for lp in dparams["layers"] for name, w in lp.items()
-                       if name.endswith("_proj"))
+    weight_bytes = sum(
+        w.nbytes for lp in dparams["layers"] for name, w in lp.items() if name.endswith("_proj")
+    )
     flop_per_token = 2 * weight_bytes // 4
     repeats = 3 if args.quick else args.repeats
     rows = []
@@ -138,10 +151,11 @@ def main():
         ours_NxE, theirs_NxE = np.asarray(ours()).T, theirs().numpy()
         rel_err = float(np.abs(ours_NxE - theirs_NxE).max() / np.abs(theirs_NxE).max())
         if rel_err > 1e-4:
-            raise SystemExit(f"ours and torch disagree at N={tokens} (max rel. error "
-                             f"{rel_err:.1e}): the two stacks no longer compute the same thing")
-        med = common.alternating_medians({"ours": ours, "torch": theirs},
-                                         repeats=repeats, warmup=1)
+            raise SystemExit(
+                f"ours and torch disagree at N={tokens} (max rel. error "
+                f"{rel_err:.1e}): the two stacks no longer compute the same thing"
+            )
+        med = common.alternating_medians({"ours": ours, "torch": theirs}, repeats=repeats, warmup=1)
         row = {"tokens": tokens, "max_rel_err": rel_err}
         for name, (seconds, _) in med.items():
             row[f"{name}_us_per_layer"] = seconds / cfg.num_layers * 1e6
@@ -151,15 +165,37 @@ def main():
         rows.append(row)
         print(row, flush=True)
     ceiling = gemv_ceiling_gb_s(args.quick)
-    common.print_table(rows, ["tokens", "ours_us_per_layer", "torch_us_per_layer", "ratio",
-                              "ours_gflops", "torch_gflops", "ours_weight_gb_s",
-                              "torch_weight_gb_s"])
+    common.print_table(
+        rows,
+        [
+            "tokens",
+            "ours_us_per_layer",
+            "torch_us_per_layer",
+            "ratio",
+            "ours_gflops",
+            "torch_gflops",
+            "ours_weight_gb_s",
+            "torch_weight_gb_s",
+        ],
+    )
     print("one large matrix-vector product, GB/s:", ceiling)
-    common.write_result("projections_quick" if args.quick else "projections", {
-        "config": {**common.BENCH_MODEL, "quick": args.quick, "repeats": repeats,
-                   "weight_bytes": weight_bytes, "attention": "output = q (none)"},
-        "load_before": load, "load_after": common.load_average(), "cpu": common.cpu_features(),
-        "rows": rows, "gemv_ceiling_gb_s": ceiling})
+    common.write_result(
+        "projections_quick" if args.quick else "projections",
+        {
+            "config": {
+                **common.BENCH_MODEL,
+                "quick": args.quick,
+                "repeats": repeats,
+                "weight_bytes": weight_bytes,
+                "attention": "output = q (none)",
+            },
+            "load_before": load,
+            "load_after": common.load_average(),
+            "cpu": common.cpu_features(),
+            "rows": rows,
+            "gemv_ceiling_gb_s": ceiling,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -47,19 +47,31 @@ def make_batch(cfg: ModelConfig, num_seq: int, seq_len: int, prompt_len: int):
     samples = []
     for i in range(num_seq):
         c = seq_len - prompt_len
-        samples.append(Sample(rng.integers(0, cfg.vocab_size, prompt_len).tolist(),
-                              rng.integers(0, cfg.vocab_size, c).tolist(),
-                              (-rng.random(c) * 4 - 8).tolist(), [0] * c,
-                              float(rng.random() < 0.5), i // 4))
-    batch_cfg = BatchConfig(seq_len=seq_len, num_rows=num_seq, max_sequences=num_seq,
-                            max_sequence_len=seq_len)
+        samples.append(
+            Sample(
+                rng.integers(0, cfg.vocab_size, prompt_len).tolist(),
+                rng.integers(0, cfg.vocab_size, c).tolist(),
+                (-rng.random(c) * 4 - 8).tolist(),
+                [0] * c,
+                float(rng.random() < 0.5),
+                i // 4,
+            )
+        )
+    batch_cfg = BatchConfig(
+        seq_len=seq_len, num_rows=num_seq, max_sequences=num_seq, max_sequence_len=seq_len
+    )
     return build_batch(samples, batch_cfg)[0]
 
 
 def jax_step(cfg: ModelConfig, params, batch, token_chunk: int):
-    tcfg = tr.TrainerConfig(learning_rate=LR, lr_schedule="constant", warmup_steps=0,
-                            weight_decay=WEIGHT_DECAY, grad_clip_norm=GRAD_CLIP,
-                            loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk))
+    tcfg = tr.TrainerConfig(
+        learning_rate=LR,
+        lr_schedule="constant",
+        warmup_steps=0,
+        weight_decay=WEIGHT_DECAY,
+        grad_clip_norm=GRAD_CLIP,
+        loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk),
+    )
     graphdef, abstract_params = llama.abstract_init(cfg)
     trainer = tr.Trainer(tcfg, graphdef, abstract_params, tr.trainer_mesh(jax.devices()[:1]))
     box = {"state": trainer.init_state(params)}
@@ -77,8 +89,9 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool, checkpointing: b
     import transformers
 
     torch.manual_seed(0)
-    hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items()
-                                         if k not in ("architectures", "torch_dtype")})
+    hf_cfg = transformers.LlamaConfig(
+        **{k: v for k, v in cfg.to_hf().items() if k not in ("architectures", "torch_dtype")}
+    )
     model = transformers.LlamaForCausalLM(hf_cfg).float()
     state = {name: torch.from_numpy(np.array(a)) for name, a in hf_io.hf_tensors(cfg, params)}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -90,8 +103,9 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool, checkpointing: b
         model.gradient_checkpointing_enable()
         model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-8)
-    t = lambda x, dt=None: torch.from_numpy(np.asarray(x)) if dt is None else \
-        torch.from_numpy(np.asarray(x)).to(dt)
+    t = lambda x, dt=None: (
+        torch.from_numpy(np.asarray(x)) if dt is None else torch.from_numpy(np.asarray(x)).to(dt)
+    )
     tokens, targets = t(batch.tokens).long(), t(batch.targets).long()
     mu, adv, w = t(batch.behaviour_logprobs), t(batch.advantages), t(batch.token_weights)
 
@@ -115,22 +129,32 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per side (f32)")
-    parser.add_argument("--repeats-bf16", type=int, default=3,
-                        help="timed steps per side for bf16 (torch autocast is slow on CPUs "
-                             "without native bf16)")
+    parser.add_argument(
+        "--repeats-bf16",
+        type=int,
+        default=3,
+        help="timed steps per side for bf16 (torch autocast is slow on CPUs without native bf16)",
+    )
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--no-peer-dtypes", default="",
-                        help="dtypes whose torch step is not timed (recorded with the reason): "
-                             "torch's bf16 autocast backward takes most of an hour per step on "
-                             "CPUs without AMX/avx512_bf16")
+    parser.add_argument(
+        "--no-peer-dtypes",
+        default="",
+        help="dtypes whose torch step is not timed (recorded with the reason): "
+        "torch's bf16 autocast backward takes most of an hour per step on "
+        "CPUs without AMX/avx512_bf16",
+    )
     parser.add_argument("--token-chunk", type=int, default=1024)
-    parser.add_argument("--model_dir", default=None,
-                        help="a Hugging Face directory: time that model (f32, 16 x 512, remat "
-                             "vs gradient checkpointing) instead of the bench model")
+    parser.add_argument(
+        "--model_dir",
+        default=None,
+        help="a Hugging Face directory: time that model (f32, 16 x 512, remat "
+        "vs gradient checkpointing) instead of the bench model",
+    )
     args = parser.parse_args(argv)
     if args.model_dir:
         return real_model(args)
     import torch
+
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
     num_seq, seq_len, prompt_len = (2, 64, 16) if args.quick else (8, 512, 64)
@@ -148,8 +172,10 @@ def main(argv=None) -> dict:
         row = dict(dtype=dtype, first_loss_ours=first_ours, compile_s=compile_s)
         steps = {"ours": ours}
         if dtype in args.no_peer_dtypes.split(","):
-            row["torch_not_timed"] = ("--no-peer-dtypes: torch's CPU step in this dtype is "
-                                      "too slow to time on this machine")
+            row["torch_not_timed"] = (
+                "--no-peer-dtypes: torch's CPU step in this dtype is "
+                "too slow to time on this machine"
+            )
         else:
             steps["torch"] = torch_step(cfg, params, batch, dtype == "bfloat16")
             row["first_loss_torch"] = steps["torch"]()  # warm-up step
@@ -160,15 +186,38 @@ def main(argv=None) -> dict:
             theirs_s = medians["torch"][0]
             row.update(torch_s=theirs_s, torch_tok_s=tokens / theirs_s, ratio=theirs_s / ours_s)
         rows.append(row)
-    common.print_table(rows, ["dtype", "ours_tok_s", "torch_tok_s", "ratio", "ours_s", "torch_s",
-                              "first_loss_ours", "first_loss_torch", "compile_s"])
-    payload = dict(benchmark="train_step", quick=args.quick, load=load, rows=rows,
-                   config=dict(model=common.BENCH_MODEL if not args.quick else "quick",
-                               sequences=num_seq, seq_len=seq_len, prompt_len=prompt_len,
-                               objective="tis_reinforce", optimizer="adamw",
-                               token_chunk=args.token_chunk,
-                               repeats=dict(float32=args.repeats, bfloat16=args.repeats_bf16),
-                               jax=jax.__version__, torch=torch.__version__))
+    common.print_table(
+        rows,
+        [
+            "dtype",
+            "ours_tok_s",
+            "torch_tok_s",
+            "ratio",
+            "ours_s",
+            "torch_s",
+            "first_loss_ours",
+            "first_loss_torch",
+            "compile_s",
+        ],
+    )
+    payload = dict(
+        benchmark="train_step",
+        quick=args.quick,
+        load=load,
+        rows=rows,
+        config=dict(
+            model=common.BENCH_MODEL if not args.quick else "quick",
+            sequences=num_seq,
+            seq_len=seq_len,
+            prompt_len=prompt_len,
+            objective="tis_reinforce",
+            optimizer="adamw",
+            token_chunk=args.token_chunk,
+            repeats=dict(float32=args.repeats, bfloat16=args.repeats_bf16),
+            jax=jax.__version__,
+            torch=torch.__version__,
+        ),
+    )
     common.write_result("train_step_quick" if args.quick else "train_step", payload)
     return payload
 
@@ -176,6 +225,7 @@ def main(argv=None) -> dict:
 def real_model(args) -> dict:
     """The real model's f32 step: ours (remat) vs torch + transformers (gradient checkpointing)."""
     import torch
+
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
     num_seq, seq_len, prompt_len, repeats = 16, 512, 64, 3
@@ -187,21 +237,54 @@ def real_model(args) -> dict:
     compile_s = time.perf_counter() - t0
     theirs = torch_step(cfg, params, batch, autocast=False, checkpointing=True)
     first_torch = theirs()
-    medians = common.alternating_medians({"ours": ours, "torch": theirs}, repeats=repeats,
-                                         warmup=0)
+    medians = common.alternating_medians({"ours": ours, "torch": theirs}, repeats=repeats, warmup=0)
     ours_s, torch_s = medians["ours"][0], medians["torch"][0]
     tokens = num_seq * seq_len
-    row = dict(dtype="float32", ours_s=ours_s, torch_s=torch_s, ours_tok_s=tokens / ours_s,
-               torch_tok_s=tokens / torch_s, ratio=torch_s / ours_s, first_loss_ours=first_ours,
-               first_loss_torch=first_torch, compile_s=compile_s,
-               ours_times=medians["ours"][1], torch_times=medians["torch"][1])
-    common.print_table([row], ["dtype", "ours_tok_s", "torch_tok_s", "ratio", "ours_s", "torch_s",
-                               "first_loss_ours", "first_loss_torch", "compile_s"])
-    payload = dict(benchmark="train_step_real", load=load, rows=[row], config=dict(
-        model=str(args.model_dir), sequences=num_seq, seq_len=seq_len, prompt_len=prompt_len,
-        objective="tis_reinforce", optimizer="adamw", remat="ours: per layer; torch: "
-        "gradient checkpointing", token_chunk=args.token_chunk, repeats=repeats,
-        jax=jax.__version__, torch=torch.__version__))
+    row = dict(
+        dtype="float32",
+        ours_s=ours_s,
+        torch_s=torch_s,
+        ours_tok_s=tokens / ours_s,
+        torch_tok_s=tokens / torch_s,
+        ratio=torch_s / ours_s,
+        first_loss_ours=first_ours,
+        first_loss_torch=first_torch,
+        compile_s=compile_s,
+        ours_times=medians["ours"][1],
+        torch_times=medians["torch"][1],
+    )
+    common.print_table(
+        [row],
+        [
+            "dtype",
+            "ours_tok_s",
+            "torch_tok_s",
+            "ratio",
+            "ours_s",
+            "torch_s",
+            "first_loss_ours",
+            "first_loss_torch",
+            "compile_s",
+        ],
+    )
+    payload = dict(
+        benchmark="train_step_real",
+        load=load,
+        rows=[row],
+        config=dict(
+            model=str(args.model_dir),
+            sequences=num_seq,
+            seq_len=seq_len,
+            prompt_len=prompt_len,
+            objective="tis_reinforce",
+            optimizer="adamw",
+            remat="ours: per layer; torch: gradient checkpointing",
+            token_chunk=args.token_chunk,
+            repeats=repeats,
+            jax=jax.__version__,
+            torch=torch.__version__,
+        ),
+    )
     common.write_result("train_step_real", payload)
     return payload
 

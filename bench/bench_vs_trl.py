@@ -57,6 +57,7 @@ def real_config(steps: int, mode: str):
     """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints."""
     from configs import smollm2_math
     from pipelinerl_jax.config import from_config_dict
+
     c = smollm2_math.get_config()
     c.steps, c.mode, c.conventional_steps = steps, mode, 1
     c.eval_every, c.checkpoint_every, c.log_every = 0, 0, 1
@@ -68,32 +69,41 @@ def real_config(steps: int, mode: str):
     c.batch.weighting = "token_mean"
     cfg = from_config_dict(c)
     assert (cfg.group_size, cfg.batch_size, cfg.max_new_tokens, cfg.temperature) == (
-        GROUP, BATCH, MAX_NEW, TEMPERATURE)
+        GROUP,
+        BATCH,
+        MAX_NEW,
+        TEMPERATURE,
+    )
     assert cfg.trainer.learning_rate == LR and cfg.trainer.grad_clip_norm == 1.0
     return cfg
 
 
 def stream_problems(cfg, n: int) -> list:
     """The first n problems of the prompt stream a run of cfg trains on, in order."""
-    from pipelinerl_jax.pipeline.run import build_data
     from pipelinerl_jax.data.datasets import PromptStream
+    from pipelinerl_jax.pipeline.run import build_data
+
     _, source, _ = build_data(cfg)
     stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
     return [next(stream) for _ in range(n)]
 
 
-def steady(times: list[float], rewards: list[float], tokens: list[float],
-           budget_s: float | None) -> dict:
+def steady(
+    times: list[float], rewards: list[float], tokens: list[float], budget_s: float | None
+) -> dict:
     """Figures from per-step end times (seconds since the side's start), rewards and
-  completion tokens."""
+    completion tokens."""
     skip = WARMUP_STEPS if len(times) > WARMUP_STEPS + 1 else 0  # short runs: every step
-    gaps = [b - a for a, b in zip(times[skip:], times[skip + 1:])] or [times[0]]
+    gaps = [b - a for a, b in zip(times[skip:], times[skip + 1 :])] or [times[0]]
     s_per_step = statistics.median(gaps)
     out = {
-        "steps": len(times), "launch_to_first_step_s": times[0],
-        "s_per_step": s_per_step, "samples_per_s": BATCH / s_per_step,
-        "completion_tokens_per_s": statistics.median(tokens[skip + 1:] or tokens) / s_per_step,
-        "reward_by_step": rewards, "reward_mean": statistics.mean(rewards),
+        "steps": len(times),
+        "launch_to_first_step_s": times[0],
+        "s_per_step": s_per_step,
+        "samples_per_s": BATCH / s_per_step,
+        "completion_tokens_per_s": statistics.median(tokens[skip + 1 :] or tokens) / s_per_step,
+        "reward_by_step": rewards,
+        "reward_mean": statistics.mean(rewards),
         "train_s": times[-1] - times[0],
         "step_end_s": [t - times[0] for t in times],
     }
@@ -123,18 +133,26 @@ def trl_worker(steps: int, out: Path) -> None:
     table = get_reward_table(cfg.reward.table, **dict(cfg.reward.table_options))
     tok = AutoTokenizer.from_pretrained(MODEL_DIR)
     eos = {tok.eos_token_id}
-    data = Dataset.from_dict({
-        "prompt": [build_messages(p.question, pcfg) for p in problems],
-        "uid": [p.uid for p in problems], "question": [p.question for p in problems],
-        "gold": [p.answer for p in problems], "source": [p.source for p in problems]})
+    data = Dataset.from_dict(
+        {
+            "prompt": [build_messages(p.question, pcfg) for p in problems],
+            "uid": [p.uid for p in problems],
+            "question": [p.question for p in problems],
+            "gold": [p.answer for p in problems],
+            "source": [p.source for p in problems],
+        }
+    )
 
     def reward(prompts, completions, completion_ids, uid, question, gold, source, **_):
         scores = []
         for c, ids, u, q, a, s in zip(completions, completion_ids, uid, question, gold, source):
             verdict = math_reward(c[0]["content"], Problem(uid=u, question=q, answer=a, source=s))
             finished = len(ids) < MAX_NEW or (len(ids) > 0 and int(ids[-1]) in eos)
-            scores.append(table.compute(verdict, num_tokens=len(ids), max_tokens=MAX_NEW,
-                                        finished=finished).reward)
+            scores.append(
+                table.compute(
+                    verdict, num_tokens=len(ids), max_tokens=MAX_NEW, finished=finished
+                ).reward
+            )
         return scores
 
     ends, records = [], []
@@ -151,16 +169,43 @@ def trl_worker(steps: int, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, bf16=False, seed=0, max_steps=steps,
-            learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-            max_grad_norm=1.0, per_device_train_batch_size=BATCH, num_generations=GROUP,
-            gradient_accumulation_steps=1, max_completion_length=MAX_NEW,
-            temperature=TEMPERATURE, top_k=0, top_p=1.0, beta=0.0, loss_type="dapo",
-            scale_rewards="group", epsilon=0.2, importance_sampling_level="token",
-            num_iterations=1, gradient_checkpointing=True, shuffle_dataset=False,
-            logging_steps=1, save_strategy="no", report_to="none")
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                              processing_class=tok, callbacks=[Clock()])
+            output_dir=tmp,
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+            max_steps=steps,
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            per_device_train_batch_size=BATCH,
+            num_generations=GROUP,
+            gradient_accumulation_steps=1,
+            max_completion_length=MAX_NEW,
+            temperature=TEMPERATURE,
+            top_k=0,
+            top_p=1.0,
+            beta=0.0,
+            loss_type="dapo",
+            scale_rewards="group",
+            epsilon=0.2,
+            importance_sampling_level="token",
+            num_iterations=1,
+            gradient_checkpointing=True,
+            shuffle_dataset=False,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[Clock()],
+        )
         trainer.train()
     rewards = [float(r["reward"]) for r in records]  # TRL logs numbers as strings
     tokens = [float(r["completions/mean_length"]) * BATCH for r in records]
@@ -174,6 +219,7 @@ def trl_worker(steps: int, out: Path) -> None:
 def ours_worker(steps: int, mode: str, budget_s: float | None, out: Path) -> None:
     t_launch = time.perf_counter()
     from pipelinerl_jax.pipeline import run as run_lib
+
     cfg = real_config(steps, mode)
     first_step = []
 
@@ -184,8 +230,9 @@ def ours_worker(steps: int, mode: str, budget_s: float | None, out: Path) -> Non
 
     with tempfile.TemporaryDirectory() as workdir:
         run_lib.run(cfg, workdir, echo=echo)
-        records = [json.loads(line) for line in
-                   (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()
+        ]
     train = [r for r in records if r["kind"] == "train"]
     times = [r["time"] for r in train]  # seconds since the run's metrics writer started
     rewards = [r["reward/mean"] for r in train]
@@ -228,14 +275,16 @@ def main() -> None:
     try:
         import trl  # noqa: F401
     except ImportError:
-        raise SystemExit("trl is not installed: .venv/bin/pip install -r requirements-bench.txt")
+        raise SystemExit(
+            "trl is not installed: .venv/bin/pip install -r requirements-bench.txt"
+        ) from None
     load = common.warn_if_busy()
     trl_side = run_side(["--worker=trl", f"--steps={args.trl_steps}"])
     budget = trl_side["train_s"]
-    ours = run_side(["--worker=pipeline", f"--steps={args.pipeline_steps}",
-                     f"--budget_s={budget}"])
-    conv = run_side(["--worker=conventional", f"--steps={args.conventional_steps}",
-                     f"--budget_s={budget}"])
+    ours = run_side(["--worker=pipeline", f"--steps={args.pipeline_steps}", f"--budget_s={budget}"])
+    conv = run_side(
+        ["--worker=conventional", f"--steps={args.conventional_steps}", f"--budget_s={budget}"]
+    )
     # Same prompts, same order: TRL's dataset is the stream's first problems, unshuffled.
     n = len(trl_side["prompts"])
     assert ours["prompts"][:n] == trl_side["prompts"], "the two sides trained other prompts"
@@ -243,24 +292,35 @@ def main() -> None:
     trl_side["equal_time_reward_last3"] = statistics.mean(trl_side["reward_by_step"][-3:])
     ratio = ours["samples_per_s"] / trl_side["samples_per_s"]
     result = {
-        "load_before": load, "model": "SmolLM2-135M-Instruct (f32)",
+        "load_before": load,
+        "model": "SmolLM2-135M-Instruct (f32)",
         "config": "configs/smollm2_math.py, objective matched to TRL (see the docstring)",
-        "trl": trl_side, "pipeline": ours, "conventional": conv,
+        "trl": trl_side,
+        "pipeline": ours,
+        "conventional": conv,
         "samples_per_s_ratio": ratio,
         "conventional_samples_per_s_ratio": conv["samples_per_s"] / trl_side["samples_per_s"],
         "peak_rss_ratio": ours["peak_rss_gib"] / trl_side["peak_rss_gib"],
-        "goal": GOAL, "meets_speed_goal": ratio >= GOAL["samples_per_s_ratio"],
+        "goal": GOAL,
+        "meets_speed_goal": ratio >= GOAL["samples_per_s_ratio"],
         "meets_memory_goal": ours["peak_rss_gib"] <= trl_side["peak_rss_gib"],
     }
-    for name, side in (("TRL GRPOTrainer", trl_side), ("ours, pipeline", ours),
-                       ("ours, conventional", conv)):
-        print(f"{name}: {side['s_per_step']:.1f} s/step, {side['samples_per_s']:.2f} samples/s, "
-              f"{side['completion_tokens_per_s']:.1f} completion tok/s, peak RSS "
-              f"{side['peak_rss_gib']:.2f} GiB, mean reward {side['reward_mean']:.3f}, reward "
-              f"of the last 3 steps within TRL's time {side['equal_time_reward_last3']:.3f} "
-              f"({side['equal_time_steps']} steps)")
-    print(f"pipeline / TRL samples/s: {ratio:.2f}x (goal >= {GOAL['samples_per_s_ratio']}), "
-          f"peak RSS {result['peak_rss_ratio']:.2f}x of TRL's")
+    for name, side in (
+        ("TRL GRPOTrainer", trl_side),
+        ("ours, pipeline", ours),
+        ("ours, conventional", conv),
+    ):
+        print(
+            f"{name}: {side['s_per_step']:.1f} s/step, {side['samples_per_s']:.2f} samples/s, "
+            f"{side['completion_tokens_per_s']:.1f} completion tok/s, peak RSS "
+            f"{side['peak_rss_gib']:.2f} GiB, mean reward {side['reward_mean']:.3f}, reward "
+            f"of the last 3 steps within TRL's time {side['equal_time_reward_last3']:.3f} "
+            f"({side['equal_time_steps']} steps)"
+        )
+    print(
+        f"pipeline / TRL samples/s: {ratio:.2f}x (goal >= {GOAL['samples_per_s_ratio']}), "
+        f"peak RSS {result['peak_rss_ratio']:.2f}x of TRL's"
+    )
     common.write_result("vs_trl", result)
 
 

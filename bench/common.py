@@ -20,21 +20,43 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # The one model shape every benchmark of the project uses (57.9M params, untied head).
 BENCH_MODEL = dict(
-    vocab_size=32000, hidden_size=512, intermediate_size=1536, num_layers=8,
-    num_heads=8, num_kv_heads=4, head_dim=64, tie_word_embeddings=False,
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_layers=8,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=64,
+    tie_word_embeddings=False,
 )
 
 
 def bench_model_config(quick: bool = False, compute_dtype: str = "float32"):
     """BENCH_MODEL as a Llama ModelConfig; `quick`: a tiny shape for checks that things run."""
     from pipelinerl_jax.models.config import ModelConfig
+
     shape = dict(BENCH_MODEL)
     if quick:
-        shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=16)
-    return ModelConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0,
-                       rope_scaling=None, max_position_embeddings=2048, attention_bias=False,
-                       qk_norm=False, compute_dtype=compute_dtype, **shape)
+        shape.update(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+        )
+    return ModelConfig(
+        model_type="llama",
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=2048,
+        attention_bias=False,
+        qk_norm=False,
+        compute_dtype=compute_dtype,
+        **shape,
+    )
 
 
 def load_average() -> dict:
@@ -47,14 +69,17 @@ def warn_if_busy(threshold: float = 0.5) -> dict:
     """Returns the load record; prints a warning when other work is running."""
     load = load_average()
     if load["loadavg_1m"] > threshold:
-        print(f"WARNING: machine not idle (1-min load {load['loadavg_1m']:.2f}); "
-              "timings may be distorted")
+        print(
+            f"WARNING: machine not idle (1-min load {load['loadavg_1m']:.2f}); "
+            "timings may be distorted"
+        )
     return load
 
 
 def median_time(fn, *, repeats: int = 5, warmup: int = 1) -> tuple[float, list[float]]:
     """Median wall time of fn() in seconds, and every time; fn must block until ready."""
     from pipelinerl_jax.plan.measure import call_times
+
     times = call_times(fn, repeats=repeats, warmup=warmup)
     return statistics.median(times), times
 
@@ -102,24 +127,39 @@ def cpu_features() -> dict:
         flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
     except (OSError, StopIteration):
         flags = []
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                  if line.startswith("model name")), "unknown") if os.path.exists(
-        "/proc/cpuinfo") else "unknown"
-    return {"model": model, **{f: f in flags for f in
-                                ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")}}
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in open("/proc/cpuinfo")
+                if line.startswith("model name")
+            ),
+            "unknown",
+        )
+        if os.path.exists("/proc/cpuinfo")
+        else "unknown"
+    )
+    return {
+        "model": model,
+        **{f: f in flags for f in ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")},
+    }
 
 
 def write_result(name: str, payload: dict) -> Path:
     """Writes bench/results/<name>.json with machine facts attached; returns the path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = dict(payload)
-    payload.setdefault("machine", {
-        "platform": platform.platform(), "python": platform.python_version(),
-        "processor": platform.processor(),
-    })
+    payload.setdefault(
+        "machine",
+        {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "processor": platform.processor(),
+        },
+    )
     payload.setdefault("cpu", cpu_features())
     payload.setdefault("command", " ".join(["python", *sys.argv]))
-    payload.setdefault("date", datetime.datetime.now(datetime.timezone.utc).isoformat())
+    payload.setdefault("date", datetime.datetime.now(datetime.UTC).isoformat())
     path = RESULTS_DIR / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=_jsonable))

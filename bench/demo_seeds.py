@@ -65,15 +65,19 @@ class LoadSampler:
 
 def run_seed(seed: int, workdir: Path, overrides: list[str], margin: float) -> dict:
     """One default run in its own process; returns its row for the table."""
-    flags = [f"--config.seed={seed}", f"--workdir={workdir}",
-             *(f"--config.{o}" for o in overrides)]
+    flags = [f"--config.seed={seed}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     log = workdir.parent / f"seed_{seed}.log"
     workdir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with LoadSampler() as load, open(log, "w") as out:
-        proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT,
-                              env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "launch.py"), *flags],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     wall = time.perf_counter() - t0
     if proc.returncode:
         tail = log.read_text()[-2000:]
@@ -83,31 +87,56 @@ def run_seed(seed: int, workdir: Path, overrides: list[str], margin: float) -> d
     first, last = summary["reward/first20"], summary["reward/last_tenth"]
     hist = {k: v for k, v in summary["lag/hist"].items() if v}
     return {
-        "seed": seed, "steps": summary["steps"],
-        "first20": first, "last_tenth": last, "gain": last - first,
+        "seed": seed,
+        "steps": summary["steps"],
+        "first20": first,
+        "last_tenth": last,
+        "gain": last - first,
         "passed": bool(last - first >= margin),
-        "process_wall_s": wall, "run_wall_s": summary["wall_s"],
+        "process_wall_s": wall,
+        "run_wall_s": summary["wall_s"],
         "steps_per_s": summary.get("steady_steps_per_s"),
         "mixed_seq_frac": summary["seq/mixed_version_frac"],
-        "max_lag": summary["lag/token_max"], "lag_bound": summary["lag/bound"],
-        "lag_hist": hist, "swaps": summary["sampler/swaps"],
-        **load.stats(), "log": str(log),
+        "max_lag": summary["lag/token_max"],
+        "lag_bound": summary["lag/bound"],
+        "lag_hist": hist,
+        "swaps": summary["sampler/swaps"],
+        **load.stats(),
+        "log": str(log),
     }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--parallel", type=int, default=1, choices=(1, 2),
-                        help="runs at a time (2 on a 2-core machine: each gets a core)")
-    parser.add_argument("--margin", type=float, default=0.4,
-                        help="required gain: last-tenth reward minus first-20-steps reward")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="config override, e.g. --set=steps=400 (repeatable)")
-    parser.add_argument("--workroot", default=None,
-                        help="keep the runs here (default: a temporary directory)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_STEPS} steps per seed, seeds 0-1: checks the script")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="runs at a time (2 on a 2-core machine: each gets a core)",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.4,
+        help="required gain: last-tenth reward minus first-20-steps reward",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="config override, e.g. --set=steps=400 (repeatable)",
+    )
+    parser.add_argument(
+        "--workroot", default=None, help="keep the runs here (default: a temporary directory)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_STEPS} steps per seed, seeds 0-1: checks the script",
+    )
     args = parser.parse_args()
     overrides = list(args.set)
     if args.quick:
@@ -118,24 +147,51 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.workroot or tmp)
         with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-            rows = list(pool.map(
-                lambda s: run_seed(s, root / f"seed_{s}", overrides, args.margin), args.seeds))
+            rows = list(
+                pool.map(
+                    lambda s: run_seed(s, root / f"seed_{s}", overrides, args.margin), args.seeds
+                )
+            )
     total = time.perf_counter() - t0
-    print_table(rows, ["seed", "steps", "first20", "last_tenth", "gain", "passed",
-                       "process_wall_s", "steps_per_s", "mixed_seq_frac", "max_lag",
-                       "load_mean", "load_max"])
+    print_table(
+        rows,
+        [
+            "seed",
+            "steps",
+            "first20",
+            "last_tenth",
+            "gain",
+            "passed",
+            "process_wall_s",
+            "steps_per_s",
+            "mixed_seq_frac",
+            "max_lag",
+            "load_mean",
+            "load_max",
+        ],
+    )
     passed = all(r["passed"] for r in rows)
-    print(f"{'PASS' if passed else 'FAIL'}: {sum(r['passed'] for r in rows)}/{len(rows)} seeds "
-          f"gain >= {args.margin}; slowest run {max(r['process_wall_s'] for r in rows):.0f}s "
-          f"(compilation included), {total:.0f}s in all, {args.parallel} at a time")
-    write_result("demo_seeds_quick" if args.quick else "demo_seeds", {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "criterion": f"reward/last_tenth - reward/first20 >= {args.margin} for every seed",
-        "overrides": overrides, "parallel": args.parallel, "quick": args.quick,
-        "passed": passed, "total_wall_s": total,
-        "load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count(),
-        "rows": rows,
-    })
+    print(
+        f"{'PASS' if passed else 'FAIL'}: {sum(r['passed'] for r in rows)}/{len(rows)} seeds "
+        f"gain >= {args.margin}; slowest run {max(r['process_wall_s'] for r in rows):.0f}s "
+        f"(compilation included), {total:.0f}s in all, {args.parallel} at a time"
+    )
+    write_result(
+        "demo_seeds_quick" if args.quick else "demo_seeds",
+        {
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "criterion": f"reward/last_tenth - reward/first20 >= {args.margin} for every seed",
+            "overrides": overrides,
+            "parallel": args.parallel,
+            "quick": args.quick,
+            "passed": passed,
+            "total_wall_s": total,
+            "load_before": load_before,
+            "load_after": load_average(),
+            "cpus": os.cpu_count(),
+            "rows": rows,
+        },
+    )
     if not passed and not args.quick:
         sys.exit(1)
 

@@ -49,22 +49,35 @@ def summarise(workdir: Path) -> dict:
         raise SystemExit(f"{workdir}: no eval records; was eval.at_start / eval_every set?")
     first, last = evals[0], evals[-1]
     out = {
-        "workdir": str(workdir), "steps": len(train),
-        "eval": [{"step": r["step"], "accuracy": r["avg@k"], "boxed": boxed_rate(r)}
-                 for r in evals],
-        "accuracy_before": first["avg@k"], "accuracy_after": last["avg@k"],
-        "boxed_before": boxed_rate(first), "boxed_after": boxed_rate(last),
-        "train": [{"step": r["step"], "time": r["time"], "reward": r["reward/mean"],
-                   "answered": r.get("status/correct", 0) + r.get("status/wrong", 0),
-                   "train_s": r.get("time/train_s")} for r in train],
+        "workdir": str(workdir),
+        "steps": len(train),
+        "eval": [
+            {"step": r["step"], "accuracy": r["avg@k"], "boxed": boxed_rate(r)} for r in evals
+        ],
+        "accuracy_before": first["avg@k"],
+        "accuracy_after": last["avg@k"],
+        "boxed_before": boxed_rate(first),
+        "boxed_after": boxed_rate(last),
+        "train": [
+            {
+                "step": r["step"],
+                "time": r["time"],
+                "reward": r["reward/mean"],
+                "answered": r.get("status/correct", 0) + r.get("status/wrong", 0),
+                "train_s": r.get("time/train_s"),
+            }
+            for r in train
+        ],
     }
     out["accuracy_gain"] = out["accuracy_after"] - out["accuracy_before"]
     out["boxed_gain"] = out["boxed_after"] - out["boxed_before"]
     times = [r["time"] for r in train]
-    out["steady_s_per_step"] = ((times[-1] - times[len(times) // 2])
-                                / max(1, len(times) - 1 - len(times) // 2))
-    out["meets_goals"] = (out["accuracy_gain"] >= GOALS["accuracy"]
-                          and out["boxed_gain"] >= GOALS["boxed"])
+    out["steady_s_per_step"] = (times[-1] - times[len(times) // 2]) / max(
+        1, len(times) - 1 - len(times) // 2
+    )
+    out["meets_goals"] = (
+        out["accuracy_gain"] >= GOALS["accuracy"] and out["boxed_gain"] >= GOALS["boxed"]
+    )
     wall = workdir / "wall_s.json"
     if wall.exists():  # launch to exit: compilation, evaluations and every step
         out["wall_s"] = json.loads(wall.read_text())["wall_s"]
@@ -79,28 +92,41 @@ def summarise(workdir: Path) -> dict:
 
 # Zero-shot held-out evaluation: the same 40 difficulty-1 problems as the in-run evaluation,
 # greedy, the run's 144-token budget, the paper's system prompt and no worked example.
-ZERO_SHOT = ["--task=word_problems", "--num_problems=40", "--greedy", "--max_new_tokens=144",
-             "--noprogress"]
+ZERO_SHOT = [
+    "--task=word_problems",
+    "--num_problems=40",
+    "--greedy",
+    "--max_new_tokens=144",
+    "--noprogress",
+]
 START_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 
 
 def zero_shot(model_args: list[str], out: Path) -> dict:
     """Held-out greedy accuracy and boxed rate without the worked example."""
-    cmd = [sys.executable, "-m", "pipelinerl_jax.evaluate", *model_args, *ZERO_SHOT,
-           f"--out={out}"]
+    cmd = [sys.executable, "-m", "pipelinerl_jax.evaluate", *model_args, *ZERO_SHOT, f"--out={out}"]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     r = json.loads(out.read_text())
-    return {"accuracy": r["avg@k"], "boxed": boxed_rate(r),
-            "command": " ".join(["python -m pipelinerl_jax.evaluate", *cmd[3:]])}
+    return {
+        "accuracy": r["avg@k"],
+        "boxed": boxed_rate(r),
+        "command": " ".join(["python -m pipelinerl_jax.evaluate", *cmd[3:]]),
+    }
 
 
 def run_seed(seed: int, steps: int, root: Path) -> Path:
     workdir = root / f"seed_{seed}"
-    cmd = [sys.executable, str(ROOT / "launch.py"), "--config=configs/smollm2_math.py",
-           f"--workdir={workdir}", f"--config.seed={seed}", f"--config.steps={steps}",
-           f"--config.eval_every={max(1, steps // 2)}",
-           # one checkpoint, the final policy: `evaluate --workdir` can score it on more problems
-           f"--config.checkpoint_every={steps}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "--config=configs/smollm2_math.py",
+        f"--workdir={workdir}",
+        f"--config.seed={seed}",
+        f"--config.steps={steps}",
+        f"--config.eval_every={max(1, steps // 2)}",
+        # one checkpoint, the final policy: `evaluate --workdir` can score it on more problems
+        f"--config.checkpoint_every={steps}",
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
     wall = time.perf_counter() - t0
@@ -111,8 +137,10 @@ def run_seed(seed: int, steps: int, root: Path) -> Path:
 
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for r in results:
         steps = [t["step"] for t in r["train"]]
@@ -135,8 +163,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--root", default=str(ROOT / "runs" / "real_learning"))
     p.add_argument("--from_workdir", default=None, help="summarise this finished run instead")
-    p.add_argument("--summarise", action="store_true",
-                   help="summarise the seeds' finished runs under --root, without running")
+    p.add_argument(
+        "--summarise",
+        action="store_true",
+        help="summarise the seeds' finished runs under --root, without running",
+    )
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.from_workdir:
@@ -155,25 +186,37 @@ def main() -> None:
         r = json.loads(start.read_text())
         zero_start = {"accuracy": r["avg@k"], "boxed": boxed_rate(r)}
     for r in results:
-        print(f"{r['workdir']}: accuracy {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f}"
-              f" ({r['accuracy_gain']:+.3f}), boxed {r['boxed_before']:.3f} -> "
-              f"{r['boxed_after']:.3f} ({r['boxed_gain']:+.3f}), {r['steps']} steps, "
-              f"{r['steady_s_per_step']:.0f} s/step steady"
-              + (f", {r['wall_s'] / 60:.1f} min in all" if "wall_s" in r else ""))
+        print(
+            f"{r['workdir']}: accuracy {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f}"
+            f" ({r['accuracy_gain']:+.3f}), boxed {r['boxed_before']:.3f} -> "
+            f"{r['boxed_after']:.3f} ({r['boxed_gain']:+.3f}), {r['steps']} steps, "
+            f"{r['steady_s_per_step']:.0f} s/step steady"
+            + (f", {r['wall_s'] / 60:.1f} min in all" if "wall_s" in r else "")
+        )
         if zero_start and "zero_shot_after" in r:
             z = r["zero_shot_after"]
-            print(f"  zero-shot: accuracy {zero_start['accuracy']:.3f} -> {z['accuracy']:.3f}, "
-                  f"boxed {zero_start['boxed']:.3f} -> {z['boxed']:.3f}")
+            print(
+                f"  zero-shot: accuracy {zero_start['accuracy']:.3f} -> {z['accuracy']:.3f}, "
+                f"boxed {zero_start['boxed']:.3f} -> {z['boxed']:.3f}"
+            )
     common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     plot(results, common.RESULTS_DIR / "real_learning.png")
     steps = sorted({r["steps"] for r in results})
-    common.write_result("real_learning", {
-        # The runs' command (a --summarise pass only re-reads them and adds zero-shot scores).
-        "command": f"python bench/real_learning.py --seeds={args.seeds} --steps="
-                   + "/".join(map(str, steps)),
-        "goals": GOALS, "seeds": seeds, "runs": results, "zero_shot_start": zero_start,
-        "zero_shot_command": " ".join(["python -m pipelinerl_jax.evaluate", "--workdir=W",
-                                       "--nofew_shot", *ZERO_SHOT])})
+    common.write_result(
+        "real_learning",
+        {
+            # The runs' command (a --summarise pass only re-reads them and adds zero-shot scores).
+            "command": f"python bench/real_learning.py --seeds={args.seeds} --steps="
+            + "/".join(map(str, steps)),
+            "goals": GOALS,
+            "seeds": seeds,
+            "runs": results,
+            "zero_shot_start": zero_start,
+            "zero_shot_command": " ".join(
+                ["python -m pipelinerl_jax.evaluate", "--workdir=W", "--nofew_shot", *ZERO_SHOT]
+            ),
+        },
+    )
 
 
 if __name__ == "__main__":

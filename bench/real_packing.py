@@ -40,13 +40,23 @@ ROUNDS = 3
 
 def samples(rng, groups: int = 4, group_size: int = 4, vocab: int = 49152):
     from pipelinerl_jax.rl.batch import Sample
+
     out = []
     for g in range(groups):
         prompt = rng.integers(0, vocab, int(rng.integers(110, 132))).tolist()
         for _ in range(group_size):
             c = int(min(144, max(8, rng.lognormal(3.0, 0.6) + 35)))
-            out.append(Sample(prompt, rng.integers(0, vocab, c).tolist(),
-                              (-rng.random(c)).tolist(), [0] * c, float(rng.random()), g, True))
+            out.append(
+                Sample(
+                    prompt,
+                    rng.integers(0, vocab, c).tolist(),
+                    (-rng.random(c)).tolist(),
+                    [0] * c,
+                    float(rng.random()),
+                    g,
+                    True,
+                )
+            )
     return out
 
 
@@ -78,13 +88,26 @@ def worker(layout: str, out: Path) -> None:
         if r:  # the first step compiles
             times.append(time.perf_counter() - t0)
             rows.append(stats["rows_used"])
-            tokens.append(stats["rows_used"] * bcfg.seq_len if tcfg.micro_batches == bcfg.num_rows
-                          else bcfg.num_rows * bcfg.seq_len)
-    out.write_text(json.dumps({
-        "layout": layout, "seq_len": bcfg.seq_len, "num_rows": bcfg.num_rows,
-        "micro_batches": tcfg.micro_batches, "step_s": statistics.median(times),
-        "steps_s": times, "rows_used": rows, "tokens_computed": tokens,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+            tokens.append(
+                stats["rows_used"] * bcfg.seq_len
+                if tcfg.micro_batches == bcfg.num_rows
+                else bcfg.num_rows * bcfg.seq_len
+            )
+    out.write_text(
+        json.dumps(
+            {
+                "layout": layout,
+                "seq_len": bcfg.seq_len,
+                "num_rows": bcfg.num_rows,
+                "micro_batches": tcfg.micro_batches,
+                "step_s": statistics.median(times),
+                "steps_s": times,
+                "rows_used": rows,
+                "tokens_computed": tokens,
+                "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -100,12 +123,17 @@ def main() -> None:
     results = {}
     for layout in ("shared", "unshared"):
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            subprocess.run([sys.executable, __file__, f"--worker={layout}", f"--out={f.name}"],
-                           cwd=ROOT, check=True)
+            subprocess.run(
+                [sys.executable, __file__, f"--worker={layout}", f"--out={f.name}"],
+                cwd=ROOT,
+                check=True,
+            )
             results[layout] = json.loads(Path(f.name).read_text())
         r = results[layout]
-        print(f"{layout}: {r['step_s']:.1f} s a step, rows used {r['rows_used']}, "
-              f"peak RSS {r['peak_rss_gib']:.2f} GiB")
+        print(
+            f"{layout}: {r['step_s']:.1f} s a step, rows used {r['rows_used']}, "
+            f"peak RSS {r['peak_rss_gib']:.2f} GiB"
+        )
     speedup = results["unshared"]["step_s"] / results["shared"]["step_s"]
     print(f"shared prompts: {speedup:.2f}x faster train step")
     common.write_result("real_packing", {"load_before": load, **results, "speedup": speedup})

@@ -51,6 +51,7 @@ class Timers:
 
     def wrap(self, obj, name: str, label: str, block: bool = True) -> None:
         import jax
+
         inner = getattr(obj, name)
 
         def timed(*args, **kwargs):
@@ -61,6 +62,7 @@ class Timers:
             self.seconds[label] += time.perf_counter() - t0
             self.calls[label] += 1
             return out
+
         setattr(obj, name, timed)
 
     def snapshot(self) -> dict:
@@ -70,6 +72,7 @@ class Timers:
 def real_config(steps: int, warm_cache: bool):
     from configs import smollm2_math
     from pipelinerl_jax.config import from_config_dict
+
     c = smollm2_math.get_config()
     c.steps, c.eval_every, c.checkpoint_every, c.log_every = steps, 0, 0, 1
     c.eval.at_start = False
@@ -81,6 +84,7 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
     """Runs cfg.steps pipeline steps with timed engine calls; returns (figures, components)."""
     from pipelinerl_jax import memory
     from pipelinerl_jax.pipeline import run as run_lib
+
     timers = Timers()
     step_wall, snapshots, stats = {}, {}, {}
     lines = []
@@ -96,8 +100,12 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
 
     c = run_lib.build(cfg)
     engine = c.sampler.engine
-    for name, label in (("decode_chunk", "decode"), ("prefill", "prefill"),
-                        ("copy_pages", "page_copies"), ("prepare_params", "weight_prepare")):
+    for name, label in (
+        ("decode_chunk", "decode"),
+        ("prefill", "prefill"),
+        ("copy_pages", "page_copies"),
+        ("prepare_params", "weight_prepare"),
+    ):
         timers.wrap(engine, name, label)
     timers.wrap(c.sampler, "_upload", "weight_upload", block=False)
     timers.wrap(c.sampler, "step", "sampler_step", block=False)
@@ -107,18 +115,25 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
         (workdir / "metrics.jsonl").unlink()
     run_lib.run(cfg, str(workdir), components=c, echo=echo)
     peak_rss = memory.peak_rss_bytes()
-    records = [r for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
-               if r["kind"] == "train"]
+    records = [
+        r
+        for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ]
 
     first, last = 2, cfg.steps - 1  # steps 0-1 include compilation and the pipeline filling
     if last <= first:
         raise SystemExit("--steps must be >= 4 to leave steady steps after warm-up")
     n = last - first
     wall = step_wall[last] - step_wall[first]
-    spent = {k: snapshots[last].get(k, (0.0, 0))[0] - snapshots[first].get(k, (0.0, 0))[0]
-             for k in snapshots[last]}
-    engine_s = sum(spent.get(k, 0.0) for k in ("decode", "prefill", "page_copies",
-                                                "weight_prepare", "weight_upload"))
+    spent = {
+        k: snapshots[last].get(k, (0.0, 0))[0] - snapshots[first].get(k, (0.0, 0))[0]
+        for k in snapshots[last]
+    }
+    engine_s = sum(
+        spent.get(k, 0.0)
+        for k in ("decode", "prefill", "page_copies", "weight_prepare", "weight_upload")
+    )
     d_tokens = stats[last]["decode_tokens"] - stats[first]["decode_tokens"]
     d_chunks = stats[last]["chunks"] - stats[first]["chunks"]
     slot_steps = d_chunks * cfg.sampler.chunk_steps * cfg.sampler.num_slots
@@ -136,8 +151,10 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
             "decode": spent.get("decode", 0.0) / n,
             "prefill": spent.get("prefill", 0.0) / n,
             "page_copies": spent.get("page_copies", 0.0) / n,
-            "weight_prepare_and_upload": (spent.get("weight_prepare", 0.0)
-                                          + spent.get("weight_upload", 0.0)) / n,
+            "weight_prepare_and_upload": (
+                spent.get("weight_prepare", 0.0) + spent.get("weight_upload", 0.0)
+            )
+            / n,
             "sampler_host": max(0.0, spent.get("sampler_step", 0.0) - engine_s) / n,
             "train_step": spent.get("train_step", 0.0) / n,
         },
@@ -153,6 +170,7 @@ def alone(c, cfg, rounds: int = 3) -> dict:
 
     from pipelinerl_jax.rl.batch import Sample, build_batch
     from pipelinerl_jax.sampler.scheduler import SamplingParams
+
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     groups = cfg.batch_size // cfg.group_size
     gen_s, gen_tokens, batches = [], [], []
@@ -162,10 +180,18 @@ def alone(c, cfg, rounds: int = 3) -> dict:
         t0 = time.perf_counter()
         out = c.sampler.generate(prompts, n=cfg.group_size, params=sampling)
         dt = time.perf_counter() - t0
-        samples = [Sample(prompt_tokens=s.prompt_ids, completion_tokens=s.token_ids,
-                          completion_logprobs=s.logprobs, completion_versions=s.versions,
-                          reward=float(rng.random()), group_id=i // cfg.group_size,
-                          finished=s.finish_reason == "stop") for i, s in enumerate(out)]
+        samples = [
+            Sample(
+                prompt_tokens=s.prompt_ids,
+                completion_tokens=s.token_ids,
+                completion_logprobs=s.logprobs,
+                completion_versions=s.versions,
+                reward=float(rng.random()),
+                group_id=i // cfg.group_size,
+                finished=s.finish_reason == "stop",
+            )
+            for i, s in enumerate(out)
+        ]
         batches.append(build_batch(samples, cfg.batch)[0])
         if r:
             gen_s.append(dt)
@@ -178,16 +204,23 @@ def alone(c, cfg, rounds: int = 3) -> dict:
         if r:
             train_s.append(time.perf_counter() - t0)
     tok_s = [t / s for t, s in zip(gen_tokens, gen_s)]
-    return {"sampler_tokens_per_s": statistics.median(tok_s), "sampler_rounds_s": gen_s,
-            "sampler_rounds_tokens": gen_tokens, "train_step_s": statistics.median(train_s),
-            "train_rounds_s": train_s}
+    return {
+        "sampler_tokens_per_s": statistics.median(tok_s),
+        "sampler_rounds_s": gen_s,
+        "sampler_rounds_tokens": gen_tokens,
+        "train_step_s": statistics.median(train_s),
+        "train_rounds_s": train_s,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warm_cache", action="store_true",
-                   help="use the persistent compilation cache (default: compile everything)")
+    p.add_argument(
+        "--warm_cache",
+        action="store_true",
+        help="use the persistent compilation cache (default: compile everything)",
+    )
     args = p.parse_args()
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
@@ -199,19 +232,33 @@ def main() -> None:
     tokens = pipeline["steady_generated_tokens_per_step"]
     serial_s = tokens / solo["sampler_tokens_per_s"] + solo["train_step_s"]
     ratio = serial_s / pipeline["steady_s_per_step"]
-    out = {"load_before": load, "cpu": common.cpu_features(), "config": "configs/smollm2_math.py",
-           "warm_cache": args.warm_cache, "pipeline": pipeline, "alone": solo,
-           "serial_s_per_step": serial_s, "pipeline_over_serial": ratio,
-           "goal_pipeline_over_serial": GOAL_PIPELINE_OVER_SERIAL,
-           "meets_goal": ratio >= GOAL_PIPELINE_OVER_SERIAL}
-    print(f"first step after {pipeline['seconds_to_first_step']:.0f} s, compiles after warm-up "
-          f"{pipeline['compiles_after_warmup']}, peak RSS {pipeline['peak_rss_gib']:.2f} GiB")
-    print(f"steady: {pipeline['steady_s_per_step']:.1f} s/step, {tokens:.0f} tokens/step; "
-          f"alone: sampler {solo['sampler_tokens_per_s']:.0f} tok/s, train step "
-          f"{solo['train_step_s']:.1f} s; serial {serial_s:.1f} s/step; pipeline/serial "
-          f"{ratio:.2f} (goal >= {GOAL_PIPELINE_OVER_SERIAL})")
-    print("per step:", {k: round(v, 2) for k, v in pipeline["per_step_seconds"].items()},
-          f"idle slots {pipeline['idle_slot_fraction']:.2f}")
+    out = {
+        "load_before": load,
+        "cpu": common.cpu_features(),
+        "config": "configs/smollm2_math.py",
+        "warm_cache": args.warm_cache,
+        "pipeline": pipeline,
+        "alone": solo,
+        "serial_s_per_step": serial_s,
+        "pipeline_over_serial": ratio,
+        "goal_pipeline_over_serial": GOAL_PIPELINE_OVER_SERIAL,
+        "meets_goal": ratio >= GOAL_PIPELINE_OVER_SERIAL,
+    }
+    print(
+        f"first step after {pipeline['seconds_to_first_step']:.0f} s, compiles after warm-up "
+        f"{pipeline['compiles_after_warmup']}, peak RSS {pipeline['peak_rss_gib']:.2f} GiB"
+    )
+    print(
+        f"steady: {pipeline['steady_s_per_step']:.1f} s/step, {tokens:.0f} tokens/step; "
+        f"alone: sampler {solo['sampler_tokens_per_s']:.0f} tok/s, train step "
+        f"{solo['train_step_s']:.1f} s; serial {serial_s:.1f} s/step; pipeline/serial "
+        f"{ratio:.2f} (goal >= {GOAL_PIPELINE_OVER_SERIAL})"
+    )
+    print(
+        "per step:",
+        {k: round(v, 2) for k, v in pipeline["per_step_seconds"].items()},
+        f"idle slots {pipeline['idle_slot_fraction']:.2f}",
+    )
     common.write_result("real_profile", out)
 
 

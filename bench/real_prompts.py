@@ -39,13 +39,17 @@ def variants() -> dict:
     from pipelinerl_jax.config import from_config_dict
     from pipelinerl_jax.data.prompts import PromptConfig
     from pipelinerl_jax.pipeline.run import prompt_config
-    described = ("Solve the math problem step by step. At the end, write the final answer as a "
-                 "number inside \\boxed{}, for example: The answer is \\boxed{42}.")
+
+    described = (
+        "Solve the math problem step by step. At the end, write the final answer as a "
+        "number inside \\boxed{}, for example: The answer is \\boxed{42}."
+    )
     return {
         "paper": PromptConfig(),
         "described_in_system": PromptConfig(system_prompt=described),
         "asked_in_user": PromptConfig(
-            user_template="{question}\nPut your final answer within \\boxed{{}}."),
+            user_template="{question}\nPut your final answer within \\boxed{{}}."
+        ),
         "one_shot": prompt_config(from_config_dict(smollm2_math.get_config()).data),
     }
 
@@ -54,15 +58,17 @@ def score(samples: list[dict], k: int) -> dict:
     """Rates over eval_lib samples (k consecutive attempts per problem)."""
     boxed = [s["status"] in ("correct", "wrong") for s in samples]
     plain = [PLAIN_ANSWER.findall(s["completion"]) for s in samples]
-    groups = [boxed[i:i + k] for i in range(0, len(boxed), k)]
+    groups = [boxed[i : i + k] for i in range(0, len(boxed), k)]
     n = len(samples)
     return {
         "attempts": n,
         "boxed_rate": sum(boxed) / n,
         "accuracy": sum(s["status"] == "correct" for s in samples) / n,
         "plain_form_rate": sum(bool(m) for m in plain) / n,
-        "plain_form_correct": sum(bool(m) and m[-1].replace(",", "") == s["answer"]
-                                  for m, s in zip(plain, samples)) / n,
+        "plain_form_correct": sum(
+            bool(m) and m[-1].replace(",", "") == s["answer"] for m, s in zip(plain, samples)
+        )
+        / n,
         "groups_with_differing_boxed": sum(any(g) and not all(g) for g in groups) / len(groups),
         "stopped_rate": sum(s["finish_reason"] == "stop" for s in samples) / n,
         "median_answer_tokens": statistics.median(s["num_tokens"] for s in samples),
@@ -80,6 +86,7 @@ def main() -> None:
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
     from pipelinerl_jax.compile_watch import enable_persistent_cache
+
     enable_persistent_cache("auto")
     from pipelinerl_jax import eval_lib
     from pipelinerl_jax.data.tasks import held_out_problems
@@ -98,32 +105,70 @@ def main() -> None:
     tokenizer = Tokenizer.from_dir(MODEL_DIR)
     _, graphdef, params = hf_io.load_hf(MODEL_DIR)
     problems = held_out_problems("word_problems", {"difficulty": 1}, args.problems)
-    sampler = Sampler(graphdef, params, SamplerConfig(
-        num_slots=32, max_seq_len=384, page_size=16, chunk_steps=16, prefill_chunk=384, seed=0),
-        eos_token_ids=tokenizer.eos_token_ids)
+    sampler = Sampler(
+        graphdef,
+        params,
+        SamplerConfig(
+            num_slots=32, max_seq_len=384, page_size=16, chunk_steps=16, prefill_chunk=384, seed=0
+        ),
+        eos_token_ids=tokenizer.eos_token_ids,
+    )
     rows = []
     for temperature in (float(t) for t in args.temperatures.split(",")):
         sampling = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens)
         for name in names:
             prompt = all_variants[name]
             t0 = time.perf_counter()
-            res = eval_lib.evaluate_problems(sampler, tokenizer, problems, math_reward, args.k,
-                                             sampling, prompt, return_samples=True)
-            row = {"variant": name, "temperature": temperature,
-                   "prompt_tokens": statistics.median(
-                       len(eval_lib.encode_problem(q, tokenizer, prompt)) for q in problems),
-                   **score(res["samples"], args.k),
-                   "seconds": time.perf_counter() - t0}
+            res = eval_lib.evaluate_problems(
+                sampler,
+                tokenizer,
+                problems,
+                math_reward,
+                args.k,
+                sampling,
+                prompt,
+                return_samples=True,
+            )
+            row = {
+                "variant": name,
+                "temperature": temperature,
+                "prompt_tokens": statistics.median(
+                    len(eval_lib.encode_problem(q, tokenizer, prompt)) for q in problems
+                ),
+                **score(res["samples"], args.k),
+                "seconds": time.perf_counter() - t0,
+            }
             rows.append(row)
-            print(f"T={temperature} {name}: boxed {row['boxed_rate']:.2f} accuracy "
-                  f"{row['accuracy']:.2f} plain form {row['plain_form_rate']:.2f} groups with "
-                  f"signal {row['groups_with_differing_boxed']:.2f}", flush=True)
-    common.print_table(rows, ["variant", "temperature", "prompt_tokens", "boxed_rate",
-                              "accuracy", "plain_form_rate", "plain_form_correct",
-                              "groups_with_differing_boxed", "median_answer_tokens"])
-    common.write_result("real_prompts", {
-        "load_before": load, "problems": args.problems, "k": args.k,
-        "max_new_tokens": args.max_new_tokens, "rows": rows})
+            print(
+                f"T={temperature} {name}: boxed {row['boxed_rate']:.2f} accuracy "
+                f"{row['accuracy']:.2f} plain form {row['plain_form_rate']:.2f} groups with "
+                f"signal {row['groups_with_differing_boxed']:.2f}",
+                flush=True,
+            )
+    common.print_table(
+        rows,
+        [
+            "variant",
+            "temperature",
+            "prompt_tokens",
+            "boxed_rate",
+            "accuracy",
+            "plain_form_rate",
+            "plain_form_correct",
+            "groups_with_differing_boxed",
+            "median_answer_tokens",
+        ],
+    )
+    common.write_result(
+        "real_prompts",
+        {
+            "load_before": load,
+            "problems": args.problems,
+            "k": args.k,
+            "max_new_tokens": args.max_new_tokens,
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,15 @@ def _machine(d: dict) -> str:
     cpu = d.get("cpu")
     if not isinstance(cpu, dict):
         return f"cpu not recorded, {date}"
-    units = "AMX" if cpu.get("amx_bf16") else "AVX-512" if cpu.get("avx512f") else \
-        "AVX2" if cpu.get("avx2") else "no AVX2"
+    units = (
+        "AMX"
+        if cpu.get("amx_bf16")
+        else "AVX-512"
+        if cpu.get("avx512f")
+        else "AVX2"
+        if cpu.get("avx2")
+        else "no AVX2"
+    )
     model = str(cpu.get("model", "?")).replace("(R)", "").replace(" Processor", "")
     return f"{model} ({units}), {date}"
 
@@ -50,10 +57,14 @@ def _forward(d):
     for dtype in ("float32", "bfloat16"):
         ours, theirs = rows.get(("pipelinerl_jax", dtype)), rows.get(("transformers", dtype))
         if ours and theirs:
-            out.append((f"forward {dtype}, 8 x 512 tokens: tokens/s",
-                        f"{ours['tokens_per_s']:.0f} ({ours['frac_f32_peak']:.0%} of f32 "
-                        f"matmul peak)", f"{theirs['tokens_per_s']:.0f}",
-                        f"{theirs['median_s'] / ours['median_s']:.2f}x"))
+            out.append(
+                (
+                    f"forward {dtype}, 8 x 512 tokens: tokens/s",
+                    f"{ours['tokens_per_s']:.0f} ({ours['frac_f32_peak']:.0%} of f32 matmul peak)",
+                    f"{theirs['tokens_per_s']:.0f}",
+                    f"{theirs['median_s'] / ours['median_s']:.2f}x",
+                )
+            )
     return out
 
 
@@ -63,28 +74,49 @@ def _decode(d):
         peak = r.get("frac_f32_matmul_peak")
         extra = f" ({peak:.0%} of f32 peak)" if peak is not None else ""
         how = f", temperature {r['temperature']:g}" if r.get("temperature") else ""
-        out.append((f"decode {r['dtype']}, batch {r['batch']}{how}: tokens/s",
-                    f"{r['ours_tok_s']:.0f}{extra}", f"{r['hf_tok_s']:.0f}",
-                    f"{r['ratio']:.2f}x"))
+        out.append(
+            (
+                f"decode {r['dtype']}, batch {r['batch']}{how}: tokens/s",
+                f"{r['ours_tok_s']:.0f}{extra}",
+                f"{r['hf_tok_s']:.0f}",
+                f"{r['ratio']:.2f}x",
+            )
+        )
     swap = d.get("param_swap")
     if swap:
-        out.append((f"param swap at a chunk boundary, batch {swap['batch']}: extra cost",
-                    f"{swap['extra_cost_in_decode_steps']:.2f} decode steps "
-                    f"(recompiled: {swap['recompiled']})", "-", "-"))
+        out.append(
+            (
+                f"param swap at a chunk boundary, batch {swap['batch']}: extra cost",
+                f"{swap['extra_cost_in_decode_steps']:.2f} decode steps "
+                f"(recompiled: {swap['recompiled']})",
+                "-",
+                "-",
+            )
+        )
     return out
 
 
 def _projections(d):
     out = []
     for r in d["rows"]:
-        out.append((f"decode layer stack without attention, f32, N = {r['tokens']}: us per layer",
-                    f"{r['ours_us_per_layer']:.0f} ({r['ours_weight_gb_s']:.1f} GB/s of weights)",
-                    f"{r['torch_us_per_layer']:.0f}", f"{r['ratio']:.2f}x"))
+        out.append(
+            (
+                f"decode layer stack without attention, f32, N = {r['tokens']}: us per layer",
+                f"{r['ours_us_per_layer']:.0f} ({r['ours_weight_gb_s']:.1f} GB/s of weights)",
+                f"{r['torch_us_per_layer']:.0f}",
+                f"{r['ratio']:.2f}x",
+            )
+        )
     ceiling = d.get("gemv_ceiling_gb_s")
     if ceiling:
-        out.append(("one 166 MB f32 matrix-vector product: GB/s (the read-rate ceiling)",
-                    f"{ceiling['xla']:.1f}", f"{ceiling['torch']:.1f}",
-                    f"{ceiling['xla'] / ceiling['torch']:.2f}x"))
+        out.append(
+            (
+                "one 166 MB f32 matrix-vector product: GB/s (the read-rate ceiling)",
+                f"{ceiling['xla']:.1f}",
+                f"{ceiling['torch']:.1f}",
+                f"{ceiling['xla'] / ceiling['torch']:.2f}x",
+            )
+        )
     return out
 
 
@@ -92,10 +124,15 @@ def _train(d):
     out = []
     for r in d["rows"]:
         timed = "torch_tok_s" in r
-        out.append((f"train step {r['dtype']}, {d['config']['sequences']} x "
-                    f"{d['config']['seq_len']}: tokens/s", f"{r['ours_tok_s']:.0f}",
-                    f"{r['torch_tok_s']:.0f}" if timed else "not timed (too slow here)",
-                    f"{r['ratio']:.2f}x" if timed else "-"))
+        out.append(
+            (
+                f"train step {r['dtype']}, {d['config']['sequences']} x "
+                f"{d['config']['seq_len']}: tokens/s",
+                f"{r['ours_tok_s']:.0f}",
+                f"{r['torch_tok_s']:.0f}" if timed else "not timed (too slow here)",
+                f"{r['ratio']:.2f}x" if timed else "-",
+            )
+        )
     return out
 
 
@@ -105,33 +142,59 @@ def _pipeline(d):
     if not (p and c):
         return []
     where = f"{d['config']['devices']} simulated devices, max lag {d['config']['lag']}"
-    return [(f"RL samples/s, {where}", f"{p['samples_per_s']:.1f} (pipeline)",
-             f"{c['samples_per_s']:.1f} (conventional)",
-             f"{p['samples_per_s'] / c['samples_per_s']:.2f}x"),
-            (f"sampler / trainer busy fraction, {where}",
-             f"{p['sampler_busy']:.2f} / {p['trainer_busy']:.2f}",
-             f"{c['sampler_busy']:.2f} / {c['trainer_busy']:.2f}", "-"),
-            (f"sampler pause per weight swap, {where}", f"{p['swap_pause_ms']:.2f} ms",
-             f"{c['swap_pause_ms']:.2f} ms", "-"),
-            (f"sequences holding tokens of 2+ policy versions, {where}",
-             f"{p['mixed_seq_frac']:.0%}", f"{c['mixed_seq_frac']:.0%}", "-")]
+    return [
+        (
+            f"RL samples/s, {where}",
+            f"{p['samples_per_s']:.1f} (pipeline)",
+            f"{c['samples_per_s']:.1f} (conventional)",
+            f"{p['samples_per_s'] / c['samples_per_s']:.2f}x",
+        ),
+        (
+            f"sampler / trainer busy fraction, {where}",
+            f"{p['sampler_busy']:.2f} / {p['trainer_busy']:.2f}",
+            f"{c['sampler_busy']:.2f} / {c['trainer_busy']:.2f}",
+            "-",
+        ),
+        (
+            f"sampler pause per weight swap, {where}",
+            f"{p['swap_pause_ms']:.2f} ms",
+            f"{c['swap_pause_ms']:.2f} ms",
+            "-",
+        ),
+        (
+            f"sequences holding tokens of 2+ policy versions, {where}",
+            f"{p['mixed_seq_frac']:.0%}",
+            f"{c['mixed_seq_frac']:.0%}",
+            "-",
+        ),
+    ]
 
 
 def _demo(d):
     gains = [r["gain"] for r in d["rows"]]
     walls = [r["process_wall_s"] for r in d["rows"]]
-    return [(f"demo learns: reward gain (last tenth - first 20 steps), {len(gains)} seeds",
-             f"min {min(gains):.2f}, max {max(gains):.2f}; {max(walls):.0f} s per run at most",
-             ">= 0.4 (criterion)", "pass" if d["passed"] else "FAIL")]
+    return [
+        (
+            f"demo learns: reward gain (last tenth - first 20 steps), {len(gains)} seeds",
+            f"min {min(gains):.2f}, max {max(gains):.2f}; {max(walls):.0f} s per run at most",
+            ">= 0.4 (criterion)",
+            "pass" if d["passed"] else "FAIL",
+        )
+    ]
 
 
 def _plan(d):
     out = []
     for r in d["table"]:
         if r["quantity"] == "samples_per_s":
-            out.append((f"planner vs real run, {r['run']}: samples/s",
-                        f"{r['measured']:.0f} measured", f"{r['planner']:.0f} predicted",
-                        f"{r['measured/planner']:.2f}"))
+            out.append(
+                (
+                    f"planner vs real run, {r['run']}: samples/s",
+                    f"{r['measured']:.0f} measured",
+                    f"{r['planner']:.0f} predicted",
+                    f"{r['measured/planner']:.2f}",
+                )
+            )
     return out
 
 
@@ -145,23 +208,40 @@ def _real_profile(d):
     where = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in steps.items())
     serial_tok_s = p["steady_generated_tokens_per_step"] / d["serial_s_per_step"]
     return [
-        (f"{REAL}: peak RSS of a whole run, f32, 16 x 288 tokens a step",
-         f"{p['peak_rss_gib']:.2f} GiB", "<= 3.73 GiB (4 GB goal)",
-         "meets" if p["peak_rss_gib"] * 2**30 <= 4e9 else "misses"),
-        (f"{REAL}: launch to first step, {cache} compilation cache",
-         f"{p['seconds_to_first_step']:.0f} s ({sum(p['compile_seconds_by_step'][:2]):.0f} s "
-         f"compiling)", "-", "-"),
-        (f"{REAL}: compilations after warm-up (steps 2-{len(p['compiles_by_step']) - 1})",
-         f"{p['compiles_after_warmup']}", "0 (goal)",
-         "meets" if p["compiles_after_warmup"] == 0 else "misses"),
-        (f"{REAL}: generated tokens/s, pipeline (one shared device) vs serial prediction "
-         "(sampler alone + train step alone)",
-         f"{p['pipeline_tokens_per_s']:.1f} ({p['steady_s_per_step']:.0f} s a step)",
-         f"{serial_tok_s:.1f} ({d['serial_s_per_step']:.0f} s: sampler "
-         f"{solo['sampler_tokens_per_s']:.0f} tok/s, train {solo['train_step_s']:.0f} s)",
-         f"{d['pipeline_over_serial']:.2f}x (goal >= {d['goal_pipeline_over_serial']})"),
-        (f"{REAL}: where a steady step's seconds go (idle decode slots "
-         f"{p['idle_slot_fraction']:.0%})", where, "-", "-"),
+        (
+            f"{REAL}: peak RSS of a whole run, f32, 16 x 288 tokens a step",
+            f"{p['peak_rss_gib']:.2f} GiB",
+            "<= 3.73 GiB (4 GB goal)",
+            "meets" if p["peak_rss_gib"] * 2**30 <= 4e9 else "misses",
+        ),
+        (
+            f"{REAL}: launch to first step, {cache} compilation cache",
+            f"{p['seconds_to_first_step']:.0f} s ({sum(p['compile_seconds_by_step'][:2]):.0f} s "
+            f"compiling)",
+            "-",
+            "-",
+        ),
+        (
+            f"{REAL}: compilations after warm-up (steps 2-{len(p['compiles_by_step']) - 1})",
+            f"{p['compiles_after_warmup']}",
+            "0 (goal)",
+            "meets" if p["compiles_after_warmup"] == 0 else "misses",
+        ),
+        (
+            f"{REAL}: generated tokens/s, pipeline (one shared device) vs serial prediction "
+            "(sampler alone + train step alone)",
+            f"{p['pipeline_tokens_per_s']:.1f} ({p['steady_s_per_step']:.0f} s a step)",
+            f"{serial_tok_s:.1f} ({d['serial_s_per_step']:.0f} s: sampler "
+            f"{solo['sampler_tokens_per_s']:.0f} tok/s, train {solo['train_step_s']:.0f} s)",
+            f"{d['pipeline_over_serial']:.2f}x (goal >= {d['goal_pipeline_over_serial']})",
+        ),
+        (
+            f"{REAL}: where a steady step's seconds go (idle decode slots "
+            f"{p['idle_slot_fraction']:.0%})",
+            where,
+            "-",
+            "-",
+        ),
     ]
 
 
@@ -175,60 +255,101 @@ def _real_learning(d):
     wall = max(r.get("wall_s", r["train"][-1]["time"]) for r in runs) / 60
     gains = [b - a for a, b in acc]
     rows = [
-        (f"{REAL}: held-out greedy accuracy before -> after {steps} steps, one worked example "
-         f"in the prompt, {len(runs)} seed(s), {wall:.0f} min per run at most (launch to exit)",
-         fmt(acc), f"+{goals['accuracy']:.2f} (goal)", f"{min(gains):+.2f} .. {max(gains):+.2f}"),
-        (f"{REAL}: held-out boxed-answer rate before -> after, one worked example", fmt(box),
-         f"+{goals['boxed']:.2f} (goal)",
-         f"{min(b - a for a, b in box):+.2f} .. {max(b - a for a, b in box):+.2f}"),
+        (
+            f"{REAL}: held-out greedy accuracy before -> after {steps} steps, one worked example "
+            f"in the prompt, {len(runs)} seed(s), {wall:.0f} min per run at most (launch to exit)",
+            fmt(acc),
+            f"+{goals['accuracy']:.2f} (goal)",
+            f"{min(gains):+.2f} .. {max(gains):+.2f}",
+        ),
+        (
+            f"{REAL}: held-out boxed-answer rate before -> after, one worked example",
+            fmt(box),
+            f"+{goals['boxed']:.2f} (goal)",
+            f"{min(b - a for a, b in box):+.2f} .. {max(b - a for a, b in box):+.2f}",
+        ),
     ]
     start = d.get("zero_shot_start")
     after = [r["zero_shot_after"] for r in runs if "zero_shot_after" in r]
     if start and after:
-        for key, label, goal in (("accuracy", "accuracy", "accuracy"), ("boxed", "boxed rate",
-                                                                         "boxed")):
+        for key, label, goal in (
+            ("accuracy", "accuracy", "accuracy"),
+            ("boxed", "boxed rate", "boxed"),
+        ):
             pairs = [(start[key], z[key]) for z in after]
-            rows.append((f"{REAL}: zero-shot (the paper's prompt alone) held-out {label}, "
-                         "starting model -> each seed's final policy", fmt(pairs),
-                         f"+{goals[goal]:.2f} (goal)",
-                         f"{min(b - a for a, b in pairs):+.2f} .. "
-                         f"{max(b - a for a, b in pairs):+.2f}"))
+            rows.append(
+                (
+                    f"{REAL}: zero-shot (the paper's prompt alone) held-out {label}, "
+                    "starting model -> each seed's final policy",
+                    fmt(pairs),
+                    f"+{goals[goal]:.2f} (goal)",
+                    f"{min(b - a for a, b in pairs):+.2f} .. {max(b - a for a, b in pairs):+.2f}",
+                )
+            )
     return rows
 
 
 def _train_real(d):
-    return [(f"{REAL}: train step {r['dtype']}, {d['config']['sequences']} x "
-             f"{d['config']['seq_len']} tokens (ours remat, torch gradient checkpointing): "
-             "tokens/s", f"{r['ours_tok_s']:.0f} ({r['ours_s']:.0f} s)",
-             f"{r['torch_tok_s']:.0f} ({r['torch_s']:.0f} s)",
-             f"{r['ratio']:.2f}x (goal >= 1.2)") for r in d["rows"]]
+    return [
+        (
+            f"{REAL}: train step {r['dtype']}, {d['config']['sequences']} x "
+            f"{d['config']['seq_len']} tokens (ours remat, torch gradient checkpointing): "
+            "tokens/s",
+            f"{r['ours_tok_s']:.0f} ({r['ours_s']:.0f} s)",
+            f"{r['torch_tok_s']:.0f} ({r['torch_s']:.0f} s)",
+            f"{r['ratio']:.2f}x (goal >= 1.2)",
+        )
+        for r in d["rows"]
+    ]
 
 
 def _real_packing(d):
     sh, un = d["shared"], d["unshared"]
-    return [(f"{REAL}: train step seconds, a group's attempts sharing one prompt copy (rows of "
-             f"{sh['seq_len']}, {statistics.median(sh['rows_used']):.0f} of {sh['num_rows']} "
-             f"used) vs one copy per attempt ({un['num_rows']} rows of {un['seq_len']})",
-             f"{sh['step_s']:.1f} s ({sh['peak_rss_gib']:.2f} GiB)",
-             f"{un['step_s']:.1f} s ({un['peak_rss_gib']:.2f} GiB)", f"{d['speedup']:.2f}x")]
+    return [
+        (
+            f"{REAL}: train step seconds, a group's attempts sharing one prompt copy (rows of "
+            f"{sh['seq_len']}, {statistics.median(sh['rows_used']):.0f} of {sh['num_rows']} "
+            f"used) vs one copy per attempt ({un['num_rows']} rows of {un['seq_len']})",
+            f"{sh['step_s']:.1f} s ({sh['peak_rss_gib']:.2f} GiB)",
+            f"{un['step_s']:.1f} s ({un['peak_rss_gib']:.2f} GiB)",
+            f"{d['speedup']:.2f}x",
+        )
+    ]
 
 
 def _vs_trl(d):
     t, p, c = d["trl"], d["pipeline"], d["conventional"]
-    side = lambda s: (f"{s['samples_per_s']:.2f} samples/s, {s['completion_tokens_per_s']:.0f} "
-                      f"tok/s ({s['s_per_step']:.0f} s a step)")
+    side = lambda s: (
+        f"{s['samples_per_s']:.2f} samples/s, {s['completion_tokens_per_s']:.0f} "
+        f"tok/s ({s['s_per_step']:.0f} s a step)"
+    )
     return [
-        (f"{REAL} RL step vs TRL 1.16 GRPOTrainer (objective matched, same prompts, reward, "
-         "16 x <=144 tokens): pipeline mode", side(p), side(t),
-         f"{d['samples_per_s_ratio']:.2f}x (goal >= {d['goal']['samples_per_s_ratio']:g})"),
-        (f"{REAL} RL step vs TRL: conventional mode (one step per round)", side(c), side(t),
-         f"{d['conventional_samples_per_s_ratio']:.2f}x"),
-        (f"{REAL} RL run vs TRL: peak RSS", f"{p['peak_rss_gib']:.2f} GiB (pipeline)",
-         f"{t['peak_rss_gib']:.2f} GiB", f"{d['peak_rss_ratio']:.2f}x"),
-        (f"{REAL} RL run vs TRL: sampled reward, mean of the last 3 steps within TRL's "
-         f"{t['train_s'] / 60:.0f} min of training (steps done)",
-         f"{p['equal_time_reward_last3']:.3f} ({p['equal_time_steps']} steps)",
-         f"{t['equal_time_reward_last3']:.3f} ({t['equal_time_steps']} steps)", "-"),
+        (
+            f"{REAL} RL step vs TRL 1.16 GRPOTrainer (objective matched, same prompts, reward, "
+            "16 x <=144 tokens): pipeline mode",
+            side(p),
+            side(t),
+            f"{d['samples_per_s_ratio']:.2f}x (goal >= {d['goal']['samples_per_s_ratio']:g})",
+        ),
+        (
+            f"{REAL} RL step vs TRL: conventional mode (one step per round)",
+            side(c),
+            side(t),
+            f"{d['conventional_samples_per_s_ratio']:.2f}x",
+        ),
+        (
+            f"{REAL} RL run vs TRL: peak RSS",
+            f"{p['peak_rss_gib']:.2f} GiB (pipeline)",
+            f"{t['peak_rss_gib']:.2f} GiB",
+            f"{d['peak_rss_ratio']:.2f}x",
+        ),
+        (
+            f"{REAL} RL run vs TRL: sampled reward, mean of the last 3 steps within TRL's "
+            f"{t['train_s'] / 60:.0f} min of training (steps done)",
+            f"{p['equal_time_reward_last3']:.3f} ({p['equal_time_steps']} steps)",
+            f"{t['equal_time_reward_last3']:.3f} ({t['equal_time_steps']} steps)",
+            "-",
+        ),
     ]
 
 
@@ -238,10 +359,15 @@ def _real_prompts(d):
     for t in sorted({r["temperature"] for r in d["rows"]}):
         paper, shot = rows.get(("paper", t)), rows.get(("one_shot", t))
         if paper and shot:
-            out.append((f"starting model, T={t:g}, {shot['attempts']} attempts: boxed rate / "
-                         "accuracy, one worked example (the real config) vs the paper's prompt",
-                         f"{shot['boxed_rate']:.2f} / {shot['accuracy']:.2f}",
-                         f"{paper['boxed_rate']:.2f} / {paper['accuracy']:.2f}", "-"))
+            out.append(
+                (
+                    f"starting model, T={t:g}, {shot['attempts']} attempts: boxed rate / "
+                    "accuracy, one worked example (the real config) vs the paper's prompt",
+                    f"{shot['boxed_rate']:.2f} / {shot['accuracy']:.2f}",
+                    f"{paper['boxed_rate']:.2f} / {paper['accuracy']:.2f}",
+                    "-",
+                )
+            )
     return out
 
 
@@ -250,25 +376,28 @@ SECTIONS = (
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
     ("projections", "python bench/bench_projections.py", "torch", _projections),
     ("train_step", "python bench/bench_train_step.py", "torch + transformers", _train),
-    ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode",
-     _pipeline),
+    ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode", _pipeline),
     ("demo_seeds", "python bench/demo_seeds.py", "criterion", _demo),
     ("plan_validation", "python bench/bench_plan_validation.py", "planner", _plan),
     ("real_profile", "python bench/real_profile.py", "serial prediction", _real_profile),
     ("real_learning", "python bench/real_learning.py", "goals", _real_learning),
     ("real_prompts", "python bench/real_prompts.py", "paper's prompt", _real_prompts),
-    ("train_step_real",
-     "python bench/bench_train_step.py --model_dir=models/SmolLM2-135M-Instruct",
-     "torch + transformers", _train_real),
-    ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt",
-     _real_packing),
+    (
+        "train_step_real",
+        "python bench/bench_train_step.py --model_dir=models/SmolLM2-135M-Instruct",
+        "torch + transformers",
+        _train_real,
+    ),
+    ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt", _real_packing),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", _vs_trl),
 )
 
 
 def table() -> str:
-    lines = ["| measured | ours | peer | ratio | command (load) | machine |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| measured | ours | peer | ratio | command (load) | machine |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name, command, peer, render in SECTIONS:
         d = _load(name)
         if d is None:
@@ -278,8 +407,10 @@ def table() -> str:
         recorded = str(d.get("command", ""))
         shown = recorded if recorded.startswith("python ") else command
         for what, ours, theirs, ratio in render(d):
-            lines.append(f"| {what} | {ours} | {theirs} | {ratio} | `{shown}` "
-                         f"({_load_avg(d)}) | {_machine(d)} |")
+            lines.append(
+                f"| {what} | {ours} | {theirs} | {ratio} | `{shown}` "
+                f"({_load_avg(d)}) | {_machine(d)} |"
+            )
     return "\n".join(lines)
 
 
@@ -293,8 +424,10 @@ def main() -> int:
         readme = ROOT / "README.md"
         content = readme.read_text()
         if BEGIN not in content or END not in content:
-            print(f"README.md lacks the markers {BEGIN} ... {END}: add them where the table "
-                  "goes", file=sys.stderr)
+            print(
+                f"README.md lacks the markers {BEGIN} ... {END}: add them where the table goes",
+                file=sys.stderr,
+            )
             return 2
         head, rest = content.split(BEGIN, 1)
         _, tail = rest.split(END, 1)

@@ -27,26 +27,38 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.mode = "pipeline"            # "pipeline" (in-flight updates) | "conventional"
-    c.max_lag = 2                  # pipeline: tokens are at most this many steps stale
-    c.conventional_steps = 4       # conventional: steps per frozen-weight generation round
-    c.steps = 800                  # optimizer steps: ~2 min on 2 idle cores, ~6 min on a busy one
-    c.group_size = 8               # attempts per prompt
-    c.batch_size = 64              # sequences per optimizer step
+    c.mode = "pipeline"  # "pipeline" (in-flight updates) | "conventional"
+    c.max_lag = 2  # pipeline: tokens are at most this many steps stale
+    c.conventional_steps = 4  # conventional: steps per frozen-weight generation round
+    c.steps = 800  # optimizer steps: ~2 min on 2 idle cores, ~6 min on a busy one
+    c.group_size = 8  # attempts per prompt
+    c.batch_size = 64  # sequences per optimizer step
     c.log_every = 20
-    c.checkpoint_every = 100       # optimizer steps between checkpoints (0: never); needs --workdir
+    c.checkpoint_every = 100  # optimizer steps between checkpoints (0: never); needs --workdir
     c.checkpoint_keep = 3
-    c.compile_cache = "auto"       # persistent XLA cache in ~/.cache/pipelinerl_jax ("": off)
+    c.compile_cache = "auto"  # persistent XLA cache in ~/.cache/pipelinerl_jax ("": off)
 
     c.model = ml_collections.ConfigDict()
-    c.model.hf_dir = ""            # a Hugging Face directory to start from instead of init
+    c.model.hf_dir = ""  # a Hugging Face directory to start from instead of init
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
     c.model.init = dict(
-        model_type="llama", vocab_size=16, hidden_size=128, intermediate_size=384,
-        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5,
-        rope_theta=10000.0, rope_scaling=None, max_position_embeddings=64,
-        tie_word_embeddings=True, attention_bias=False, qk_norm=False)
+        model_type="llama",
+        vocab_size=16,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        qk_norm=False,
+    )
 
     c.data = ml_collections.ConfigDict()
     c.data.task = "reverse_digits"
@@ -54,7 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.datasets = []
     c.data.prompt_template = "plain"
     c.data.system_prompt = ml_collections.config_dict.placeholder(str)  # None: the paper's
-    c.data.few_shot = []            # [dict(question=..., answer=...)]: shown before each question
+    c.data.few_shot = []  # [dict(question=..., answer=...)]: shown before each question
     c.data.shuffle_seed = 0
 
     c.generation = ml_collections.ConfigDict()
@@ -71,18 +83,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampler.chunk_steps = 4
     c.sampler.prefill_chunk = 16
     c.sampler.max_prefill_rows = 16
-    c.sampler.kv_policy = "keep"   # "keep" (the paper) | "recompute"
-    c.sampler.attention = "auto"   # "auto": Triton paged kernel on GPU, "staged" on CPU |
-                                   # "paged" | "staged" | "gather" (README: paged attention)
+    c.sampler.kv_policy = "keep"  # "keep" (the paper) | "recompute"
+    c.sampler.attention = "auto"  # "auto": Triton paged kernel on GPU, "staged" on CPU |
+    # "paged" | "staged" | "gather" (README: paged attention)
 
     c.reward = ml_collections.ConfigDict()
     c.reward.fn = "task"
     c.reward.table = "pure_success"
-    c.reward.table_options = {}    # coefficient overrides, e.g. {"format_weight": 0.3}
-    c.reward.workers = 0           # the task reward is cheap: score in the sampler thread
+    c.reward.table_options = {}  # coefficient overrides, e.g. {"format_weight": 0.3}
+    c.reward.workers = 0  # the task reward is cheap: score in the sampler thread
 
     c.trainer = ml_collections.ConfigDict()
-    c.trainer.learning_rate = 1e-3   # 2e-3: the policy fell back to near-uniform mid-run
+    c.trainer.learning_rate = 1e-3  # 2e-3: the policy fell back to near-uniform mid-run
     c.trainer.lr_schedule = "constant"
     c.trainer.warmup_steps = 10
     c.trainer.weight_decay = 0.0
@@ -91,7 +103,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.loss = ml_collections.ConfigDict()
     c.loss.objective = "tis_reinforce"
-    c.loss.entropy_coef = 0.03     # keeps exploring: without it the policy collapsed early
+    c.loss.entropy_coef = 0.03  # keeps exploring: without it the policy collapsed early
     c.loss.entropy_coef_end = ml_collections.config_dict.placeholder(float)  # None: constant
     c.loss.entropy_schedule_steps = 0
 
@@ -101,16 +113,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.batch.weighting = "sequence_sum"
     c.batch.normalize_std = False  # True learned slower and plateaued lower here
 
-    c.eval_every = 100             # held-out evaluation every N steps and at the end (0: never)
+    c.eval_every = 100  # held-out evaluation every N steps and at the end (0: never)
     c.eval = ml_collections.ConfigDict()
-    c.eval.num_problems = 64       # held-out problems (a task seed the run never draws from)
+    c.eval.num_problems = 64  # held-out problems (a task seed the run never draws from)
     c.eval.k = 1
     c.eval.greedy = True
-    c.eval.datasets = []           # held-out files when training on data.datasets
-    c.eval.at_start = False        # also evaluate the starting policy (step 0)
+    c.eval.datasets = []  # held-out files when training on data.datasets
+    c.eval.at_start = False  # also evaluate the starting policy (step 0)
 
     c.devices = ml_collections.ConfigDict()
     c.devices.sampler = 0.5
     c.devices.trainer_tp = 1
-    c.devices.sampler_tp = 1       # tensor-parallel degree of the sampler mesh
+    c.devices.sampler_tp = 1  # tensor-parallel degree of the sampler mesh
     return c

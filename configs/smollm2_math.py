@@ -24,7 +24,7 @@ from configs import default
 
 def get_config():
     c = default.get_config()
-    c.steps = 48                   # ~20 min on 2 cores (bench/real_learning.py runs the same)
+    c.steps = 48  # ~20 min on 2 cores (bench/real_learning.py runs the same)
     c.max_lag = 1
     c.group_size = 4
     c.batch_size = 16
@@ -34,7 +34,7 @@ def get_config():
 
     c.model.hf_dir = "models/SmolLM2-135M-Instruct"
     c.model.init = {}
-    c.model.remat = True           # ~4x less train-step memory, and no slower here
+    c.model.remat = True  # ~4x less train-step memory, and no slower here
 
     c.data.task = "word_problems"
     c.data.task_options = dict(difficulty=1)
@@ -43,14 +43,19 @@ def get_config():
     # paper's system prompt alone almost no sampled answer is boxed (it ends with "#### N" or
     # "The answer is N"), so no group's attempts differ in reward and nothing is learned. One
     # worked example as an earlier chat turn fixes that (bench/real_prompts.py measures it).
-    c.data.system_prompt = None    # the paper's
-    c.data.few_shot = [dict(
-        question="Mia has 3 apples and buys 4 more. How many apples does Mia have now?",
-        answer=("Mia starts with 3 apples and buys 4 more, so she has 3 + 4 = 7 apples.\n"
-                "The answer is \\boxed{7}."))]
+    c.data.system_prompt = None  # the paper's
+    c.data.few_shot = [
+        dict(
+            question="Mia has 3 apples and buys 4 more. How many apples does Mia have now?",
+            answer=(
+                "Mia starts with 3 apples and buys 4 more, so she has 3 + 4 = 7 apples.\n"
+                "The answer is \\boxed{7}."
+            ),
+        )
+    ]
 
     c.generation.max_prompt_tokens = 144  # the longest one-shot prompt is 131 tokens
-    c.generation.max_new_tokens = 144     # median answer 53 tokens, 90th percentile ~150
+    c.generation.max_new_tokens = 144  # median answer 53 tokens, 90th percentile ~150
     # At T=1 a 135M model's answers drift off topic (bench/real_prompts.py); T=0.8 keeps them
     # coherent, and the trainer's importance ratios use the same temperature.
     c.generation.temperature = 0.8
@@ -59,8 +64,8 @@ def get_config():
     c.sampler.max_seq_len = 288
     c.sampler.page_size = 16
     c.sampler.chunk_steps = 16
-    c.sampler.prefill_chunk = 144     # every prompt in one chunk
-    c.sampler.max_prefill_rows = 4      # a step admits at most 16 slots / 4 attempts prompts
+    c.sampler.prefill_chunk = 144  # every prompt in one chunk
+    c.sampler.max_prefill_rows = 4  # a step admits at most 16 slots / 4 attempts prompts
     c.sampler.prefill_pad_tokens = True  # 3 prefill shapes (1, 2, 4 rows), compiled at start
     c.sampler.min_window_pages = 18  # = max_seq_len / page_size: one decode compile
 
@@ -75,7 +80,7 @@ def get_config():
     # step trains ~4 rows of 448 tokens where one sequence per row trained 16 x 288.
     c.batch.share_prompts = True
     c.batch.seq_len = 448
-    c.batch.num_rows = 16          # the worst case: every attempt alone in its row
+    c.batch.num_rows = 16  # the worst case: every attempt alone in its row
     c.trainer.micro_batches = 16
 
     c.trainer.learning_rate = 1e-5
@@ -92,5 +97,5 @@ def get_config():
 
     c.eval.num_problems = 40
     c.eval.greedy = True
-    c.eval.at_start = True         # the starting model's score opens the curve
+    c.eval.at_start = True  # the starting model's score opens the curve
     return c

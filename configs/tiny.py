@@ -20,6 +20,7 @@ def get_config():
     c.sampler.num_slots = 16
     c.sampler.max_seq_len = 24
     c.sampler.chunk_steps = 2
-    c.model.init.update(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
-                        head_dim=16)
+    c.model.init.update(
+        hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16
+    )
     return c

@@ -56,9 +56,9 @@ _ITEMS = ("params", "train", "extra", "meta")
 
 
 def _not_read_only_notice(record: logging.LogRecord) -> bool:
-  """Orbax warns "Given directory is read only" on every read-only open; here such opens are
-  the intent (export, evaluation, the resume check before a run loads), not a problem."""
-  return not str(record.msg).startswith("Given directory is read only")
+    """Orbax warns "Given directory is read only" on every read-only open; here such opens are
+    the intent (export, evaluation, the resume check before a run loads), not a problem."""
+    return not str(record.msg).startswith("Given directory is read only")
 
 
 logging.getLogger("absl").addFilter(_not_read_only_notice)
@@ -66,370 +66,435 @@ logging.getLogger("absl").addFilter(_not_read_only_notice)
 
 # --- pytrees as path-keyed nested dicts ------------------------------------------------------
 
+
 def _key_name(entry) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(entry, attr):
-      name = str(getattr(entry, attr))
-      break
-  else:
-    name = str(entry)
-  # Orbax joins nested keys with "." into array names; keep names unambiguous.
-  return name.replace(".", "_").replace("/", "_")
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            name = str(getattr(entry, attr))
+            break
+    else:
+        name = str(entry)
+    # Orbax joins nested keys with "." into array names; keep names unambiguous.
+    return name.replace(".", "_").replace("/", "_")
 
 
 def _leaf_paths(tree) -> tuple[list[tuple[str, ...]], list[Any], Any]:
-  """(path parts per leaf, leaves, treedef); None subtrees have no leaves."""
-  with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
-  paths = [tuple(_key_name(e) for e in path) for path, _ in with_path]
-  if len(set(paths)) != len(paths):
-    raise ValueError("pytree has leaves whose path names collide; cannot checkpoint it")
-  return paths, [leaf for _, leaf in with_path], treedef
+    """(path parts per leaf, leaves, treedef); None subtrees have no leaves."""
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    paths = [tuple(_key_name(e) for e in path) for path, _ in with_path]
+    if len(set(paths)) != len(paths):
+        raise ValueError("pytree has leaves whose path names collide; cannot checkpoint it")
+    return paths, [leaf for _, leaf in with_path], treedef
 
 
 def to_nested(tree) -> dict:
-  """Nested dict {part: {part: leaf}} of a pytree, keyed by its tree paths."""
-  nested: dict = {}
-  for parts, leaf in zip(*_leaf_paths(tree)[:2]):
-    node = nested
-    for part in parts[:-1]:
-      node = node.setdefault(part, {})
-    node[parts[-1] if parts else "value"] = leaf
-  return nested
+    """Nested dict {part: {part: leaf}} of a pytree, keyed by its tree paths."""
+    nested: dict = {}
+    for parts, leaf in zip(*_leaf_paths(tree)[:2]):
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1] if parts else "value"] = leaf
+    return nested
 
 
 def _from_nested(nested: dict, like) -> Any:
-  """The pytree `like` with its leaves taken from `nested` (same path keys)."""
-  paths, _, treedef = _leaf_paths(like)
-  leaves = []
-  for parts in paths:
-    node = nested
-    for part in parts or ("value",):
-      node = node[part]
-    leaves.append(node)
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+    """The pytree `like` with its leaves taken from `nested` (same path keys)."""
+    paths, _, treedef = _leaf_paths(like)
+    leaves = []
+    for parts in paths:
+        node = nested
+        for part in parts or ("value",):
+            node = node[part]
+        leaves.append(node)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def leaf_manifest(tree) -> dict[str, list]:
-  """{"a/b/c": [shape, dtype]} for every leaf: what the meta item records and restore checks."""
-  paths, leaves, _ = _leaf_paths(tree)
-  return {"/".join(p) or "value": [list(np.shape(x)), str(np.dtype(x.dtype))]
-          for p, x in zip(paths, leaves)}
+    """{"a/b/c": [shape, dtype]} for every leaf: what the meta item records and restore checks."""
+    paths, leaves, _ = _leaf_paths(tree)
+    return {
+        "/".join(p) or "value": [list(np.shape(x)), str(np.dtype(x.dtype))]
+        for p, x in zip(paths, leaves)
+    }
 
 
 def _split_state(state) -> tuple[Any, Any]:
-  """TrainState -> (params, the rest with params removed)."""
-  return state.params, state.replace(params=None)
+    """TrainState -> (params, the rest with params removed)."""
+    return state.params, state.replace(params=None)
 
 
 def _default_sharding():
-  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 
 def as_abstract(tree) -> Any:
-  """ShapeDtypeStructs with a sharding for every leaf (arrays keep theirs; default device)."""
-  def one(x):
-    sharding = getattr(x, "sharding", None) or _default_sharding()
-    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
-  return jax.tree.map(one, tree)
+    """ShapeDtypeStructs with a sharding for every leaf (arrays keep theirs; default device)."""
+
+    def one(x):
+        sharding = getattr(x, "sharding", None) or _default_sharding()
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
+    return jax.tree.map(one, tree)
 
 
 def abstract_state(trainer, abstract_params) -> Any:
-  """The TrainState a `trainer` would create, as ShapeDtypeStructs on its state shardings."""
-  shapes = jax.eval_shape(trainer.init_state, abstract_params)
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                      shapes, trainer.state_shardings)
+    """The TrainState a `trainer` would create, as ShapeDtypeStructs on its state shardings."""
+    shapes = jax.eval_shape(trainer.init_state, abstract_params)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        shapes,
+        trainer.state_shardings,
+    )
 
 
 # --- JSON items ------------------------------------------------------------------------------
 
+
 def _jsonable(value: Any, where: str) -> Any:
-  """A JSON-safe copy (numpy scalars/arrays become numbers/lists); TypeError names the key."""
-  if value is None or isinstance(value, (bool, int, float, str)):
-    return value
-  if isinstance(value, np.generic):
-    return value.item()
-  if isinstance(value, (np.ndarray, jax.Array)):
-    return np.asarray(value).tolist()
-  if dataclasses.is_dataclass(value) and not isinstance(value, type):
-    return {f.name: _jsonable(getattr(value, f.name), f"{where}.{f.name}")
-            for f in dataclasses.fields(value)}
-  if isinstance(value, dict):
-    out = {}
-    for k, v in value.items():
-      if not isinstance(k, str):
-        raise TypeError(f"checkpoint extra{where}: key {k!r} is not a string (JSON keys are)")
-      out[k] = _jsonable(v, f"{where}.{k}")
-    return out
-  if isinstance(value, (list, tuple)):
-    return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
-  raise TypeError(f"checkpoint extra{where} is a {type(value).__name__}, which JSON cannot "
-                  "store; convert it to numbers, strings, lists or dicts")
+    """A JSON-safe copy (numpy scalars/arrays become numbers/lists); TypeError names the key."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (np.ndarray, jax.Array)):
+        return np.asarray(value).tolist()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _jsonable(getattr(value, f.name), f"{where}.{f.name}")
+            for f in dataclasses.fields(value)
+        }
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(
+                    f"checkpoint extra{where}: key {k!r} is not a string (JSON keys are)"
+                )
+            out[k] = _jsonable(v, f"{where}.{k}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(
+        f"checkpoint extra{where} is a {type(value).__name__}, which JSON cannot "
+        "store; convert it to numbers, strings, lists or dicts"
+    )
 
 
 def model_config_to_json(cfg: ModelConfig) -> dict:
-  return _jsonable(cfg, "")
+    return _jsonable(cfg, "")
 
 
 def _tuples(value):
-  if isinstance(value, dict):
-    return tuple(sorted((k, _tuples(v)) for k, v in value.items()))
-  if isinstance(value, list):
-    return tuple(_tuples(v) for v in value)
-  return value
+    if isinstance(value, dict):
+        return tuple(sorted((k, _tuples(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
 
 
 def model_config_from_json(d: dict) -> ModelConfig:
-  """Inverse of model_config_to_json (lists back to the tuples ModelConfig hashes)."""
-  fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  return ModelConfig(**{k: _tuples(v) for k, v in d.items() if k in fields})
+    """Inverse of model_config_to_json (lists back to the tuples ModelConfig hashes)."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    return ModelConfig(**{k: _tuples(v) for k, v in d.items() if k in fields})
 
 
 # --- the checkpointer ------------------------------------------------------------------------
 
+
 class CorruptCheckpointError(RuntimeError):
-  """A checkpoint step whose files are missing or unreadable."""
+    """A checkpoint step whose files are missing or unreadable."""
 
 
 def _one_line(e: BaseException) -> str:
-  text = " ".join(str(e).split())
-  return f"{type(e).__name__}: {text[:200]}"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}"
 
 
 class RunCheckpointer:
-  """Saves and restores a run's TrainState plus a JSON dict under `<workdir>/checkpoints`."""
+    """Saves and restores a run's TrainState plus a JSON dict under `<workdir>/checkpoints`."""
 
-  def __init__(self, workdir: str | os.PathLike, *, keep: int = 3,
-               model_config: ModelConfig | None = None, async_save: bool = True,
-               read_only: bool = False):
-    if keep < 1:
-      raise ConfigError(f"checkpoint_keep={keep} must be >= 1")
-    self.workdir = Path(workdir)
-    self.directory = self.workdir / CHECKPOINT_DIR
-    self.model_config = model_config
-    self.read_only = read_only
-    if read_only and not self.directory.is_dir():
-      self._manager = None
-      return
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
-        create=not read_only, read_only=read_only, enable_async_checkpointing=async_save,
-        # Writes cut short (a killed run) leave "<step>.orbax-checkpoint-tmp-*" directories:
-        # never listed as steps, and removed when the next run opens the directory.
-        cleanup_tmp_directories=not read_only)
-    handlers = {"params": ocp.StandardCheckpointHandler(),
-                "train": ocp.StandardCheckpointHandler(),
-                "extra": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-    self._manager = ocp.CheckpointManager(self.directory.absolute(), options=options,
-                                          item_handlers=handlers)
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        keep: int = 3,
+        model_config: ModelConfig | None = None,
+        async_save: bool = True,
+        read_only: bool = False,
+    ):
+        if keep < 1:
+            raise ConfigError(f"checkpoint_keep={keep} must be >= 1")
+        self.workdir = Path(workdir)
+        self.directory = self.workdir / CHECKPOINT_DIR
+        self.model_config = model_config
+        self.read_only = read_only
+        if read_only and not self.directory.is_dir():
+            self._manager = None
+            return
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else 1,
+            create=not read_only,
+            read_only=read_only,
+            enable_async_checkpointing=async_save,
+            # Writes cut short (a killed run) leave "<step>.orbax-checkpoint-tmp-*" directories:
+            # never listed as steps, and removed when the next run opens the directory.
+            cleanup_tmp_directories=not read_only,
+        )
+        handlers = {
+            "params": ocp.StandardCheckpointHandler(),
+            "train": ocp.StandardCheckpointHandler(),
+            "extra": ocp.JsonCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
+        self._manager = ocp.CheckpointManager(
+            self.directory.absolute(), options=options, item_handlers=handlers
+        )
 
-  # -- bookkeeping --
+    # -- bookkeeping --
 
-  def steps(self) -> list[int]:
-    """Completed checkpoint steps, oldest first (unfinished writes are not listed)."""
-    if self._manager is None:
-      return []
-    self._manager.reload()
-    return sorted(self._manager.all_steps())
+    def steps(self) -> list[int]:
+        """Completed checkpoint steps, oldest first (unfinished writes are not listed)."""
+        if self._manager is None:
+            return []
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
 
-  def latest_step(self) -> int | None:
-    steps = self.steps()
-    return steps[-1] if steps else None
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
 
-  def wait(self) -> None:
-    """Blocks until the last asynchronous save is on disk."""
-    if self._manager is not None:
-      self._manager.wait_until_finished()
+    def wait(self) -> None:
+        """Blocks until the last asynchronous save is on disk."""
+        if self._manager is not None:
+            self._manager.wait_until_finished()
 
-  def close(self) -> None:
-    if self._manager is not None:
-      self._manager.wait_until_finished()
-      self._manager.close()
-      self._manager = None
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+            self._manager.close()
+            self._manager = None
 
-  def __enter__(self) -> "RunCheckpointer":
-    return self
+    def __enter__(self) -> RunCheckpointer:
+        return self
 
-  def __exit__(self, *exc) -> None:
-    self.close()
+    def __exit__(self, *exc) -> None:
+        self.close()
 
-  # -- save --
+    # -- save --
 
-  def save(self, step: int, train_state, extra: dict) -> bool:
-    """Checkpoints `train_state` and the JSON dict `extra` as step `step`.
+    def save(self, step: int, train_state, extra: dict) -> bool:
+        """Checkpoints `train_state` and the JSON dict `extra` as step `step`.
 
-    Returns False (and writes nothing) when that step is already saved. Returns once the
-    arrays are copied off the device; call wait()/close() before relying on the files.
-    """
-    if self._manager is None or self.read_only:
-      raise RuntimeError(f"checkpointer for {self.directory} is read-only")
-    step = int(step)
-    extra = _jsonable(dict(extra), "")
-    if step in self._manager.all_steps():
-      log.info("checkpoint step %d already saved in %s", step, self.directory)
-      return False
-    params, rest = _split_state(train_state)
-    meta = {
-        "format_version": FORMAT_VERSION, "step": step, "saved_at": time.time(),
-        "model_config": (model_config_to_json(self.model_config)
-                         if self.model_config is not None else None),
-        "leaves": {"params": leaf_manifest(params), "train": leaf_manifest(rest)},
-        "versions": {"jax": jax.__version__, "orbax": ocp.__version__},
-    }
-    saved = self._manager.save(step, force=True, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(to_nested(params)),
-        train=ocp.args.StandardSave(to_nested(rest)),
-        extra=ocp.args.JsonSave(extra), meta=ocp.args.JsonSave(meta)))
-    return bool(saved)
+        Returns False (and writes nothing) when that step is already saved. Returns once the
+        arrays are copied off the device; call wait()/close() before relying on the files.
+        """
+        if self._manager is None or self.read_only:
+            raise RuntimeError(f"checkpointer for {self.directory} is read-only")
+        step = int(step)
+        extra = _jsonable(dict(extra), "")
+        if step in self._manager.all_steps():
+            log.info("checkpoint step %d already saved in %s", step, self.directory)
+            return False
+        params, rest = _split_state(train_state)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "saved_at": time.time(),
+            "model_config": (
+                model_config_to_json(self.model_config) if self.model_config is not None else None
+            ),
+            "leaves": {"params": leaf_manifest(params), "train": leaf_manifest(rest)},
+            "versions": {"jax": jax.__version__, "orbax": ocp.__version__},
+        }
+        saved = self._manager.save(
+            step,
+            force=True,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardSave(to_nested(params)),
+                train=ocp.args.StandardSave(to_nested(rest)),
+                extra=ocp.args.JsonSave(extra),
+                meta=ocp.args.JsonSave(meta),
+            ),
+        )
+        return bool(saved)
 
-  # -- restore --
+    # -- restore --
 
-  def _path(self, step: int) -> Path:
-    return self.directory / str(step)
+    def _path(self, step: int) -> Path:
+        return self.directory / str(step)
 
-  def read_json(self, step: int, item: str) -> dict:
-    """The `extra` or `meta` dict of a step; CorruptCheckpointError if unreadable."""
-    if self._manager is None:
-      raise CorruptCheckpointError(f"no checkpoints in {self.directory}")
-    try:
-      value = getattr(self._manager.restore(
-          step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})), item)
-    except Exception as e:  # orbax/tensorstore raise many types for damaged files
-      raise CorruptCheckpointError(f"{self._path(step)}: {item}: {_one_line(e)}") from e
-    if not isinstance(value, dict):
-      raise CorruptCheckpointError(f"{self._path(step)}: {item} is not a JSON object")
-    return value
+    def read_json(self, step: int, item: str) -> dict:
+        """The `extra` or `meta` dict of a step; CorruptCheckpointError if unreadable."""
+        if self._manager is None:
+            raise CorruptCheckpointError(f"no checkpoints in {self.directory}")
+        try:
+            value = getattr(
+                self._manager.restore(
+                    step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
+                ),
+                item,
+            )
+        except Exception as e:  # orbax/tensorstore raise many types for damaged files
+            raise CorruptCheckpointError(f"{self._path(step)}: {item}: {_one_line(e)}") from e
+        if not isinstance(value, dict):
+            raise CorruptCheckpointError(f"{self._path(step)}: {item} is not a JSON object")
+        return value
 
-  def _check_leaves(self, step: int, meta: dict, item: str, target) -> None:
-    saved = meta.get("leaves", {}).get(item)
-    if not isinstance(saved, dict):
-      raise CorruptCheckpointError(f"{self._path(step)}: meta has no leaf list for {item}")
-    wanted = leaf_manifest(target)
-    fix = ("the config changed the model or optimizer since this checkpoint; resume with "
-           "the original config or start a new --workdir")
-    for name in sorted(set(saved) | set(wanted)):
-      if name not in saved:
-        raise ConfigError(f"checkpoint {self._path(step)} has no {item} leaf {name!r} that "
-                          f"the run needs: {fix}")
-      if name not in wanted:
-        raise ConfigError(f"checkpoint {self._path(step)} has a {item} leaf {name!r} the "
-                          f"run does not have: {fix}")
-      if list(saved[name]) != wanted[name]:
-        raise ConfigError(
-            f"checkpoint {self._path(step)}: {item} leaf {name!r} is {saved[name][1]}"
-            f"{tuple(saved[name][0])}, the run expects {wanted[name][1]}"
-            f"{tuple(wanted[name][0])}: {fix}")
+    def _check_leaves(self, step: int, meta: dict, item: str, target) -> None:
+        saved = meta.get("leaves", {}).get(item)
+        if not isinstance(saved, dict):
+            raise CorruptCheckpointError(f"{self._path(step)}: meta has no leaf list for {item}")
+        wanted = leaf_manifest(target)
+        fix = (
+            "the config changed the model or optimizer since this checkpoint; resume with "
+            "the original config or start a new --workdir"
+        )
+        for name in sorted(set(saved) | set(wanted)):
+            if name not in saved:
+                raise ConfigError(
+                    f"checkpoint {self._path(step)} has no {item} leaf {name!r} that "
+                    f"the run needs: {fix}"
+                )
+            if name not in wanted:
+                raise ConfigError(
+                    f"checkpoint {self._path(step)} has a {item} leaf {name!r} the "
+                    f"run does not have: {fix}"
+                )
+            if list(saved[name]) != wanted[name]:
+                raise ConfigError(
+                    f"checkpoint {self._path(step)}: {item} leaf {name!r} is {saved[name][1]}"
+                    f"{tuple(saved[name][0])}, the run expects {wanted[name][1]}"
+                    f"{tuple(wanted[name][0])}: {fix}"
+                )
 
-  def _restore_items(self, step: int, targets: dict) -> dict:
-    """Restores the array items in `targets` (name -> abstract pytree) plus extra."""
-    meta = self.read_json(step, "meta")
-    for item, target in targets.items():
-      self._check_leaves(step, meta, item, target)
-    args = {item: ocp.args.StandardRestore(to_nested(as_abstract(t)))
-            for item, t in targets.items()}
-    try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(
-          **args, extra=ocp.args.JsonRestore()))
-      out = {item: _from_nested(getattr(restored, item), t) for item, t in targets.items()}
-      extra = restored.extra
-    except Exception as e:
-      raise CorruptCheckpointError(f"{self._path(step)}: {_one_line(e)}") from e
-    if not isinstance(extra, dict):
-      raise CorruptCheckpointError(f"{self._path(step)}: extra is not a JSON object")
-    out["extra"], out["meta"] = extra, meta
-    return out
+    def _restore_items(self, step: int, targets: dict) -> dict:
+        """Restores the array items in `targets` (name -> abstract pytree) plus extra."""
+        meta = self.read_json(step, "meta")
+        for item, target in targets.items():
+            self._check_leaves(step, meta, item, target)
+        args = {
+            item: ocp.args.StandardRestore(to_nested(as_abstract(t))) for item, t in targets.items()
+        }
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(**args, extra=ocp.args.JsonRestore())
+            )
+            out = {item: _from_nested(getattr(restored, item), t) for item, t in targets.items()}
+            extra = restored.extra
+        except Exception as e:
+            raise CorruptCheckpointError(f"{self._path(step)}: {_one_line(e)}") from e
+        if not isinstance(extra, dict):
+            raise CorruptCheckpointError(f"{self._path(step)}: extra is not a JSON object")
+        out["extra"], out["meta"] = extra, meta
+        return out
 
-  def restore(self, step: int, abstract_train_state) -> tuple[Any, dict]:
-    """(train_state, extra) of one step, on the target's shardings.
+    def restore(self, step: int, abstract_train_state) -> tuple[Any, dict]:
+        """(train_state, extra) of one step, on the target's shardings.
 
-    Raises CorruptCheckpointError for damaged files, ConfigError for a structure mismatch.
-    """
-    params, rest = _split_state(abstract_train_state)
-    out = self._restore_items(step, {"params": params, "train": rest})
-    return out["train"].replace(params=out["params"]), out["extra"]
+        Raises CorruptCheckpointError for damaged files, ConfigError for a structure mismatch.
+        """
+        params, rest = _split_state(abstract_train_state)
+        out = self._restore_items(step, {"params": params, "train": rest})
+        return out["train"].replace(params=out["params"]), out["extra"]
 
-  def restore_params(self, step: int, abstract_params) -> Any:
-    """Only the params of one step (export, evaluation): the optimizer state is not read."""
-    return self._restore_items(step, {"params": abstract_params})["params"]
+    def restore_params(self, step: int, abstract_params) -> Any:
+        """Only the params of one step (export, evaluation): the optimizer state is not read."""
+        return self._restore_items(step, {"params": abstract_params})["params"]
 
-  def restore_latest(self, abstract_train_state) -> tuple[int, Any, dict] | None:
-    """(step, train_state, extra) of the newest readable step, or None (with a warning).
+    def restore_latest(self, abstract_train_state) -> tuple[int, Any, dict] | None:
+        """(step, train_state, extra) of the newest readable step, or None (with a warning).
 
-    `abstract_train_state`: a TrainState of jax.ShapeDtypeStruct with shardings (see
-    `abstract_state`) or of arrays; values are restored directly onto those shardings.
-    Unreadable steps are skipped with a warning and moved to `<workdir>/checkpoints_corrupt`.
-    """
-    return self._latest(lambda step: (step, *self.restore(step, abstract_train_state)))
+        `abstract_train_state`: a TrainState of jax.ShapeDtypeStruct with shardings (see
+        `abstract_state`) or of arrays; values are restored directly onto those shardings.
+        Unreadable steps are skipped with a warning and moved to `<workdir>/checkpoints_corrupt`.
+        """
+        return self._latest(lambda step: (step, *self.restore(step, abstract_train_state)))
 
-  def restore_latest_params(self, abstract_params) -> tuple[int, Any] | None:
-    """(step, params) of the newest readable step, or None; as restore_latest."""
-    return self._latest(lambda step: (step, self.restore_params(step, abstract_params)))
+    def restore_latest_params(self, abstract_params) -> tuple[int, Any] | None:
+        """(step, params) of the newest readable step, or None; as restore_latest."""
+        return self._latest(lambda step: (step, self.restore_params(step, abstract_params)))
 
-  def _latest(self, restore_one):
-    steps = self.steps()
-    if not steps:
-      log.info("no checkpoint in %s: starting fresh", self.directory)
-      return None
-    bad = []
-    result = None
-    for step in reversed(steps):
-      try:
-        result = restore_one(step)
-        break
-      except CorruptCheckpointError as e:
-        log.warning("checkpoint step %d is corrupt or incomplete (%s); trying the previous "
-                    "one", step, e)
-        bad.append(step)
-    for step in bad:
-      self._quarantine(step)
-    if result is None:
-      log.warning("none of the %d checkpoints in %s is readable: starting fresh",
-                  len(steps), self.directory)
-    elif bad:
-      log.warning("resuming from checkpoint step %d (newer steps %s were unreadable)",
-                  result[0], sorted(bad))
-    return result
+    def _latest(self, restore_one):
+        steps = self.steps()
+        if not steps:
+            log.info("no checkpoint in %s: starting fresh", self.directory)
+            return None
+        bad = []
+        result = None
+        for step in reversed(steps):
+            try:
+                result = restore_one(step)
+                break
+            except CorruptCheckpointError as e:
+                log.warning(
+                    "checkpoint step %d is corrupt or incomplete (%s); trying the previous one",
+                    step,
+                    e,
+                )
+                bad.append(step)
+        for step in bad:
+            self._quarantine(step)
+        if result is None:
+            log.warning(
+                "none of the %d checkpoints in %s is readable: starting fresh",
+                len(steps),
+                self.directory,
+            )
+        elif bad:
+            log.warning(
+                "resuming from checkpoint step %d (newer steps %s were unreadable)",
+                result[0],
+                sorted(bad),
+            )
+        return result
 
-  def _quarantine(self, step: int) -> None:
-    """Moves a bad step out of Orbax's directory (keeps it for inspection)."""
-    if self.read_only:
-      return
-    src = self._path(step)
-    dest_dir = self.workdir / CORRUPT_DIR
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / f"{step}-{int(time.time())}"
-    n = 0
-    while dest.exists():
-      n += 1
-      dest = dest_dir / f"{step}-{int(time.time())}-{n}"
-    try:
-      shutil.move(str(src), str(dest))
-      log.warning("moved unreadable checkpoint %s to %s", src, dest)
-    except OSError as e:
-      log.warning("could not move unreadable checkpoint %s aside: %s", src, e)
-    self._manager.reload()
+    def _quarantine(self, step: int) -> None:
+        """Moves a bad step out of Orbax's directory (keeps it for inspection)."""
+        if self.read_only:
+            return
+        src = self._path(step)
+        dest_dir = self.workdir / CORRUPT_DIR
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        dest = dest_dir / f"{step}-{int(time.time())}"
+        n = 0
+        while dest.exists():
+            n += 1
+            dest = dest_dir / f"{step}-{int(time.time())}-{n}"
+        try:
+            shutil.move(str(src), str(dest))
+            log.warning("moved unreadable checkpoint %s to %s", src, dest)
+        except OSError as e:
+            log.warning("could not move unreadable checkpoint %s aside: %s", src, e)
+        self._manager.reload()
 
 
 # --- config compatibility --------------------------------------------------------------------
 
+
 def _is_items(value: Any) -> bool:
-  """A dict stored as sorted (name, value) pairs, as config.py keeps model.init."""
-  return (isinstance(value, list) and bool(value) and
-          all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in value))
+    """A dict stored as sorted (name, value) pairs, as config.py keeps model.init."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in value)
+    )
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-  if _is_items(d):
-    d = dict(d)
-  if isinstance(d, dict):
-    out = {}
-    for k, v in d.items():
-      out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-  return {prefix: d}
+    if _is_items(d):
+        d = dict(d)
+    if isinstance(d, dict):
+        out = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
 
 
 def _normalise(d: dict) -> dict:
-  return json.loads(json.dumps(d, default=str))
+    return json.loads(json.dumps(d, default=str))
 
 
 # Fields whose change would break a resumed run, and why.
@@ -446,51 +511,55 @@ _REFUSED = {
 
 
 def _refusal(field: str, old: Any, new: Any, saved: dict, new_cfg: dict) -> str | None:
-  if field == "model" or field.startswith("model."):
-    return "change the model the checkpoint holds"
-  for name, why in _REFUSED.items():
-    if field == name or field.startswith(name + "."):
-      return why
-  if field == "conventional_steps" and new_cfg.get("mode") == "conventional":
-    return "change the conventional-mode round structure"
-  if field == "trainer.grad_clip_norm" and ((old or 0) > 0) != ((new or 0) > 0):
-    return "change the optimizer state's structure (clipping on/off)"
-  if field in ("trainer.loss.kl_coef", "trainer.loss.kl_coef_end"):
-    def uses_ref(c):
-      loss = c.get("trainer", {}).get("loss", {})
-      return (loss.get("kl_coef") or 0) > 0 or (loss.get("kl_coef_end") or 0) > 0
-    if uses_ref(saved) != uses_ref(new_cfg):
-      return "add or drop the KL reference params in the train state"
-  return None
+    if field == "model" or field.startswith("model."):
+        return "change the model the checkpoint holds"
+    for name, why in _REFUSED.items():
+        if field == name or field.startswith(name + "."):
+            return why
+    if field == "conventional_steps" and new_cfg.get("mode") == "conventional":
+        return "change the conventional-mode round structure"
+    if field == "trainer.grad_clip_norm" and ((old or 0) > 0) != ((new or 0) > 0):
+        return "change the optimizer state's structure (clipping on/off)"
+    if field in ("trainer.loss.kl_coef", "trainer.loss.kl_coef_end"):
+
+        def uses_ref(c):
+            loss = c.get("trainer", {}).get("loss", {})
+            return (loss.get("kl_coef") or 0) > 0 or (loss.get("kl_coef_end") or 0) > 0
+
+        if uses_ref(saved) != uses_ref(new_cfg):
+            return "add or drop the KL reference params in the train state"
+    return None
 
 
 def _short(value: Any) -> str:
-  text = repr(value)
-  return text if len(text) <= 80 else text[:77] + "..."
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_compatible(saved_config: dict, new_config: dict) -> list[str]:
-  """Compares a run's saved config dict with the new one (both `config.as_dict` form).
+    """Compares a run's saved config dict with the new one (both `config.as_dict` form).
 
-  Returns the allowed changes as "field: old -> new" lines, for the log (learning rate,
-  steps, logging, sampler sizes, ...). Raises ConfigError naming the first change that would
-  break the resumed run (model, group/batch size, mode, data order).
-  """
-  saved, new = _normalise(saved_config), _normalise(new_config)
-  flat_old, flat_new = _flatten(saved), _flatten(new)
-  missing = object()
-  changes = []
-  for field in sorted(set(flat_old) | set(flat_new)):
-    old, cur = flat_old.get(field, missing), flat_new.get(field, missing)
-    if old == cur:
-      continue
-    old_s = "(unset)" if old is missing else _short(old)
-    new_s = "(unset)" if cur is missing else _short(cur)
-    why = _refusal(field, None if old is missing else old, None if cur is missing else cur,
-                   saved, new)
-    if why:
-      raise ConfigError(f"config.{field} changed ({old_s} -> {new_s}) since the checkpoint: "
-                        f"resuming would {why}; keep the old value or start a new --workdir")
-    changes.append(f"{field}: {old_s} -> {new_s}")
-  return changes
-
+    Returns the allowed changes as "field: old -> new" lines, for the log (learning rate,
+    steps, logging, sampler sizes, ...). Raises ConfigError naming the first change that would
+    break the resumed run (model, group/batch size, mode, data order).
+    """
+    saved, new = _normalise(saved_config), _normalise(new_config)
+    flat_old, flat_new = _flatten(saved), _flatten(new)
+    missing = object()
+    changes = []
+    for field in sorted(set(flat_old) | set(flat_new)):
+        old, cur = flat_old.get(field, missing), flat_new.get(field, missing)
+        if old == cur:
+            continue
+        old_s = "(unset)" if old is missing else _short(old)
+        new_s = "(unset)" if cur is missing else _short(cur)
+        why = _refusal(
+            field, None if old is missing else old, None if cur is missing else cur, saved, new
+        )
+        if why:
+            raise ConfigError(
+                f"config.{field} changed ({old_s} -> {new_s}) since the checkpoint: "
+                f"resuming would {why}; keep the old value or start a new --workdir"
+            )
+        changes.append(f"{field}: {old_s} -> {new_s}")
+    return changes

@@ -10,7 +10,7 @@ stderr and exit code 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from absl import flags
 
@@ -35,8 +35,11 @@ def usage(doc: str | None, fv: flags.FlagValues, full: bool = False) -> str:
     return f"{text}\n\nflags:\n{fv.get_help(include_special_flags=full).rstrip()}\n"
 
 
-def run(argv: list[str], define_flags: Callable[[flags.FlagValues], None],
-        body: Callable[[flags.FlagValues], None]) -> int:
+def run(
+    argv: list[str],
+    define_flags: Callable[[flags.FlagValues], None],
+    body: Callable[[flags.FlagValues], None],
+) -> int:
     """Parses argv (argv[0] is the program name), runs body(flag_values); returns the exit code."""
     fv = flags.FlagValues()
     define_flags(fv)

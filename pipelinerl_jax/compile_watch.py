@@ -23,7 +23,7 @@ import jax
 from jax import monitoring
 
 _LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # a compilation is about to start
-_COMPILED = "/jax/core/compile/backend_compile_duration"      # it ended (compiled or loaded)
+_COMPILED = "/jax/core/compile/backend_compile_duration"  # it ended (compiled or loaded)
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
@@ -37,8 +37,9 @@ def default_cache_dir() -> Path:
     return Path(root) / "jax_compilation"
 
 
-def enable_persistent_cache(path: str | os.PathLike | None = None,
-                            min_compile_time_s: float = 1.0) -> Path:
+def enable_persistent_cache(
+    path: str | os.PathLike | None = None, min_compile_time_s: float = 1.0
+) -> Path:
     """Turns on JAX's persistent compilation cache in `path` (None or "auto", the config's
     value: default_cache_dir()).
 
@@ -55,16 +56,16 @@ def enable_persistent_cache(path: str | os.PathLike | None = None,
 class CompileWatch:
     """Counts compilations process-wide while installed; announces the long ones.
 
-        watch = CompileWatch(echo=print).install()
-        ...
-        n, seconds = watch.take()      # compilations (and their seconds) since the last take()
-        watch.uninstall()
+    watch = CompileWatch(echo=print).install()
+    ...
+    n, seconds = watch.take()      # compilations (and their seconds) since the last take()
+    watch.uninstall()
     """
 
     def __init__(self, echo=None, announce_after_s: float = 2.0):
         self.echo = echo
         self.announce_after_s = announce_after_s
-        self.count = 0            # backend compilations (cache loads included)
+        self.count = 0  # backend compilations (cache loads included)
         self.seconds = 0.0
         self.cache_hits = 0
         self.by_name: dict[str, list[float]] = {}
@@ -74,7 +75,7 @@ class CompileWatch:
         self._announced: set[tuple[int, str]] = set()
         self._installed = False
 
-    def install(self) -> "CompileWatch":
+    def install(self) -> CompileWatch:
         if not self._installed:
             monitoring.register_event_duration_secs_listener(self._on_duration)
             monitoring.register_event_listener(self._on_event)
@@ -134,8 +135,10 @@ class CompileWatch:
             if self._timers.get(key) is None:
                 return
             self._announced.add(key)
-        self.echo(f"compiling {_short(key[1])} (first use of this shape; later launches load "
-                  "it from the compilation cache) ...")
+        self.echo(
+            f"compiling {_short(key[1])} (first use of this shape; later launches load "
+            "it from the compilation cache) ..."
+        )
 
 
 def _short(fun_name: str) -> str:

@@ -26,7 +26,6 @@ import typing
 
 import ml_collections
 
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax import config_schema
 from pipelinerl_jax.errors import ConfigError
 
@@ -44,12 +43,12 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
         arg = argv[i]
         i += 1
         if arg == "--":
-            rest.extend(argv[i - 1:])
+            rest.extend(argv[i - 1 :])
             break
         if not arg.startswith(PREFIX):
             rest.append(arg)
             continue
-        path, eq, text = arg[len(PREFIX):].partition("=")
+        path, eq, text = arg[len(PREFIX) :].partition("=")
         if not eq:
             field = config_schema.find(path)
             if field.type is bool:
@@ -66,11 +65,19 @@ def load_file(path: str) -> ml_collections.ConfigDict:
     """get_config() of the Python file `path`; every failure is a one-line ConfigError."""
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
-        files = sorted(f for f in os.listdir(folder) if f.endswith(".py") and f[0] != "_") \
-            if os.path.isdir(folder) else []
+        files = (
+            sorted(f for f in os.listdir(folder) if f.endswith(".py") and f[0] != "_")
+            if os.path.isdir(folder)
+            else []
+        )
         close = difflib.get_close_matches(os.path.basename(path), files, n=1)
-        hint = (f"; did you mean {os.path.join(folder, close[0])}?" if close else
-                f"; {folder} has {', '.join(files)}" if files else "")
+        hint = (
+            f"; did you mean {os.path.join(folder, close[0])}?"
+            if close
+            else f"; {folder} has {', '.join(files)}"
+            if files
+            else ""
+        )
         raise ConfigError(f"--config={path}: no such file{hint}")
     name = "_launch_config_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -83,8 +90,9 @@ def load_file(path: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"--config={path}: loading it failed: {_one_line(e)}") from None
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
-        raise ConfigError(f"--config={path} defines no get_config() (it must return a "
-                          "ml_collections.ConfigDict)")
+        raise ConfigError(
+            f"--config={path} defines no get_config() (it must return a ml_collections.ConfigDict)"
+        )
     try:
         cfg = get_config()
     except Exception as e:
@@ -92,8 +100,10 @@ def load_file(path: str) -> ml_collections.ConfigDict:
     if isinstance(cfg, dict):
         cfg = ml_collections.ConfigDict(cfg)
     if not isinstance(cfg, ml_collections.ConfigDict):
-        raise ConfigError(f"--config={path}: get_config() returned {type(cfg).__name__}, not a "
-                          "ml_collections.ConfigDict")
+        raise ConfigError(
+            f"--config={path}: get_config() returned {type(cfg).__name__}, not a "
+            "ml_collections.ConfigDict"
+        )
     return cfg
 
 
@@ -137,13 +147,17 @@ def parse_value(field: config_schema.Field, text: str):
     where = f"--config.{field.path}={text}"
     if field.kind == "list":
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a JSON list, e.g. "
-                              f"--config.{field.path}='{_EXAMPLES.get(field.path, '[]')}'")
+            raise ConfigError(
+                f"{where}: expected a JSON list, e.g. "
+                f"--config.{field.path}='{_EXAMPLES.get(field.path, '[]')}'"
+            )
         return value
     if field.kind == "dict":
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a JSON object, e.g. "
-                              f"--config.{field.path}='{_EXAMPLES.get(field.path, '{}')}'")
+            raise ConfigError(
+                f"{where}: expected a JSON object, e.g. "
+                f"--config.{field.path}='{_EXAMPLES.get(field.path, '{}')}'"
+            )
         return value
     return _convert(value, text, field.type, where)
 
@@ -198,12 +212,15 @@ def _convert(value, text: str, typ, where: str):
 
 def help_text(cfg: ml_collections.ConfigDict, source: str, width: int = 100) -> str:
     """Every config field with the value `source` gives it (or its default) and its meaning."""
-    intro = (f"config fields. Set any with --config.<field>=<value>; shown: the value in {source}, "
-             "with [the built-in default] where it differs. Values are JSON when they parse "
-             "(numbers, true/false, null, lists, objects), else text:")
+    intro = (
+        f"config fields. Set any with --config.<field>=<value>; shown: the value in {source}, "
+        "with [the built-in default] where it differs. Values are JSON when they parse "
+        "(numbers, true/false, null, lists, objects), else text:"
+    )
     lines = textwrap.wrap(intro, width) + [
-        "    --config.data.datasets='[{\"path\": \"train.jsonl\", \"format\": \"gsm8k\"}]'",
-        "    --config.reward.table_options='{\"format_weight\": 0.3}'  --config.max_lag=4"]
+        '    --config.data.datasets=\'[{"path": "train.jsonl", "format": "gsm8k"}]\'',
+        "    --config.reward.table_options='{\"format_weight\": 0.3}'  --config.max_lag=4",
+    ]
     section = None
     for field in config_schema.fields():
         head = field.path.split(".")[0] if "." in field.path else ""
@@ -215,8 +232,9 @@ def help_text(cfg: ml_collections.ConfigDict, source: str, width: int = 100) -> 
             lines += ["", title]
         lines.append(_field_line(field, cfg))
         if field.doc:
-            lines += textwrap.wrap(field.doc, width, initial_indent=" " * 6,
-                                   subsequent_indent=" " * 6)
+            lines += textwrap.wrap(
+                field.doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -251,7 +269,7 @@ def _show(value, limit: int = 70) -> str:
     if hasattr(value, "to_dict"):
         value = value.to_dict()
     text = json.dumps(value, default=str)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _type_name(field: config_schema.Field) -> str:

@@ -45,13 +45,14 @@ _MODEL_SECTION_FIELDS = ("param_dtype", "compute_dtype", "remat")
 @dataclasses.dataclass(frozen=True)
 class Field:
     """One settable field of the ConfigDict."""
-    path: str                 # dotted, without "config.": "trainer.learning_rate"
-    type: Any                 # the dataclass annotation
-    default: Any              # MISSING: required, or derived (see `derived`)
-    doc: str                  # the field's comment
-    kind: str = "value"       # "value" | "list" | "dict"
-    derived: str = ""         # how the default is computed when the file leaves it out
-    section_doc: str = ""     # first line of the section dataclass's docstring
+
+    path: str  # dotted, without "config.": "trainer.learning_rate"
+    type: Any  # the dataclass annotation
+    default: Any  # MISSING: required, or derived (see `derived`)
+    doc: str  # the field's comment
+    kind: str = "value"  # "value" | "list" | "dict"
+    derived: str = ""  # how the default is computed when the file leaves it out
+    section_doc: str = ""  # first line of the section dataclass's docstring
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -72,25 +73,35 @@ def _own_docs(cls) -> dict[str, str]:
     except (OSError, TypeError):  # no source (e.g. a frozen install): meanings are blank
         return {}
     lines = source.splitlines()
-    comments = {}  # row -> (column, text, alone on its line)
+    comments = {}  # row -> (column, text, alone on its line, continues the comment above)
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             row, col = tok.start
-            comments[row] = (col, tok.string.lstrip("#").strip(), not lines[row - 1][:col].strip())
+            alone = not lines[row - 1][:col].strip()
+            # "#   more": a comment line indented inside the `#` continues the one above it (the
+            # formatter aligns every comment line with the code, so indentation is in the text).
+            continued = alone and tok.string.startswith("#  ")
+            comments[row] = (col, tok.string.lstrip("#").strip(), alone, continued)
     docs = {}
     for stmt in ast.parse(source).body[0].body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         col, above, beside = stmt.col_offset, [], []
         row = stmt.lineno - 1
-        while row in comments and comments[row][2] and comments[row][0] == col:
+        # A continued comment above belongs to the previous field and ends this one's block.
+        while (
+            row in comments
+            and comments[row][2]
+            and not comments[row][3]
+            and comments[row][0] == col
+        ):
             above.insert(0, comments[row][1])
             row -= 1
         for row in range(stmt.lineno, stmt.end_lineno + 1):
             if row in comments and not comments[row][2]:
                 beside.append(comments[row][1])
         row = stmt.end_lineno + 1
-        while beside and row in comments and comments[row][2] and comments[row][0] > col:
+        while beside and row in comments and comments[row][3]:
             beside.append(comments[row][1])
             row += 1
         docs[stmt.target.id] = " ".join(t for t in above + beside if t)
@@ -137,8 +148,11 @@ def _section_fields(section: str, cls) -> list[Field]:
     out = []
     for name in names:
         path = f"{section}.{name}"
-        default = (config_lib.GENERATION_DEFAULTS[name] if section == "generation"
-                   else _default(by_name[name]))
+        default = (
+            config_lib.GENERATION_DEFAULTS[name]
+            if section == "generation"
+            else _default(by_name[name])
+        )
         derived = ""
         if path in _DERIVED_DEFAULTS:
             default, derived = _DERIVED_DEFAULTS[path]
@@ -158,10 +172,14 @@ def _dict_keys(path: str) -> list[Field]:
     from pipelinerl_jax.data.tasks import TASKS
     from pipelinerl_jax.models.config import ModelConfig
     from pipelinerl_jax.rewards.tables import REWARD_TABLES, RewardTable
+
     if path == "model.init":
         hints, docs = typing.get_type_hints(ModelConfig), field_docs(ModelConfig)
-        return [Field(f"{path}.{f.name}", hints[f.name], _default(f), docs[f.name])
-                for f in dataclasses.fields(ModelConfig) if f.name not in _MODEL_SECTION_FIELDS]
+        return [
+            Field(f"{path}.{f.name}", hints[f.name], _default(f), docs[f.name])
+            for f in dataclasses.fields(ModelConfig)
+            if f.name not in _MODEL_SECTION_FIELDS
+        ]
     owners = TASKS if path == "data.task_options" else REWARD_TABLES
     what = "task" if path == "data.task_options" else "table"
     classes = list(TASKS.values()) if path == "data.task_options" else [RewardTable]
@@ -177,8 +195,7 @@ def _dict_keys(path: str) -> list[Field]:
             doc = docs[f.name]
             if path == "data.task_options" and len(which) < len(owners):
                 doc += f" (tasks: {', '.join(which)})"
-            out.append(Field(f"{path}.{f.name}", hints[f.name], default, doc,
-                             derived=per_owner))
+            out.append(Field(f"{path}.{f.name}", hints[f.name], default, doc, derived=per_owner))
     return out
 
 
@@ -209,20 +226,23 @@ def find(path: str) -> Field:
         return table[path]
     if path in config_lib.SECTIONS:
         example = next(f.path for f in fields() if f.path.startswith(path + "."))
-        raise ConfigError(f"--config.{path} is a section; set its fields, e.g. "
-                          f"--config.{example}=...")
+        raise ConfigError(
+            f"--config.{path} is a section; set its fields, e.g. --config.{example}=..."
+        )
     head, _, leaf = path.rpartition(".")
     if leaf in config_lib.DERIVED.get(head, {}):
-        raise ConfigError(f"--config.{path} is set from {config_lib.DERIVED[head][leaf]}; leave "
-                          "it out")
+        raise ConfigError(
+            f"--config.{path} is set from {config_lib.DERIVED[head][leaf]}; leave it out"
+        )
     if head in table and table[head].kind != "dict":
         raise ConfigError(f"--config.{path}: {head} is not a dict; set --config.{head}=VALUE")
-    raise ConfigError(f"--config.{path}: no such field{suggest(path)} "
-                      "(launch.py --help lists every field)")
+    raise ConfigError(
+        f"--config.{path}: no such field{suggest(path)} (launch.py --help lists every field)"
+    )
 
 
 def suggest(path: str) -> str:
-    """"; did you mean --config.X?" for a mistyped path, or ""."""
+    """ "; did you mean --config.X?" for a mistyped path, or ""."""
     paths = list(by_path())
     leaf = path.rpartition(".")[2]
     # The right name in the wrong place (`--config.learning_rate`), else the closest spelling.

@@ -36,15 +36,25 @@ def dry_run(cfg: config_lib.RunConfig, echo=print) -> dict:
     # The same estimate and refusal as the run's start-up check (pipeline.run.check_memory).
     est = memory.estimate(cfg, model_cfg, shared_device=True)
     shared = " (shared)" if sampler_devices == trainer_devices else ""
-    out = {"config": config_lib.as_dict(cfg),
-           "devices": {"platform": devices[0].platform, "sampler": len(sampler_devices),
-                       "trainer": len(trainer_devices)},
-           "params": model_cfg.num_params(), "memory_gib": est.total / memory.GiB}
+    out = {
+        "config": config_lib.as_dict(cfg),
+        "devices": {
+            "platform": devices[0].platform,
+            "sampler": len(sampler_devices),
+            "trainer": len(trainer_devices),
+        },
+        "params": model_cfg.num_params(),
+        "memory_gib": est.total / memory.GiB,
+    }
     echo(json.dumps(out["config"], indent=2, default=str))
-    echo(f"devices: {devices[0].platform} x {len(devices)}: sampler {len(sampler_devices)}, "
-         f"trainer {len(trainer_devices)}{shared}")
-    echo(f"model: {model_cfg.model_type}, {model_cfg.num_layers} layers, hidden "
-         f"{model_cfg.hidden_size}: {out['params']:,} parameters ({model_cfg.param_dtype})")
+    echo(
+        f"devices: {devices[0].platform} x {len(devices)}: sampler {len(sampler_devices)}, "
+        f"trainer {len(trainer_devices)}{shared}"
+    )
+    echo(
+        f"model: {model_cfg.model_type}, {model_cfg.num_layers} layers, hidden "
+        f"{model_cfg.hidden_size}: {out['params']:,} parameters ({model_cfg.param_dtype})"
+    )
     echo(str(est))
     memory.check_fits(est, memory.available_bytes())
     echo("dry run: the config is valid; nothing was loaded or compiled")

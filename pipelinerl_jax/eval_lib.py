@@ -20,7 +20,8 @@ k attempts with status `error`; nothing is silently dropped.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,7 @@ def score(reward_fn, pairs: Sequence[tuple[str, Problem]]) -> list[Verdict]:
         return list(reward_fn.map(pairs))
     if isinstance(reward_fn, str):
         from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, resolve_callable
+
         reward_fn = resolve_callable(BUILTIN_REWARDS.get(reward_fn, reward_fn))
     return [_inline(reward_fn, c, p) for c, p in pairs]
 
@@ -61,13 +63,17 @@ def _summary(rows: list[dict], k: int) -> dict:
     by_problem: dict[int, list[dict]] = collections.defaultdict(list)
     for r in rows:
         by_problem[r["problem"]].append(r)
-    correct = np.array([sum(r["status"] == "correct" for r in attempts)
-                        for attempts in by_problem.values()], np.float64)
+    correct = np.array(
+        [sum(r["status"] == "correct" for r in attempts) for attempts in by_problem.values()],
+        np.float64,
+    )
     generated = [r for r in rows if r["finish_reason"] != "error"]
     lengths = np.array([r["num_tokens"] for r in generated], np.float64)
     n = len(by_problem)
     return {
-        "num_problems": n, "k": k, "num_samples": len(rows),
+        "num_problems": n,
+        "k": k,
+        "num_samples": len(rows),
         "avg@k": float(correct.sum() / (n * k)) if n else float("nan"),
         "pass@k": float(np.mean(correct > 0)) if n else float("nan"),
         "score_mean": float(np.mean([r["score"] for r in rows])) if rows else float("nan"),
@@ -75,14 +81,26 @@ def _summary(rows: list[dict], k: int) -> dict:
         "finish": {f: sum(r["finish_reason"] == f for r in rows) for f in FINISH_REASONS},
         "len_mean": float(lengths.mean()) if len(lengths) else 0.0,
         "len_max": int(lengths.max()) if len(lengths) else 0,
-        "no_eos_frac": (float(np.mean([r["finish_reason"] == "length" for r in generated]))
-                        if generated else 0.0),
+        "no_eos_frac": (
+            float(np.mean([r["finish_reason"] == "length" for r in generated]))
+            if generated
+            else 0.0
+        ),
     }
 
 
-def evaluate_problems(sampler, tokenizer, problems: Sequence[Problem], reward_fn, k: int,
-                      sampling_params, prompt_config: PromptConfig, *,
-                      return_samples: bool = False, progress=None) -> dict:
+def evaluate_problems(
+    sampler,
+    tokenizer,
+    problems: Sequence[Problem],
+    reward_fn,
+    k: int,
+    sampling_params,
+    prompt_config: PromptConfig,
+    *,
+    return_samples: bool = False,
+    progress=None,
+) -> dict:
     """Generates k attempts per problem, scores them, and summarises (see the module doc).
 
     sampler: an idle pipelinerl_jax.sampler.Sampler (its other requests' samples would be
@@ -96,9 +114,11 @@ def evaluate_problems(sampler, tokenizer, problems: Sequence[Problem], reward_fn
     if k < 1:
         raise ValueError(f"k={k} attempts per problem must be >= 1")
     if sampler.has_work():
-        raise RuntimeError("evaluate_problems needs an idle sampler (it would consume the "
-                           "samples of the requests already queued); evaluate between chunks "
-                           "once the sampler has drained, or on a separate Sampler")
+        raise RuntimeError(
+            "evaluate_problems needs an idle sampler (it would consume the "
+            "samples of the requests already queued); evaluate between chunks "
+            "once the sampler has drained, or on a separate Sampler"
+        )
     rows: list[dict] = []
     request_of: dict[int, int] = {}
     for i, problem in enumerate(problems):
@@ -108,8 +128,10 @@ def evaluate_problems(sampler, tokenizer, problems: Sequence[Problem], reward_fn
             raise
         except Exception as e:  # e.g. a character outside a task tokenizer's vocabulary
             error = f"cannot encode the prompt: {type(e).__name__}: {e}"[:300]
-            rows.extend(_row(i, problem, a, None, Verdict(status="error", detail=error), error)
-                        for a in range(k))
+            rows.extend(
+                _row(i, problem, a, None, Verdict(status="error", detail=error), error)
+                for a in range(k)
+            )
             continue
         request_of[sampler.submit(ids, n=k, params=sampling_params)] = i
     samples = []
@@ -121,38 +143,63 @@ def evaluate_problems(sampler, tokenizer, problems: Sequence[Problem], reward_fn
     samples.sort(key=lambda s: (request_of[s.request_id], s.attempt))
     generated = [s for s in samples if s.finish_reason != "error"]
     texts = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in generated]
-    verdicts = iter(score(reward_fn, [(t, problems[request_of[s.request_id]])
-                                      for t, s in zip(texts, generated)]))
+    verdicts = iter(
+        score(
+            reward_fn, [(t, problems[request_of[s.request_id]]) for t, s in zip(texts, generated)]
+        )
+    )
     texts_it = iter(texts)
     for s in samples:
         i = request_of[s.request_id]
         if s.finish_reason == "error":
-            rows.append(_row(i, problems[i], s.attempt, s, Verdict(status="error",
-                                                                   detail=s.error or ""),
-                             s.error))
+            rows.append(
+                _row(
+                    i,
+                    problems[i],
+                    s.attempt,
+                    s,
+                    Verdict(status="error", detail=s.error or ""),
+                    s.error,
+                )
+            )
         else:
-            rows.append(_row(i, problems[i], s.attempt, s, next(verdicts), None,
-                             completion=next(texts_it)))
+            rows.append(
+                _row(i, problems[i], s.attempt, s, next(verdicts), None, completion=next(texts_it))
+            )
     rows.sort(key=lambda r: (r["problem"], r["attempt"]))
     results = _summary(rows, k)
     sources = sorted({r["source"] for r in rows})
     results["per_source"] = {
-        src: {key: value for key, value in _summary(
-            [r for r in rows if r["source"] == src], k).items()
-              if key in ("num_problems", "avg@k", "pass@k", "score_mean", "len_mean")}
-        for src in sources}
+        src: {
+            key: value
+            for key, value in _summary([r for r in rows if r["source"] == src], k).items()
+            if key in ("num_problems", "avg@k", "pass@k", "score_mean", "len_mean")
+        }
+        for src in sources
+    }
     if return_samples:
         results["samples"] = rows
     return results
 
 
-def _row(index: int, problem: Problem, attempt: int, sample, verdict: Verdict,
-         error: str | None, completion: str = "") -> dict[str, Any]:
+def _row(
+    index: int,
+    problem: Problem,
+    attempt: int,
+    sample,
+    verdict: Verdict,
+    error: str | None,
+    completion: str = "",
+) -> dict[str, Any]:
     return {
-        "problem": index, "uid": problem.uid, "source": problem.source, "attempt": attempt,
-        "completion": completion, "answer": problem.answer,
-        "status": verdict.status, "score": float(verdict.score) if verdict.status in (
-            "correct", "wrong") else 0.0,
+        "problem": index,
+        "uid": problem.uid,
+        "source": problem.source,
+        "attempt": attempt,
+        "completion": completion,
+        "answer": problem.answer,
+        "status": verdict.status,
+        "score": float(verdict.score) if verdict.status in ("correct", "wrong") else 0.0,
         "predicted": verdict.predicted,
         "finish_reason": "error" if sample is None else sample.finish_reason,
         "num_tokens": 0 if sample is None else len(sample.token_ids),

@@ -37,19 +37,40 @@ def define_flags(fv: flags.FlagValues) -> None:
     d(flags.DEFINE_string, "model_dir", None, "Hugging Face model directory.")
     d(flags.DEFINE_string, "workdir", None, "Run directory: evaluate its checkpoint instead.")
     d(flags.DEFINE_integer, "step", None, "With --workdir: checkpoint step (default newest).")
-    d(flags.DEFINE_string, "tokenizer_dir", None, "Tokenizer directory (default: the model's, "
-      "or the run's model.hf_dir).")
-    d(flags.DEFINE_string, "dataset", None, "Dataset file, directory or glob (.jsonl/.json/"
-      ".parquet).")
-    d(flags.DEFINE_string, "format", "fields", "Record format: gsm8k, math, math500, orz, aime, "
-      "amc, fields.")
+    d(
+        flags.DEFINE_string,
+        "tokenizer_dir",
+        None,
+        "Tokenizer directory (default: the model's, or the run's model.hf_dir).",
+    )
+    d(
+        flags.DEFINE_string,
+        "dataset",
+        None,
+        "Dataset file, directory or glob (.jsonl/.json/.parquet).",
+    )
+    d(
+        flags.DEFINE_string,
+        "format",
+        "fields",
+        "Record format: gsm8k, math, math500, orz, aime, amc, fields.",
+    )
     d(flags.DEFINE_string, "question_field", None, "Dotted path of the question in a record.")
     d(flags.DEFINE_string, "answer_field", None, "Dotted path of the answer in a record.")
     d(flags.DEFINE_string, "task", None, "Built-in procedural task instead of a dataset.")
-    d(flags.DEFINE_string, "task_options", None, "With --task: its options as a JSON object, "
-      "e.g. '{\"difficulty\": 1}' (default: the run's with --workdir, else the task's).")
-    d(flags.DEFINE_integer, "num_problems", 0, "Evaluate the first N problems; 0 = all "
-      "(tasks: 200).")
+    d(
+        flags.DEFINE_string,
+        "task_options",
+        None,
+        "With --task: its options as a JSON object, "
+        "e.g. '{\"difficulty\": 1}' (default: the run's with --workdir, else the task's).",
+    )
+    d(
+        flags.DEFINE_integer,
+        "num_problems",
+        0,
+        "Evaluate the first N problems; 0 = all (tasks: 200).",
+    )
     d(flags.DEFINE_integer, "k", 4, "Attempts per problem.")
     d(flags.DEFINE_bool, "greedy", False, "Greedy decoding (temperature 0, k = 1).")
     d(flags.DEFINE_float, "temperature", 1.0, "Sampling temperature.")
@@ -57,25 +78,50 @@ def define_flags(fv: flags.FlagValues) -> None:
     d(flags.DEFINE_integer, "top_k", 0, "Top-k sampling; 0 = off.")
     d(flags.DEFINE_integer, "max_new_tokens", 512, "Tokens to generate at most per attempt.")
     d(flags.DEFINE_integer, "seed", 0, "Sampling seed.")
-    d(flags.DEFINE_bool, "chat", None, "Use the chat template (default: the run's template "
-      "with --workdir, else plain).")
+    d(
+        flags.DEFINE_bool,
+        "chat",
+        None,
+        "Use the chat template (default: the run's template with --workdir, else plain).",
+    )
     d(flags.DEFINE_string, "system_prompt", DEFAULT_SYSTEM_PROMPT, "System prompt; '' = none.")
-    d(flags.DEFINE_bool, "few_shot", True, "With --workdir: show the run's few-shot examples "
-      "(data.few_shot) before each question; --nofew_shot asks zero-shot.")
-    d(flags.DEFINE_string, "reward", None, "Reward: math, task or module:callable (default: "
-      "task for --task, else math).")
-    d(flags.DEFINE_integer, "reward_workers", 2, "Reward worker processes; 0 = inline, no "
-      "timeout.")
+    d(
+        flags.DEFINE_bool,
+        "few_shot",
+        True,
+        "With --workdir: show the run's few-shot examples "
+        "(data.few_shot) before each question; --nofew_shot asks zero-shot.",
+    )
+    d(
+        flags.DEFINE_string,
+        "reward",
+        None,
+        "Reward: math, task or module:callable (default: task for --task, else math).",
+    )
+    d(flags.DEFINE_integer, "reward_workers", 2, "Reward worker processes; 0 = inline, no timeout.")
     d(flags.DEFINE_float, "reward_timeout_s", 5.0, "Per-answer reward timeout (seconds).")
     d(flags.DEFINE_integer, "num_slots", 32, "Sequences decoded at once.")
-    d(flags.DEFINE_integer, "max_seq_len", 0, "Context limit; 0 = longest prompt + "
-      "max_new_tokens (capped by the model).")
+    d(
+        flags.DEFINE_integer,
+        "max_seq_len",
+        0,
+        "Context limit; 0 = longest prompt + max_new_tokens (capped by the model).",
+    )
     d(flags.DEFINE_integer, "page_size", 16, "KV cache page size (tokens).")
-    d(flags.DEFINE_float, "kv_memory_gb", 0.0, "KV pool budget in GiB; 0 = every slot at "
-      "max_seq_len.")
+    d(
+        flags.DEFINE_float,
+        "kv_memory_gb",
+        0.0,
+        "KV pool budget in GiB; 0 = every slot at max_seq_len.",
+    )
     d(flags.DEFINE_integer, "chunk_steps", 16, "Decode steps per jitted chunk.")
-    d(flags.DEFINE_enum, "dtype", "float32", ["float32", "bfloat16"], "Param/compute dtype "
-      "for --model_dir.")
+    d(
+        flags.DEFINE_enum,
+        "dtype",
+        "float32",
+        ["float32", "bfloat16"],
+        "Param/compute dtype for --model_dir.",
+    )
     d(flags.DEFINE_string, "out", None, "Write the summary JSON here too.")
     d(flags.DEFINE_string, "samples_out", None, "Write every attempt as a JSON line here.")
     d(flags.DEFINE_bool, "progress", True, "Show a progress bar on stderr.")
@@ -83,8 +129,10 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def _check_flags(fv) -> None:
     if bool(fv.model_dir) == bool(fv.workdir):
-        raise ConfigError("give exactly one of --model_dir (a Hugging Face directory) or "
-                          "--workdir (a run's checkpoint)")
+        raise ConfigError(
+            "give exactly one of --model_dir (a Hugging Face directory) or "
+            "--workdir (a run's checkpoint)"
+        )
     if bool(fv.dataset) == bool(fv.task):
         raise ConfigError("give exactly one of --dataset (a file) or --task (a built-in task)")
     if fv.k < 1 or fv.k > fv.num_slots:
@@ -101,8 +149,10 @@ def _task_options(fv) -> dict:
     try:
         options = json.loads(fv.task_options)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--task_options={fv.task_options!r} is not JSON ({e.msg}); give an "
-                          "object such as '{\"difficulty\": 1}'") from None
+        raise ConfigError(
+            f"--task_options={fv.task_options!r} is not JSON ({e.msg}); give an "
+            "object such as '{\"difficulty\": 1}'"
+        ) from None
     if not isinstance(options, dict):
         raise ConfigError(f"--task_options={fv.task_options!r} must be a JSON object")
     return options
@@ -112,6 +162,7 @@ def _problems(fv, run_config: dict | None):
     """(problems, task or None)."""
     if fv.task:
         from pipelinerl_jax.data.tasks import make_task
+
         options = {}
         data = (run_config or {}).get("data") or {}
         if data.get("task") == fv.task:
@@ -119,16 +170,23 @@ def _problems(fv, run_config: dict | None):
         if fv.task_options is not None:
             options = _task_options(fv)
         from pipelinerl_jax.data.tasks import held_out_problems
+
         task = make_task(fv.task, **options)
         # Never the problems the run trained on: the in-run eval's held-out problems.
         return held_out_problems(fv.task, options, fv.num_problems or 200), task
     from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
-    loaded = load_dataset(DatasetSpec(path=fv.dataset, format=fv.format,
-                                      question_field=fv.question_field,
-                                      answer_field=fv.answer_field))
+
+    loaded = load_dataset(
+        DatasetSpec(
+            path=fv.dataset,
+            format=fv.format,
+            question_field=fv.question_field,
+            answer_field=fv.answer_field,
+        )
+    )
     problems = list(loaded.problems)
     if fv.num_problems:
-        problems = problems[:fv.num_problems]
+        problems = problems[: fv.num_problems]
     return problems, None
 
 
@@ -136,9 +194,11 @@ def _model(fv):
     """(ModelConfig, graphdef, params, checkpoint step or None)."""
     if fv.model_dir:
         from pipelinerl_jax.models import hf_io
+
         cfg, graphdef, params = hf_io.load_hf(fv.model_dir, param_dtype=fv.dtype)
         return cfg, graphdef, params, None
     from pipelinerl_jax.export import load_model
+
     step, cfg, graphdef, params = load_model(fv.workdir, fv.step)
     print(f"evaluating checkpoint step {step} of {fv.workdir}", file=sys.stderr)
     return cfg, graphdef, params, step
@@ -148,27 +208,35 @@ def _tokenizer(fv, task, run_config):
     if task is not None and not task.text_task:
         return task.tokenizer
     from pipelinerl_jax.models.tokenizer import Tokenizer
-    candidates = [fv.tokenizer_dir, fv.model_dir,
-                  ((run_config or {}).get("model") or {}).get("hf_dir")]
+
+    candidates = [
+        fv.tokenizer_dir,
+        fv.model_dir,
+        ((run_config or {}).get("model") or {}).get("hf_dir"),
+    ]
     for path in candidates:
         if path and (Path(path) / "tokenizer.json").exists():
             return Tokenizer.from_dir(path)
     if fv.tokenizer_dir:
         raise ConfigError(f"--tokenizer_dir={fv.tokenizer_dir}: no tokenizer.json there")
-    raise ConfigError("no tokenizer found: the model directory / the run's model.hf_dir has no "
-                      "tokenizer.json; pass --tokenizer_dir")
+    raise ConfigError(
+        "no tokenizer found: the model directory / the run's model.hf_dir has no "
+        "tokenizer.json; pass --tokenizer_dir"
+    )
 
 
 def _prompt_config(fv, task, run_config):
     from pipelinerl_jax.data.prompts import PromptConfig
+
     if task is not None and not task.text_task:  # the bare question, as in training
         return PromptConfig(template="plain", system_prompt=None)
     if fv.chat is not None:
         template = "chat" if fv.chat else "plain"
     else:
         text = task is not None  # a text task trains with the chat prompt by default
-        template = ((run_config or {}).get("data") or {}).get("prompt_template",
-                                                                "chat" if text else "plain")
+        template = ((run_config or {}).get("data") or {}).get(
+            "prompt_template", "chat" if text else "plain"
+        )
     # A run's checkpoint is evaluated with the run's own system prompt and examples, unless
     # --system_prompt says otherwise (the flag's default is the paper's prompt).
     data = (run_config or {}).get("data") or {}
@@ -177,8 +245,7 @@ def _prompt_config(fv, task, run_config):
         system_prompt = data.get("system_prompt")
         system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
     few_shot = tuple(tuple(pair) for pair in data.get("few_shot") or ()) if fv.few_shot else ()
-    return PromptConfig(template=template, system_prompt=system_prompt or None,
-                        few_shot=few_shot)
+    return PromptConfig(template=template, system_prompt=system_prompt or None, few_shot=few_shot)
 
 
 GENERATION_FLAGS = ("temperature", "top_p", "top_k", "max_new_tokens")
@@ -186,7 +253,7 @@ GENERATION_FLAGS = ("temperature", "top_p", "top_k", "max_new_tokens")
 
 def _generation(fv, run_config) -> dict:
     """Sampling settings: a flag given on the command line, else the run's (with --workdir),
-  else the flag's default."""
+    else the flag's default."""
     out = {}
     for name in GENERATION_FLAGS:
         value = getattr(fv, name)
@@ -202,29 +269,38 @@ def evaluate_cli(fv) -> dict:
     run_config = None
     if fv.workdir:
         from pipelinerl_jax.export import read_run_config
+
         if not Path(fv.workdir).is_dir():
             raise ConfigError(f"--workdir={fv.workdir}: directory does not exist")
         run_config = read_run_config(fv.workdir)
     problems, task = _problems(fv, run_config)
     reward = fv.reward or (getattr(task, "reward_fn", "task") if task is not None else "math")
     from pipelinerl_jax.rewards.tables import reward_fn_spec
+
     reward_spec = reward_fn_spec(reward)  # one-line error for an unknown callable, early
     if fv.workdir:
         from pipelinerl_jax.checkpoint import RunCheckpointer
+
         if not RunCheckpointer(fv.workdir, read_only=True).steps():
-            raise ConfigError(f"{fv.workdir}: no checkpoints (a run saves one every "
-                              "checkpoint_every steps and at its end)")
+            raise ConfigError(
+                f"{fv.workdir}: no checkpoints (a run saves one every "
+                "checkpoint_every steps and at its end)"
+            )
     tokenizer = _tokenizer(fv, task, run_config)
     prompt_config = _prompt_config(fv, task, run_config)
 
     from pipelinerl_jax import eval_lib
     from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
+
     k = 1 if fv.greedy else fv.k
     gen = _generation(fv, run_config)
-    sampling = SamplingParams(temperature=0.0 if fv.greedy else gen["temperature"],
-                              top_p=gen["top_p"], top_k=gen["top_k"],
-                              max_new_tokens=gen["max_new_tokens"])
+    sampling = SamplingParams(
+        temperature=0.0 if fv.greedy else gen["temperature"],
+        top_p=gen["top_p"],
+        top_k=gen["top_k"],
+        max_new_tokens=gen["max_new_tokens"],
+    )
     if sampling.error():
         raise ConfigError(f"sampling flags: {sampling.error()}")
     longest = 1
@@ -236,38 +312,69 @@ def evaluate_cli(fv) -> dict:
         except Exception:  # reported per problem by evaluate_problems
             pass
     cfg, graphdef, params, step = _model(fv)
-    max_seq_len = fv.max_seq_len or min(cfg.max_position_embeddings,
-                                        longest + sampling.max_new_tokens)
+    max_seq_len = fv.max_seq_len or min(
+        cfg.max_position_embeddings, longest + sampling.max_new_tokens
+    )
     max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size
-    sampler = Sampler(graphdef, params, SamplerConfig(
-        num_slots=fv.num_slots, max_seq_len=max_seq_len, page_size=fv.page_size,
-        kv_memory_bytes=int(fv.kv_memory_gb * 2**30) if fv.kv_memory_gb > 0 else None,
-        chunk_steps=fv.chunk_steps, prefill_chunk=min(512, max_seq_len), seed=fv.seed),
-        eos_token_ids=getattr(tokenizer, "eos_token_ids", ()))
+    sampler = Sampler(
+        graphdef,
+        params,
+        SamplerConfig(
+            num_slots=fv.num_slots,
+            max_seq_len=max_seq_len,
+            page_size=fv.page_size,
+            kv_memory_bytes=int(fv.kv_memory_gb * 2**30) if fv.kv_memory_gb > 0 else None,
+            chunk_steps=fv.chunk_steps,
+            prefill_chunk=min(512, max_seq_len),
+            seed=fv.seed,
+        ),
+        eos_token_ids=getattr(tokenizer, "eos_token_ids", ()),
+    )
     del params
 
     bar = None
     if fv.progress:
         from tqdm import tqdm
+
         bar = tqdm(total=len(problems) * k, desc="attempts", unit="sample", file=sys.stderr)
     from pipelinerl_jax.rewards.workers import RewardPool
-    with RewardPool(reward_spec, num_workers=fv.reward_workers,
-                    timeout_s=fv.reward_timeout_s) as pool:
+
+    with RewardPool(
+        reward_spec, num_workers=fv.reward_workers, timeout_s=fv.reward_timeout_s
+    ) as pool:
         results = eval_lib.evaluate_problems(
-            sampler, tokenizer, problems, pool, k, sampling, prompt_config,
-            return_samples=bool(fv.samples_out), progress=bar.update if bar else None)
+            sampler,
+            tokenizer,
+            problems,
+            pool,
+            k,
+            sampling,
+            prompt_config,
+            return_samples=bool(fv.samples_out),
+            progress=bar.update if bar else None,
+        )
     if bar is not None:
         bar.close()
     samples = results.pop("samples", None)
     results["config"] = {
-        "model": fv.model_dir or fv.workdir, "step": step, "dataset": fv.dataset or fv.task,
-        "format": None if task is not None else fv.format, "k": k, "greedy": fv.greedy,
-        "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-        "max_new_tokens": sampling.max_new_tokens, "template": prompt_config.template,
-        "reward": reward, "seed": fv.seed}
+        "model": fv.model_dir or fv.workdir,
+        "step": step,
+        "dataset": fv.dataset or fv.task,
+        "format": None if task is not None else fv.format,
+        "k": k,
+        "greedy": fv.greedy,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "max_new_tokens": sampling.max_new_tokens,
+        "template": prompt_config.template,
+        "reward": reward,
+        "seed": fv.seed,
+    }
     if fv.samples_out:
-        _write_atomic(fv.samples_out, "".join(
-            json.dumps(r, ensure_ascii=False) + "\n" for r in samples))
+        _write_atomic(
+            fv.samples_out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in samples)
+        )
     if fv.out:
         _write_atomic(fv.out, json.dumps(results, indent=2) + "\n")
     return results

@@ -37,22 +37,35 @@ log = logging.getLogger(__name__)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("workdir", None, "Run directory (holds checkpoints/ and config.json).",
-                        flag_values=fv)
-    flags.DEFINE_string("gguf", None, "A llama.cpp GGUF file to import instead of a run.",
-                        flag_values=fv)
-    flags.DEFINE_integer("step", None, "Checkpoint step to export; default: the newest.",
-                         flag_values=fv)
+    flags.DEFINE_string(
+        "workdir", None, "Run directory (holds checkpoints/ and config.json).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "gguf", None, "A llama.cpp GGUF file to import instead of a run.", flag_values=fv
+    )
+    flags.DEFINE_integer(
+        "step", None, "Checkpoint step to export; default: the newest.", flag_values=fv
+    )
     flags.DEFINE_string("out", None, "Output Hugging Face directory.", flag_values=fv)
-    flags.DEFINE_string("tokenizer_dir", None, "Directory whose tokenizer files to copy; "
-                        "default: the run's model.hf_dir when it has tokenizer.json.",
-                        flag_values=fv)
-    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Cast the weights; default: "
-                      "keep the training param dtype.", flag_values=fv)
+    flags.DEFINE_string(
+        "tokenizer_dir",
+        None,
+        "Directory whose tokenizer files to copy; "
+        "default: the run's model.hf_dir when it has tokenizer.json.",
+        flag_values=fv,
+    )
+    flags.DEFINE_enum(
+        "dtype",
+        None,
+        ["float32", "bfloat16"],
+        "Cast the weights; default: keep the training param dtype.",
+        flag_values=fv,
+    )
     flags.DEFINE_float("max_shard_gb", 4.0, "Largest safetensors shard (GiB).", flag_values=fv)
 
 
 # --- a run's model, for export and evaluation ------------------------------------------------
+
 
 def read_run_config(workdir: str | os.PathLike) -> dict | None:
     """The run's config.json (written by pipeline/run.py) as a dict, or None if absent."""
@@ -74,9 +87,11 @@ def model_config_from_run(run_config: dict) -> ModelConfig:
         fields = dict(init)
         fields.update(dtypes)
         from pipelinerl_jax.checkpoint import model_config_from_json
+
         return model_config_from_json(fields)
     if model.get("hf_dir"):
         from pipelinerl_jax.models.hf_io import read_config
+
         return ModelConfig.from_hf(read_config(model["hf_dir"]), **dtypes)
     raise ConfigError("the run config has neither model.init nor model.hf_dir")
 
@@ -85,20 +100,28 @@ def load_model(workdir: str | os.PathLike, step: int | None = None):
     """(step, ModelConfig, graphdef, params) of a run's checkpoint: the newest readable step,
     or `step`. Only the params are read. One-line ConfigErrors for a missing run, no
     checkpoint, an unknown or unreadable step, or an unknown model config."""
-    from pipelinerl_jax.checkpoint import (CHECKPOINT_DIR, CorruptCheckpointError,
-                                           RunCheckpointer, model_config_from_json)
+    from pipelinerl_jax.checkpoint import (
+        CHECKPOINT_DIR,
+        CorruptCheckpointError,
+        RunCheckpointer,
+        model_config_from_json,
+    )
     from pipelinerl_jax.models import llama
+
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise ConfigError(f"--workdir={workdir}: directory does not exist")
     ckpt = RunCheckpointer(workdir, read_only=True)
     steps = ckpt.steps()
     if not steps:
-        raise ConfigError(f"{workdir / CHECKPOINT_DIR}: no checkpoints (a run saves one every "
-                          "checkpoint_every steps and at its end)")
+        raise ConfigError(
+            f"{workdir / CHECKPOINT_DIR}: no checkpoints (a run saves one every "
+            "checkpoint_every steps and at its end)"
+        )
     if step is not None and step not in steps:
-        raise ConfigError(f"--step={step}: no such checkpoint in {ckpt.directory}; available "
-                          f"steps: {steps}")
+        raise ConfigError(
+            f"--step={step}: no such checkpoint in {ckpt.directory}; available steps: {steps}"
+        )
     run_config = None
     for s in [step] if step is not None else list(reversed(steps)):
         try:
@@ -108,15 +131,18 @@ def load_model(workdir: str | os.PathLike, step: int | None = None):
             else:
                 run_config = run_config or read_run_config(workdir)
                 if run_config is None:
-                    raise ConfigError(f"{workdir}: the checkpoint does not record its model and "
-                                      "there is no config.json; cannot tell the model's shape")
+                    raise ConfigError(
+                        f"{workdir}: the checkpoint does not record its model and "
+                        "there is no config.json; cannot tell the model's shape"
+                    )
                 cfg = model_config_from_run(run_config)
             graphdef, abstract_params = llama.abstract_init(cfg)
             return s, cfg, graphdef, ckpt.restore_params(s, abstract_params)
         except CorruptCheckpointError as e:
             if step is not None:
-                raise ConfigError(f"checkpoint step {s} is unreadable ({e}); pick another "
-                                  f"--step of {steps}") from None
+                raise ConfigError(
+                    f"checkpoint step {s} is unreadable ({e}); pick another --step of {steps}"
+                ) from None
             log.warning("checkpoint step %d is unreadable (%s); trying the previous one", s, e)
     raise ConfigError(f"none of the checkpoints {steps} in {ckpt.directory} is readable")
 
@@ -130,8 +156,15 @@ def default_tokenizer_dir(workdir) -> str | None:
     return None
 
 
-def export(workdir, out, *, step: int | None = None, tokenizer_dir=None,
-           dtype: str | None = None, max_shard_bytes: int = 4 * 2**30) -> dict:
+def export(
+    workdir,
+    out,
+    *,
+    step: int | None = None,
+    tokenizer_dir=None,
+    dtype: str | None = None,
+    max_shard_bytes: int = 4 * 2**30,
+) -> dict:
     """Writes the checkpoint's params as a Hugging Face directory; returns what it did."""
     import jax
     import jax.numpy as jnp
@@ -146,9 +179,14 @@ def export(workdir, out, *, step: int | None = None, tokenizer_dir=None,
         cfg = dataclasses.replace(cfg, param_dtype=dtype)
     tokenizer_dir = tokenizer_dir or default_tokenizer_dir(workdir)
     save_hf(out, cfg, params, tokenizer_dir=tokenizer_dir, max_shard_bytes=max_shard_bytes)
-    return {"step": step, "out": str(out), "model_type": cfg.model_type,
-            "params": cfg.num_params(), "dtype": cfg.param_dtype,
-            "tokenizer": str(tokenizer_dir) if tokenizer_dir else None}
+    return {
+        "step": step,
+        "out": str(out),
+        "model_type": cfg.model_type,
+        "params": cfg.num_params(),
+        "dtype": cfg.param_dtype,
+        "tokenizer": str(tokenizer_dir) if tokenizer_dir else None,
+    }
 
 
 def run_cli(argv: list[str]) -> int:
@@ -165,11 +203,20 @@ def _export_cli(fv) -> None:
             raise ConfigError(f"--{name} is required")
     if fv.max_shard_gb <= 0:
         raise ConfigError(f"--max_shard_gb={fv.max_shard_gb} must be > 0")
-    done = export(fv.workdir, fv.out, step=fv.step, tokenizer_dir=fv.tokenizer_dir,
-                  dtype=fv.dtype, max_shard_bytes=int(fv.max_shard_gb * 2**30))
+    done = export(
+        fv.workdir,
+        fv.out,
+        step=fv.step,
+        tokenizer_dir=fv.tokenizer_dir,
+        dtype=fv.dtype,
+        max_shard_bytes=int(fv.max_shard_gb * 2**30),
+    )
     tok = done["tokenizer"] or "none (pass --tokenizer_dir to include one)"
-    print(f"exported step {done['step']} of {fv.workdir} to {done['out']}: {done['model_type']}, "
-          f"{done['params']:,} params, {done['dtype']}; tokenizer: {tok}", file=sys.stderr)
+    print(
+        f"exported step {done['step']} of {fv.workdir} to {done['out']}: {done['model_type']}, "
+        f"{done['params']:,} params, {done['dtype']}; tokenizer: {tok}",
+        file=sys.stderr,
+    )
 
 
 def _import_gguf_cli(fv) -> None:
@@ -177,17 +224,23 @@ def _import_gguf_cli(fv) -> None:
 
     for name in ("workdir", "step", "tokenizer_dir"):
         if fv[name].value is not None:
-            raise ConfigError(f"--{name} does not apply to --gguf (a GGUF file carries its own "
-                              "weights and tokenizer); pass one of them, not both")
+            raise ConfigError(
+                f"--{name} does not apply to --gguf (a GGUF file carries its own "
+                "weights and tokenizer); pass one of them, not both"
+            )
     if not fv.out:
         raise ConfigError("--out is required")
     if fv.max_shard_gb <= 0:
         raise ConfigError(f"--max_shard_gb={fv.max_shard_gb} must be > 0")
-    done = gguf_io.convert(fv.gguf, fv.out, dtype=fv.dtype or "float32",
-                           max_shard_bytes=int(fv.max_shard_gb * 2**30))
-    print(f"imported {fv.gguf} ({', '.join(done['gguf_types'])}) to {done['out']}: "
-          f"{done['model_type']}, {done['params']:,} params, {done['dtype']}; tokenizer and chat "
-          "template from the GGUF metadata", file=sys.stderr)
+    done = gguf_io.convert(
+        fv.gguf, fv.out, dtype=fv.dtype or "float32", max_shard_bytes=int(fv.max_shard_gb * 2**30)
+    )
+    print(
+        f"imported {fv.gguf} ({', '.join(done['gguf_types'])}) to {done['out']}: "
+        f"{done['model_type']}, {done['params']:,} params, {done['dtype']}; tokenizer and chat "
+        "template from the GGUF metadata",
+        file=sys.stderr,
+    )
 
 
 def main() -> None:

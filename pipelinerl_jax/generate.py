@@ -27,27 +27,39 @@ from pipelinerl_jax.errors import ConfigError
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("model_dir", None, "Hugging Face model directory (config.json, "
-                        "safetensors, tokenizer.json).", flag_values=fv)
+    flags.DEFINE_string(
+        "model_dir",
+        None,
+        "Hugging Face model directory (config.json, safetensors, tokenizer.json).",
+        flag_values=fv,
+    )
     flags.DEFINE_string("prompts", None, "JSONL file of prompts.", flag_values=fv)
     flags.DEFINE_string("out", None, "Output JSONL file.", flag_values=fv)
     flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate at most.", flag_values=fv)
     flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 = greedy.", flag_values=fv)
     flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.", flag_values=fv)
     flags.DEFINE_integer("top_k", 0, "Top-k sampling; 0 = off.", flag_values=fv)
-    flags.DEFINE_integer("n", 1, "Samples per prompt (share the prompt's prefill).",
-                         flag_values=fv)
+    flags.DEFINE_integer("n", 1, "Samples per prompt (share the prompt's prefill).", flag_values=fv)
     flags.DEFINE_bool("chat", False, "Wrap text prompts in the chat template.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Sampling seed.", flag_values=fv)
     flags.DEFINE_integer("num_slots", 16, "Sequences decoded at once.", flag_values=fv)
-    flags.DEFINE_integer("max_seq_len", 0, "Context limit; 0 = min(model limit, prompt + "
-                         "max_new_tokens of the longest prompt).", flag_values=fv)
+    flags.DEFINE_integer(
+        "max_seq_len",
+        0,
+        "Context limit; 0 = min(model limit, prompt + max_new_tokens of the longest prompt).",
+        flag_values=fv,
+    )
     flags.DEFINE_integer("page_size", 16, "KV cache page size (tokens).", flag_values=fv)
-    flags.DEFINE_float("kv_memory_gb", 0.0, "KV pool budget in GiB; 0 = room for every slot "
-                       "at max_seq_len.", flag_values=fv)
+    flags.DEFINE_float(
+        "kv_memory_gb",
+        0.0,
+        "KV pool budget in GiB; 0 = room for every slot at max_seq_len.",
+        flag_values=fv,
+    )
     flags.DEFINE_integer("chunk_steps", 16, "Decode steps per jitted chunk.", flag_values=fv)
-    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param/compute dtype.",
-                      flag_values=fv)
+    flags.DEFINE_enum(
+        "dtype", "float32", ["float32", "bfloat16"], "Param/compute dtype.", flag_values=fv
+    )
     flags.DEFINE_bool("progress", True, "Show a progress bar.", flag_values=fv)
 
 
@@ -64,20 +76,22 @@ def read_prompts(path: str, tokenizer, chat: bool) -> list[dict]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{lineno}: malformed JSON ({e.msg} at column "
-                                  f"{e.colno}); each line must be one JSON object") from None
+                raise ConfigError(
+                    f"{path}:{lineno}: malformed JSON ({e.msg} at column "
+                    f"{e.colno}); each line must be one JSON object"
+                ) from None
             if not isinstance(record, dict) or not ("prompt" in record or "messages" in record):
-                raise ConfigError(f"{path}:{lineno}: expected an object with \"prompt\" (text) "
-                                  "or \"messages\" (chat)")
+                raise ConfigError(
+                    f'{path}:{lineno}: expected an object with "prompt" (text) or "messages" (chat)'
+                )
             rid = record.get("id", len(out))
             if "messages" in record:
-                text = tokenizer.apply_chat_template(record["messages"],
-                                                     add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True)
                 ids = tokenizer.encode(text, add_special_tokens=False)
             elif chat:
                 text = tokenizer.apply_chat_template(
-                    [{"role": "user", "content": str(record["prompt"])}],
-                    add_generation_prompt=True)
+                    [{"role": "user", "content": str(record["prompt"])}], add_generation_prompt=True
+                )
                 ids = tokenizer.encode(text, add_special_tokens=False)
             else:
                 text = str(record["prompt"])
@@ -94,8 +108,10 @@ def generate_file(fv: flags.FlagValues) -> dict:
         if not fv[name].value:
             raise ConfigError(f"--{name} is required")
     if fv.n < 1 or fv.n > fv.num_slots:
-        raise ConfigError(f"--n={fv.n} must be between 1 and --num_slots={fv.num_slots}: "
-                          "raise --num_slots or lower --n")
+        raise ConfigError(
+            f"--n={fv.n} must be between 1 and --num_slots={fv.num_slots}: "
+            "raise --num_slots or lower --n"
+        )
     if fv.max_new_tokens < 1:
         raise ConfigError(f"--max_new_tokens={fv.max_new_tokens} must be >= 1")
     from pipelinerl_jax.models import hf_io
@@ -109,18 +125,28 @@ def generate_file(fv: flags.FlagValues) -> dict:
 
     from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
-    sampling = SamplingParams(temperature=fv.temperature, top_p=fv.top_p, top_k=fv.top_k,
-                              max_new_tokens=fv.max_new_tokens, seed=None)
+
+    sampling = SamplingParams(
+        temperature=fv.temperature,
+        top_p=fv.top_p,
+        top_k=fv.top_k,
+        max_new_tokens=fv.max_new_tokens,
+        seed=None,
+    )
     if sampling.error():
         raise ConfigError(f"sampling flags: {sampling.error()}")
     longest = max(len(p["ids"]) for p in prompts)
-    max_seq_len = fv.max_seq_len or min(cfg.max_position_embeddings,
-                                        longest + fv.max_new_tokens)
+    max_seq_len = fv.max_seq_len or min(cfg.max_position_embeddings, longest + fv.max_new_tokens)
     max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size
     config = SamplerConfig(
-        num_slots=fv.num_slots, max_seq_len=max_seq_len, page_size=fv.page_size,
+        num_slots=fv.num_slots,
+        max_seq_len=max_seq_len,
+        page_size=fv.page_size,
         kv_memory_bytes=int(fv.kv_memory_gb * 2**30) if fv.kv_memory_gb > 0 else None,
-        chunk_steps=fv.chunk_steps, prefill_chunk=min(512, max_seq_len), seed=fv.seed)
+        chunk_steps=fv.chunk_steps,
+        prefill_chunk=min(512, max_seq_len),
+        seed=fv.seed,
+    )
     sampler = Sampler(graphdef, params, config, eos_token_ids=tokenizer.eos_token_ids)
     for i, p in enumerate(prompts):
         sampler.submit(p["ids"], n=fv.n, params=sampling, request_id=i)
@@ -128,6 +154,7 @@ def generate_file(fv: flags.FlagValues) -> dict:
     bar = None
     if fv.progress:
         from tqdm import tqdm
+
         bar = tqdm(total=len(prompts) * fv.n, desc="samples", unit="sample", file=sys.stderr)
     out_path = Path(fv.out)
     tmp_path = out_path.with_name(out_path.name + ".tmp")
@@ -145,11 +172,23 @@ def generate_file(fv: flags.FlagValues) -> dict:
     with tmp_path.open("w", encoding="utf-8") as f:
         for s in results:
             p = prompts[s.request_id]
-            f.write(json.dumps({
-                "id": p["id"], "attempt": s.attempt, "prompt": p["text"],
-                "completion": tokenizer.decode(s.token_ids, skip_special_tokens=True),
-                "token_ids": s.token_ids, "logprobs": s.logprobs, "versions": s.versions,
-                "finish_reason": s.finish_reason, "error": s.error}, ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": p["id"],
+                        "attempt": s.attempt,
+                        "prompt": p["text"],
+                        "completion": tokenizer.decode(s.token_ids, skip_special_tokens=True),
+                        "token_ids": s.token_ids,
+                        "logprobs": s.logprobs,
+                        "versions": s.versions,
+                        "finish_reason": s.finish_reason,
+                        "error": s.error,
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             counts["samples"] += 1
             counts["errors"] += s.finish_reason == "error"
             counts["tokens"] += len(s.token_ids)
@@ -164,8 +203,11 @@ def run_cli(argv: list[str]) -> int:
 
     def body(fv):
         counts = generate_file(fv)
-        print(f"wrote {counts['samples']} samples ({counts['tokens']} tokens, "
-              f"{counts['errors']} errors) to {fv.out}", file=sys.stderr)
+        print(
+            f"wrote {counts['samples']} samples ({counts['tokens']} tokens, "
+            f"{counts['errors']} errors) to {fv.out}",
+            file=sys.stderr,
+        )
 
     return cli.run(argv, define_flags, body)
 

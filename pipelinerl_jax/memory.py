@@ -85,10 +85,17 @@ _SCORE_COPIES = 3
 _LOGIT_COPIES = 2
 
 # Item name -> label in the summary and the refusal.
-_LABELS = {"params": "params", "optimizer": "optimizer", "gradients": "gradients",
-           "sampler_params": "sampler params", "kv_pool": "KV pool",
-           "decode_stage": "decode stage", "eval_sampler": "eval sampler",
-           "activations": "activations", "runtime": "runtime"}
+_LABELS = {
+    "params": "params",
+    "optimizer": "optimizer",
+    "gradients": "gradients",
+    "sampler_params": "sampler params",
+    "kv_pool": "KV pool",
+    "decode_stage": "decode stage",
+    "eval_sampler": "eval sampler",
+    "activations": "activations",
+    "runtime": "runtime",
+}
 _TRAINER_ITEMS = ("params", "optimizer", "gradients", "activations")
 _SAMPLER_ITEMS = ("sampler_params", "kv_pool", "decode_stage", "eval_sampler")
 
@@ -96,6 +103,7 @@ _SAMPLER_ITEMS = ("sampler_params", "kv_pool", "decode_stage", "eval_sampler")
 @dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
     """Peak memory of a run by item, in bytes (the module docstring says what each holds)."""
+
     params: int
     optimizer: int
     gradients: int
@@ -105,8 +113,8 @@ class MemoryEstimate:
     activations: int
     runtime: int
     eval_sampler: int = 0
-    remat: bool = False           # how activations were counted (the refusal names it)
-    shared_device: bool = True    # trainer and sampler in one memory (else: the larger one)
+    remat: bool = False  # how activations were counted (the refusal names it)
+    shared_device: bool = True  # trainer and sampler in one memory (else: the larger one)
 
     @property
     def trainer_bytes(self) -> int:
@@ -133,8 +141,9 @@ class MemoryEstimate:
         return sorted(items, key=lambda kv: -kv[1])[:n]
 
     def __str__(self) -> str:
-        parts = ", ".join(f"{_LABELS[name]} {value / GiB:.2f}"
-                          for name, value in self.items() if value)
+        parts = ", ".join(
+            f"{_LABELS[name]} {value / GiB:.2f}" for name, value in self.items() if value
+        )
         where = "" if self.shared_device else ", larger of trainer / sampler memory"
         return f"memory estimate: {self.total / GiB:.1f} GiB ({parts}{where})"
 
@@ -159,8 +168,12 @@ def layer_internals_bytes(model_cfg: ModelConfig, rows: int, T: int, block: int)
     """What one layer keeps for its backward over [rows, T] tokens (see the constants above)."""
     m = model_cfg
     c = _itemsize(m.compute_dtype)
-    per_token = (_LAYER_E * m.hidden_size + _LAYER_HD * m.num_heads * m.head_dim
-                 + _LAYER_KD * m.num_kv_heads * m.head_dim + _LAYER_F * m.intermediate_size)
+    per_token = (
+        _LAYER_E * m.hidden_size
+        + _LAYER_HD * m.num_heads * m.head_dim
+        + _LAYER_KD * m.num_kv_heads * m.head_dim
+        + _LAYER_F * m.intermediate_size
+    )
     scores = _SCORE_COPIES * rows * m.num_heads * _blocked_score_elements(T, block) * F32
     return rows * T * per_token * c + scores
 
@@ -170,7 +183,7 @@ def head_working_bytes(model_cfg: ModelConfig, tokens: int, loss_cfg) -> int:
     V, E = model_cfg.vocab_size, model_cfg.hidden_size
     if loss_cfg.fused:  # token chunks over the whole vocabulary
         chunk = min(loss_cfg.token_chunk, tokens) * V
-    else:               # vocabulary chunks over every token
+    else:  # vocabulary chunks over every token
         chunk = tokens * min(loss_cfg.vocab_chunk, V)
     head_f32 = 0 if model_cfg.param_dtype == "float32" else E * V * F32  # the f32 view of W
     return _LOGIT_COPIES * chunk * F32 + E * V * F32 + head_f32
@@ -185,10 +198,15 @@ def _sampler_kv_pool(cfg, model_cfg: ModelConfig) -> tuple[pg.PoolSize, int]:
         # As Sampler.__init__: every slot gets room for max_seq_len, plus the null page.
         num_pages = s.num_slots * pg.max_pages_per_slot(s.max_seq_len, s.page_size) + 1
     pool = pg.size_pool(
-        num_layers=model_cfg.num_layers, num_kv_heads=model_cfg.num_kv_heads,
-        head_dim=model_cfg.head_dim, itemsize=itemsize, page_size=s.page_size,
-        max_seq_len=s.max_seq_len, num_pages=num_pages,
-        memory_bytes=None if num_pages is not None else s.kv_memory_bytes)
+        num_layers=model_cfg.num_layers,
+        num_kv_heads=model_cfg.num_kv_heads,
+        head_dim=model_cfg.head_dim,
+        itemsize=itemsize,
+        page_size=s.page_size,
+        max_seq_len=s.max_seq_len,
+        num_pages=num_pages,
+        memory_bytes=None if num_pages is not None else s.kv_memory_bytes,
+    )
     return pool, itemsize
 
 
@@ -199,7 +217,9 @@ def _uses_staged(attention: str) -> bool:
     if attention != "auto":
         return False
     import jax
+
     from pipelinerl_jax.kernels.paged_attention import triton_available
+
     return not (jax.default_backend() == "gpu" and triton_available())
 
 
@@ -233,7 +253,7 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
         decode_stage = m.num_layers * stage_per_layer
     elif s.attention == "gather":  # one layer's window gathered at a time
         decode_stage = stage_per_layer
-    else:                          # the paged kernel reads the pages in place
+    else:  # the paged kernel reads the pages in place
         decode_stage = 0
 
     rows, T = cfg.batch.num_rows // micro, cfg.batch.seq_len
@@ -248,16 +268,25 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
 
     evaluates = bool(cfg.eval_every or cfg.eval.at_start)
     eval_sampler = (decode_copy + pool.total_bytes + decode_stage) if evaluates else 0
-    return MemoryEstimate(params=params, optimizer=optimizer, gradients=gradients,
-                          sampler_params=sampler_params, kv_pool=pool.total_bytes,
-                          decode_stage=decode_stage, activations=activations,
-                          runtime=RUNTIME_BYTES, eval_sampler=eval_sampler, remat=m.remat,
-                          shared_device=shared_device)
+    return MemoryEstimate(
+        params=params,
+        optimizer=optimizer,
+        gradients=gradients,
+        sampler_params=sampler_params,
+        kv_pool=pool.total_bytes,
+        decode_stage=decode_stage,
+        activations=activations,
+        runtime=RUNTIME_BYTES,
+        eval_sampler=eval_sampler,
+        remat=m.remat,
+        shared_device=shared_device,
+    )
 
 
 def peak_rss_bytes() -> int:
     """This process's peak resident set so far (what the kernel's OOM killer would count)."""
     import resource
+
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
@@ -271,8 +300,9 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None  # "max": no limit
 
 
-def available_bytes(*, meminfo: str = "/proc/meminfo",
-                    cgroup: str = "/sys/fs/cgroup") -> int | None:
+def available_bytes(
+    *, meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup"
+) -> int | None:
     """Bytes this process can still get: MemAvailable, or the cgroup's headroom if smaller.
 
     The cgroup (v2 memory.max / memory.current, else v1 memory.limit_in_bytes / usage_in_bytes)
@@ -287,9 +317,10 @@ def available_bytes(*, meminfo: str = "/proc/meminfo",
                     break
     except (OSError, ValueError, IndexError):
         found = []  # no readable /proc/meminfo: only a cgroup limit, if any, says what is free
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes",
-                                    "memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         limit = _read_int(os.path.join(cgroup, limit_file))
         # v1 reports "no limit" as a huge number (close to 2**63): ignore anything that large.
         if limit is None or limit >= 2**60:
@@ -309,8 +340,10 @@ _KNOBS = {
     "sampler_params": ("set model.compute_dtype='bfloat16'",),
     "kv_pool": ("lower sampler.num_slots or sampler.max_seq_len (or set sampler.num_pages)",),
     "decode_stage": ("set sampler.attention='paged'", "lower sampler.num_slots"),
-    "eval_sampler": ("set eval_every=0 and eval.at_start=False (evaluate afterwards with "
-                     "python -m pipelinerl_jax.evaluate --workdir)",),
+    "eval_sampler": (
+        "set eval_every=0 and eval.at_start=False (evaluate afterwards with "
+        "python -m pipelinerl_jax.evaluate --workdir)",
+    ),
 }
 
 
@@ -335,4 +368,5 @@ def check_fits(est: MemoryEstimate, available: int | None, *, slack: float = 0.9
         knobs.extend(k for k in _KNOBS.get(name, ()) if k not in knobs)
     raise ConfigError(
         f"memory estimate {est.total / GiB:.1f} GiB exceeds {slack:.0%} of the "
-        f"{available / GiB:.1f} GiB available ({', '.join(described)}): {'; '.join(knobs)}")
+        f"{available / GiB:.1f} GiB available ({', '.join(described)}): {'; '.join(knobs)}"
+    )

@@ -56,12 +56,12 @@ def lag_stats(token_versions, current_version: int, sequence_ids=None) -> dict:
         return {"lag/tokens": 0}
     lags = current_version - versions
     stats = {
-            "lag/token_mean": float(lags.mean()),
-            "lag/token_max": int(lags.max()),
-            "lag/tokens": int(lags.size),
-            "lag/hist": lag_histogram(lags),
-            "version/min": int(versions.min()),
-            "version/max": int(versions.max()),
+        "lag/token_mean": float(lags.mean()),
+        "lag/token_max": int(lags.max()),
+        "lag/tokens": int(lags.size),
+        "lag/hist": lag_histogram(lags),
+        "version/min": int(versions.min()),
+        "version/max": int(versions.max()),
     }
     if sequence_ids is not None:
         seq = np.asarray(sequence_ids).ravel()
@@ -138,8 +138,9 @@ def _end_cut_line(path: Path) -> None:
 class MetricsWriter:
     """Appends JSON records to metrics.jsonl and TensorBoard; thread-safe; flushes every record."""
 
-    def __init__(self, workdir: str | Path | None, *, echo_every: int = 10, echo=print,
-                 on_train=None):
+    def __init__(
+        self, workdir: str | Path | None, *, echo_every: int = 10, echo=print, on_train=None
+    ):
         self._path = Path(workdir) / METRICS_FILE if workdir else None
         self._tb = None
         if self._path is not None:
@@ -206,14 +207,19 @@ class MetricsWriter:
 
 def format_train_line(r: dict) -> str:
     """One console line per logged step: what a user watches while the run learns."""
+
     def g(key, fmt="{:.3f}"):
         v = r.get(key)
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
-    return (f"step {r.get('step', 0):5d}  t={r['time']:7.1f}s  reward {g('reward/mean')}  "
-                    f"loss {g('loss', '{:+.4f}')}  ent {g('entropy')}  ess {g('ess')}  "
-                    f"lag mean {g('lag/token_mean', '{:.2f}')} max {g('lag/token_max', '{}')}  "
-                    f"mixed {g('seq/mixed_version_frac', '{:.2f}')}  samples/s {g('samples_per_s', '{:.1f}')}"
-            + _answers(r) + (f"  compiles {r['compile/count']}" if r.get("compile/count") else ""))
+
+    return (
+        f"step {r.get('step', 0):5d}  t={r['time']:7.1f}s  reward {g('reward/mean')}  "
+        f"loss {g('loss', '{:+.4f}')}  ent {g('entropy')}  ess {g('ess')}  "
+        f"lag mean {g('lag/token_mean', '{:.2f}')} max {g('lag/token_max', '{}')}  "
+        f"mixed {g('seq/mixed_version_frac', '{:.2f}')}  samples/s {g('samples_per_s', '{:.1f}')}"
+        + _answers(r)
+        + (f"  compiles {r['compile/count']}" if r.get("compile/count") else "")
+    )
 
 
 def _answers(r: dict) -> str:

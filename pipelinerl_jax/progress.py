@@ -21,8 +21,16 @@ class Progress:
         self.bar = None
         if enabled:
             from tqdm import tqdm
-            self.bar = tqdm(total=total, initial=initial, unit="step", file=self.stream,
-                            dynamic_ncols=True, leave=True, desc="train")
+
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                unit="step",
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=True,
+                desc="train",
+            )
 
     def echo(self, line: str) -> None:
         if self.bar is not None:

@@ -27,16 +27,22 @@ PANELS = (
     ("reward", [("reward/mean", "train reward")], "avg@k"),
     ("success", [("success", "train success")], "pass@k"),
     ("entropy", [("entropy", "policy entropy")], None),
-    ("lag (optimizer steps)", [("lag/token_mean", "mean"), ("lag/token_max", "max"),
-                               ("lag/bound", "bound")], None),
+    (
+        "lag (optimizer steps)",
+        [("lag/token_mean", "mean"), ("lag/token_max", "max"), ("lag/bound", "bound")],
+        None,
+    ),
     ("throughput", [("samples_per_s", "samples/s")], None),
 )
 
 
 def _series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of the records that have a finite number under `key`."""
-    pts = [(r["step"], float(r[key])) for r in records
-           if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))]
+    pts = [
+        (r["step"], float(r[key]))
+        for r in records
+        if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))
+    ]
     if not pts:
         return np.zeros(0), np.zeros(0)
     steps, values = zip(*pts)
@@ -50,8 +56,8 @@ def _smooth(values: np.ndarray) -> np.ndarray:
         return values
     cumsum = np.cumsum(np.insert(values, 0, 0.0))
     out = np.empty_like(values)
-    out[window - 1:] = (cumsum[window:] - cumsum[:-window]) / window
-    out[:window - 1] = cumsum[1:window] / np.arange(1, window)
+    out[window - 1 :] = (cumsum[window:] - cumsum[:-window]) / window
+    out[: window - 1] = cumsum[1:window] / np.arange(1, window)
     return out
 
 
@@ -70,11 +76,10 @@ def plot_run(train: list[dict], evals: list[dict], path: str | Path, title: str 
             if not len(steps):
                 continue
             if key in ("reward/mean", "success", "entropy"):
-                line, = ax.plot(steps, values, alpha=0.3, linewidth=0.8)
+                (line,) = ax.plot(steps, values, alpha=0.3, linewidth=0.8)
                 ax.plot(steps, _smooth(values), color=line.get_color(), label=label)
             else:
-                ax.plot(steps, values, label=label,
-                        linestyle="--" if key == "lag/bound" else "-")
+                ax.plot(steps, values, label=label, linestyle="--" if key == "lag/bound" else "-")
         if eval_key is not None:
             steps, values = _series(evals, eval_key)
             if len(steps):
@@ -84,8 +89,15 @@ def plot_run(train: list[dict], evals: list[dict], path: str | Path, title: str 
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize="small")
         else:
-            ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center",
-                    va="center", color="gray")
+            ax.text(
+                0.5,
+                0.5,
+                "not recorded",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                color="gray",
+            )
     axes[-1].set_xlabel("optimizer step")
     if title:
         fig.suptitle(title)
@@ -99,17 +111,22 @@ def plot_run(train: list[dict], evals: list[dict], path: str | Path, title: str 
 def plot_workdir(workdir: str | Path) -> Path:
     """Redraws `<workdir>/curves.png` from its metrics.jsonl (the last record of each step)."""
     from pipelinerl_jax.metrics import METRICS_FILE, read_records, run_history
+
     records = read_records(Path(workdir) / METRICS_FILE)
     if not any(r["kind"] == "train" for r in records):
         raise ValueError(f"{Path(workdir) / METRICS_FILE} has no train records to plot")
     kept = run_history(records)
-    return plot_run([r for r in kept if r["kind"] == "train"],
-                    [r for r in kept if r["kind"] == "eval"],
-                    Path(workdir) / PLOT_FILE, title=str(workdir))
+    return plot_run(
+        [r for r in kept if r["kind"] == "train"],
+        [r for r in kept if r["kind"] == "eval"],
+        Path(workdir) / PLOT_FILE,
+        title=str(workdir),
+    )
 
 
 def main(argv=None) -> int:
     import argparse
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True, help="a run's directory (metrics.jsonl)")
     args = parser.parse_args(argv)

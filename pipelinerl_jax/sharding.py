@@ -10,7 +10,7 @@ already used by an earlier dimension of the same array.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import jax
 from flax import nnx
@@ -20,7 +20,7 @@ FSDP, TP = "fsdp", "tp"
 
 # logical axis -> mesh axis (or None: replicated). The one table every layout derives from.
 RULES: tuple[tuple[str, str | None], ...] = (
-    ("layers", None),      # scanned axis: never sharded
+    ("layers", None),  # scanned axis: never sharded
     ("vocab", TP),
     ("embed", FSDP),
     ("q_heads", TP),
@@ -28,20 +28,23 @@ RULES: tuple[tuple[str, str | None], ...] = (
     ("head_dim", None),
     ("mlp", TP),
     ("norm", None),
-    ("batch", FSDP),       # activations / batches: data-parallel over the fsdp axis
+    ("batch", FSDP),  # activations / batches: data-parallel over the fsdp axis
 )
 
 
-def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                    rules: Iterable[tuple[str, str | None]] = RULES) -> PartitionSpec:
+def logical_to_spec(
+    names: Sequence[str | None],
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: Iterable[tuple[str, str | None]] = RULES,
+) -> PartitionSpec:
     """PartitionSpec for one array from its logical axis names, with divisibility fallback."""
     table = dict(rules)
     used: set[str] = set()
     spec = []
     for name, size in zip(names, shape):
         axis = table.get(name) if name is not None else None
-        if (axis is None or axis not in mesh.shape or axis in used
-            or size % mesh.shape[axis] != 0):
+        if axis is None or axis not in mesh.shape or axis in used or size % mesh.shape[axis] != 0:
             spec.append(None)
             continue
         used.add(axis)
@@ -56,12 +59,13 @@ def _names(var: nnx.Variable) -> tuple | None:
     return meta.get("out_sharding", meta.get("sharding_names"))
 
 
-def param_shardings(params: nnx.State, mesh: Mesh,
-                    rules: Iterable[tuple[str, str | None]] = RULES) -> nnx.State:
+def param_shardings(
+    params: nnx.State, mesh: Mesh, rules: Iterable[tuple[str, str | None]] = RULES
+) -> nnx.State:
     """A pytree like `params` (same structure, usable with device_put and jit) of NamedShardings.
 
-  `params` may hold arrays or jax.ShapeDtypeStruct (from `llama.abstract_init`).
-  """
+    `params` may hold arrays or jax.ShapeDtypeStruct (from `llama.abstract_init`).
+    """
     rules = tuple(rules)
 
     def one(var):
@@ -73,8 +77,9 @@ def param_shardings(params: nnx.State, mesh: Mesh,
     return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def param_specs(params: nnx.State, mesh: Mesh,
-                rules: Iterable[tuple[str, str | None]] = RULES) -> nnx.State:
+def param_specs(
+    params: nnx.State, mesh: Mesh, rules: Iterable[tuple[str, str | None]] = RULES
+) -> nnx.State:
     """Like `param_shardings` but PartitionSpecs (for shard_map / with_sharding_constraint)."""
     shardings = param_shardings(params, mesh, rules)
     return jax.tree.map(lambda s: s.spec, shardings)
@@ -91,15 +96,19 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def make_mesh(shape: Sequence[int], axis_names: Sequence[str] = (FSDP, TP),
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    shape: Sequence[int],
+    axis_names: Sequence[str] = (FSDP, TP),
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
     """A mesh with Auto axis types: the model leaves propagation to XLA (GSPMD).
 
-  jax.make_mesh defaults to Explicit axes, under which the forward's einsums would each need
-  an explicit out_sharding; Auto lets the param shardings alone decide the layout.
-  """
+    jax.make_mesh defaults to Explicit axes, under which the forward's einsums would each need
+    an explicit out_sharding; Auto lets the param shardings alone decide the layout.
+    """
     axis_types = (jax.sharding.AxisType.Auto,) * len(axis_names)
     if devices is None:
         return jax.make_mesh(tuple(shape), tuple(axis_names), axis_types=axis_types)
     import numpy as np
+
     return Mesh(np.asarray(devices).reshape(tuple(shape)), tuple(axis_names), axis_types=axis_types)

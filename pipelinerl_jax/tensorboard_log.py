@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 _SPELLED = str.maketrans({"@": "_at_", "+": "_plus"})
 _NOT_IN_TAGS = re.compile(r"[^-/\w.]")
 
@@ -64,14 +63,16 @@ class TensorBoardLog:
     def _open(self):
         # Imported here: only runs with a workdir pay for it.
         from tensorboardX import SummaryWriter
+
         # tensorboardX warns on every NaN scalar (a step whose loss was skipped logs NaN):
         # TensorBoard draws NaN as a gap, which is what the record means.
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
         # The default file name has one-second resolution and is opened with "wb": a resume
         # within the same second would overwrite the killed run's file. A nanosecond suffix
         # keeps names unique and in write order (TensorBoard reads files in name order).
-        return SummaryWriter(str(self.logdir), purge_step=self.purge_step,
-                             filename_suffix=f".{time.time_ns():020d}")
+        return SummaryWriter(
+            str(self.logdir), purge_step=self.purge_step, filename_suffix=f".{time.time_ns():020d}"
+        )
 
     def write(self, kind: str, record: dict) -> None:
         """Logs the record's scalars at its step (records without a step are not by step)."""

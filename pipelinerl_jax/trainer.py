@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
@@ -37,18 +38,19 @@ from pipelinerl_jax.rl.logprobs import chunked_logprobs
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     """Optimizer, accumulation and failure policy. Defaults: the paper's headline run."""
-    learning_rate: float = 1e-6      # AdamW peak learning rate (after warm-up)
-    lr_schedule: str = "cosine"      # "cosine" (to min_lr_ratio * lr at total_steps) | "constant"
-    warmup_steps: int = 50           # linear warm-up from 0 over this many steps
-    total_steps: int = 1000          # the schedule's length (the run config sets its steps)
-    min_lr_ratio: float = 0.0        # cosine: the final lr as a fraction of learning_rate
-    b1: float = 0.9                  # AdamW first-moment decay
-    b2: float = 0.999                # AdamW second-moment decay
-    eps: float = 1e-8                # AdamW denominator epsilon
-    weight_decay: float = 0.01       # not applied to norms and biases
-    grad_clip_norm: float = 0.3      # global-norm clipping; 0 disables
-    micro_batches: int = 1           # gradient accumulation steps per optimizer step
-    max_consecutive_skips: int = 5   # non-finite steps in a row before check_skips stops the run
+
+    learning_rate: float = 1e-6  # AdamW peak learning rate (after warm-up)
+    lr_schedule: str = "cosine"  # "cosine" (to min_lr_ratio * lr at total_steps) | "constant"
+    warmup_steps: int = 50  # linear warm-up from 0 over this many steps
+    total_steps: int = 1000  # the schedule's length (the run config sets its steps)
+    min_lr_ratio: float = 0.0  # cosine: the final lr as a fraction of learning_rate
+    b1: float = 0.9  # AdamW first-moment decay
+    b2: float = 0.999  # AdamW second-moment decay
+    eps: float = 1e-8  # AdamW denominator epsilon
+    weight_decay: float = 0.01  # not applied to norms and biases
+    grad_clip_norm: float = 0.3  # global-norm clipping; 0 disables
+    micro_batches: int = 1  # gradient accumulation steps per optimizer step
+    max_consecutive_skips: int = 5  # non-finite steps in a row before check_skips stops the run
     # Causal attention in query blocks of about this many rows (at most 16 blocks), each block
     # attending only to keys up to its end: ~half the score work and memory of a full T x T
     # mask. 0 uses the model's plain segment_causal_attention.
@@ -57,11 +59,15 @@ class TrainerConfig:
 
     def __post_init__(self):
         if self.lr_schedule not in ("cosine", "constant"):
-            raise ConfigError(f"trainer.lr_schedule={self.lr_schedule!r}; use 'cosine' or 'constant'")
+            raise ConfigError(
+                f"trainer.lr_schedule={self.lr_schedule!r}; use 'cosine' or 'constant'"
+            )
         if not self.learning_rate > 0:
             raise ConfigError(f"trainer.learning_rate={self.learning_rate!r} must be > 0")
         if self.micro_batches < 1 or self.max_consecutive_skips < 1:
-            raise ConfigError("trainer.micro_batches and trainer.max_consecutive_skips must be >= 1")
+            raise ConfigError(
+                "trainer.micro_batches and trainer.max_consecutive_skips must be >= 1"
+            )
         if self.warmup_steps < 0 or self.total_steps < 1 or self.grad_clip_norm < 0:
             raise ConfigError("trainer: warmup_steps >= 0, total_steps >= 1, grad_clip_norm >= 0")
 
@@ -72,12 +78,12 @@ class NonFiniteLossError(RuntimeError):
 
 @flax.struct.dataclass
 class TrainState:
-    step: jax.Array               # [] int32 train_step calls so far (applied or skipped)
-    version: jax.Array            # [] int32 applied updates: the policy version of `params`
-    params: Any                   # nnx.State in the model's param dtype
-    opt_state: Any                # optax state; moments f32
-    ref_params: Any               # frozen reference params for the KL term, or None
-    skipped: jax.Array            # [] int32 skipped (non-finite) steps in total
+    step: jax.Array  # [] int32 train_step calls so far (applied or skipped)
+    version: jax.Array  # [] int32 applied updates: the policy version of `params`
+    params: Any  # nnx.State in the model's param dtype
+    opt_state: Any  # optax state; moments f32
+    ref_params: Any  # frozen reference params for the KL term, or None
+    skipped: jax.Array  # [] int32 skipped (non-finite) steps in total
     consecutive_skips: jax.Array  # [] int32 skipped steps in a row, 0 after an applied one
 
 
@@ -94,9 +100,9 @@ def learning_rate_schedule(cfg: TrainerConfig) -> optax.Schedule:
     if cfg.lr_schedule == "constant":
         after = optax.constant_schedule(cfg.learning_rate)
     else:
-        after = optax.cosine_decay_schedule(cfg.learning_rate,
-                                            max(cfg.total_steps - cfg.warmup_steps, 1),
-                                            alpha=cfg.min_lr_ratio)
+        after = optax.cosine_decay_schedule(
+            cfg.learning_rate, max(cfg.total_steps - cfg.warmup_steps, 1), alpha=cfg.min_lr_ratio
+        )
     if cfg.warmup_steps == 0:
         return after
     return optax.join_schedules([warmup, after], [cfg.warmup_steps])
@@ -104,17 +110,25 @@ def learning_rate_schedule(cfg: TrainerConfig) -> optax.Schedule:
 
 def decay_mask(params):
     """True for params that get weight decay: everything but norm scales and biases."""
+
     def keep(path, _):
         name = jax.tree_util.keystr(path)
         return "norm" not in name and "bias" not in name
+
     return jax.tree_util.tree_map_with_path(keep, params)
 
 
 def make_optimizer(cfg: TrainerConfig) -> optax.GradientTransformation:
     """AdamW with the schedule and decay mask. Global-norm clipping happens in the step, with
-  the same norm it reports (one reduction per leaf instead of two)."""
-    return optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                       weight_decay=cfg.weight_decay, mask=decay_mask)
+    the same norm it reports (one reduction per leaf instead of two)."""
+    return optax.adamw(
+        learning_rate_schedule(cfg),
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        mask=decay_mask,
+    )
 
 
 def _f32(tree):
@@ -131,13 +145,13 @@ def _micro_split(x, m: int, mesh: Mesh):
 def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -> llama.AttentionFn:
     """Segment-causal attention computed per query block, skipping the blocks above the diagonal.
 
-  Same result as llama.segment_causal_attention; for query block [a, b) only keys [0, b) can
-  be visible, so scores are [b - a, b] instead of [b - a, T]. q, k, v are moved to head-major
-  layout once so every block's matmuls read contiguous [T, D] panels (per-block einsums over
-  the token-major layout made XLA CPU transpose K and V again for every block). Blocks are
-  unrolled (static shapes), capped at 16 so compile time stays flat for long rows.
-  Letters: B rows, T tokens, S keys, H query heads, K kv heads, G = H/K, D head dim.
-  """
+    Same result as llama.segment_causal_attention; for query block [a, b) only keys [0, b) can
+    be visible, so scores are [b - a, b] instead of [b - a, T]. q, k, v are moved to head-major
+    layout once so every block's matmuls read contiguous [T, D] panels (per-block einsums over
+    the token-major layout made XLA CPU transpose K and V again for every block). Blocks are
+    unrolled (static shapes), capped at 16 so compile time stays flat for long rows.
+    Letters: B rows, T tokens, S keys, H query heads, K kv heads, G = H/K, D head dim.
+    """
     seg_BxT = segment_ids_BxT
     T = seg_BxT.shape[1]
     num = min(max(1, math.ceil(T / max(block, 1))), 16)
@@ -152,8 +166,12 @@ def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -
         outs = []
         for a in range(0, T, size):
             b = min(a + size, T)
-            s = jnp.einsum("bkgtd,bksd->bkgts", q_BxKxGxTxD[:, :, :, a:b], k_BxKxSxD[:, :, :b],
-                           preferred_element_type=jnp.float32) * (1.0 / math.sqrt(D))
+            s = jnp.einsum(
+                "bkgtd,bksd->bkgts",
+                q_BxKxGxTxD[:, :, :, a:b],
+                k_BxKxSxD[:, :, :b],
+                preferred_element_type=jnp.float32,
+            ) * (1.0 / math.sqrt(D))
             mask_BxQxS = llama.segment_visible(seg_BxT, prefix_ids_BxT, slice(a, b), slice(0, b))
             s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
             p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
@@ -164,34 +182,61 @@ def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -
     return attend
 
 
-def _loss_fn(params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef,
-             attention_block):
+def _loss_fn(
+    params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef, attention_block
+):
     if attention_block > 0:
         attend = blocked_causal_attention(batch.segment_ids, attention_block, batch.prefix_ids)
     else:
         attend = llama.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
     ref_lp = None
     if ref_params is not None:
-        ref_hidden, _ = llama.forward_hidden(graphdef, ref_params, batch.tokens, batch.positions,
-                                             attend=attend)
-        ref_lp, _ = chunked_logprobs(ref_hidden, llama.lm_head_weight(ref_params), batch.targets,
-                                     temperature=loss_cfg.temperature,
-                                     vocab_chunk=loss_cfg.vocab_chunk)
+        ref_hidden, _ = llama.forward_hidden(
+            graphdef, ref_params, batch.tokens, batch.positions, attend=attend
+        )
+        ref_lp, _ = chunked_logprobs(
+            ref_hidden,
+            llama.lm_head_weight(ref_params),
+            batch.targets,
+            temperature=loss_cfg.temperature,
+            vocab_chunk=loss_cfg.vocab_chunk,
+        )
         ref_lp = jax.lax.stop_gradient(ref_lp)
     hidden, _ = llama.forward_hidden(graphdef, params, batch.tokens, batch.positions, attend=attend)
-    return losses.loss_from_hidden(loss_cfg, hidden, llama.lm_head_weight(params), batch,
-                                   kl_coef=kl_coef, entropy_coef=entropy_coef,
-                                   ref_logprobs=ref_lp, num_sequences=batch.num_sequences)
+    return losses.loss_from_hidden(
+        loss_cfg,
+        hidden,
+        llama.lm_head_weight(params),
+        batch,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        ref_logprobs=ref_lp,
+        num_sequences=batch.num_sequences,
+    )
 
 
-def _train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: TrainerConfig,
-                tx: optax.GradientTransformation, mesh: Mesh):
+def _train_step(
+    state: TrainState,
+    batch: TrainBatch,
+    *,
+    graphdef,
+    cfg: TrainerConfig,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+):
     lc = cfg.loss
     kl_coef = linear_schedule(lc.kl_coef, lc.kl_coef_end, lc.kl_schedule_steps, state.step)
-    ent_coef = linear_schedule(lc.entropy_coef, lc.entropy_coef_end, lc.entropy_schedule_steps,
-                               state.step)
-    loss_fn = functools.partial(_loss_fn, graphdef=graphdef, loss_cfg=lc, kl_coef=kl_coef,
-                                entropy_coef=ent_coef, attention_block=cfg.attention_block)
+    ent_coef = linear_schedule(
+        lc.entropy_coef, lc.entropy_coef_end, lc.entropy_schedule_steps, state.step
+    )
+    loss_fn = functools.partial(
+        _loss_fn,
+        graphdef=graphdef,
+        loss_cfg=lc,
+        kl_coef=kl_coef,
+        entropy_coef=ent_coef,
+        attention_block=cfg.attention_block,
+    )
     grad_fn = jax.grad(loss_fn, has_aux=True)
     ref = state.ref_params if lc.uses_reference else None
     m = cfg.micro_batches
@@ -208,13 +253,16 @@ def _train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: TrainerC
         # A micro-batch with no scored token adds nothing to the loss, gradient or stats: the
         # cond skips its forward and backward, so rows the packing left empty cost nothing.
         def body(acc, xs):
-            return jax.lax.cond(jnp.any(xs["loss_mask"] > 0), accumulate, lambda a, _: a,
-                                acc, xs), None
+            return jax.lax.cond(
+                jnp.any(xs["loss_mask"] > 0), accumulate, lambda a, _: a, acc, xs
+            ), None
 
         first = batch.replace(**jax.tree.map(lambda x: x[0], micro))
         _, stats_shape = jax.eval_shape(grad_fn, state.params, ref, first)
-        zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
-                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape))
+        zeros = (
+            jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
+            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape),
+        )
         (grads, stats), _ = jax.lax.scan(body, zeros, micro)
 
     grad_norm = optax.tree.norm(grads)
@@ -226,27 +274,39 @@ def _train_step(state: TrainState, batch: TrainBatch, *, graphdef, cfg: TrainerC
             scale = jnp.minimum(1.0, cfg.grad_clip_norm / grad_norm)
             g = jax.tree.map(lambda x: x * scale, grads)
         updates, opt_state = tx.update(g, opt_state, _f32(params))
-        params = jax.tree.map(lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), params,
-                              updates)
+        params = jax.tree.map(
+            lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), params, updates
+        )
         return params, opt_state
 
     # A cond, not per-leaf selects: a skipped step costs nothing and compiles to fewer kernels.
-    new_params, new_opt = jax.lax.cond(ok, apply, lambda p, o: (p, o), state.params,
-                                       state.opt_state)
+    new_params, new_opt = jax.lax.cond(
+        ok, apply, lambda p, o: (p, o), state.params, state.opt_state
+    )
     skipped = jnp.where(ok, 0, 1).astype(jnp.int32)
     new_state = state.replace(
-        step=state.step + 1, version=state.version + 1 - skipped, params=new_params,
-        opt_state=new_opt, skipped=state.skipped + skipped,
-        consecutive_skips=jnp.where(ok, 0, state.consecutive_skips + 1).astype(jnp.int32))
+        step=state.step + 1,
+        version=state.version + 1 - skipped,
+        params=new_params,
+        opt_state=new_opt,
+        skipped=state.skipped + skipped,
+        consecutive_skips=jnp.where(ok, 0, state.consecutive_skips + 1).astype(jnp.int32),
+    )
     metrics = losses.finalize(stats)
     metrics.update(losses.lag_metrics(batch.versions, batch.loss_mask, state.version))
-    metrics.update(losses.advantage_metrics(batch.sequence_advantages, batch.rewards,
-                                            batch.sequence_mask))
-    metrics.update(grad_norm=grad_norm, lr=learning_rate_schedule(cfg)(state.version),
-                   kl_coef=jnp.asarray(kl_coef, jnp.float32),
-                   entropy_coef=jnp.asarray(ent_coef, jnp.float32), skipped=skipped,
-                   skipped_total=new_state.skipped, consecutive_skips=new_state.consecutive_skips,
-                   version=state.version)
+    metrics.update(
+        losses.advantage_metrics(batch.sequence_advantages, batch.rewards, batch.sequence_mask)
+    )
+    metrics.update(
+        grad_norm=grad_norm,
+        lr=learning_rate_schedule(cfg)(state.version),
+        kl_coef=jnp.asarray(kl_coef, jnp.float32),
+        entropy_coef=jnp.asarray(ent_coef, jnp.float32),
+        skipped=skipped,
+        skipped_total=new_state.skipped,
+        consecutive_skips=new_state.consecutive_skips,
+        version=state.version,
+    )
     return new_state, metrics
 
 
@@ -260,25 +320,38 @@ class Trainer:
         repl = sharding.replicated(mesh)
         opt_shapes = jax.eval_shape(lambda p: self.tx.init(_f32(p)), abstract_params)
         self.opt_shardings = optax.tree_map_params(
-            self.tx, lambda _, s: s, opt_shapes, self.param_shardings,
-            transform_non_params=lambda _: repl)
+            self.tx,
+            lambda _, s: s,
+            opt_shapes,
+            self.param_shardings,
+            transform_non_params=lambda _: repl,
+        )
         self._batch_shardings = self.batch_shardings()
         ref_sh = self.param_shardings if cfg.loss.uses_reference else None
         self.state_shardings = TrainState(
-            step=repl, version=repl, params=self.param_shardings, opt_state=self.opt_shardings,
-            ref_params=ref_sh, skipped=repl, consecutive_skips=repl)
+            step=repl,
+            version=repl,
+            params=self.param_shardings,
+            opt_state=self.opt_shardings,
+            ref_params=ref_sh,
+            skipped=repl,
+            consecutive_skips=repl,
+        )
         self._step = jax.jit(
             functools.partial(_train_step, graphdef=graphdef, cfg=cfg, tx=self.tx, mesh=mesh),
             in_shardings=(self.state_shardings, self._batch_shardings),
             out_shardings=(self.state_shardings, repl),
-            donate_argnums=0)
+            donate_argnums=0,
+        )
 
     def batch_shardings(self) -> TrainBatch:
         """Rows over "fsdp"; the per-sequence fields replicated."""
         fsdp = self.mesh.shape.get(sharding.FSDP, 1)
         rows_sh = NamedSharding(self.mesh, P(sharding.FSDP) if fsdp > 1 else P())
         repl = sharding.replicated(self.mesh)
-        return TrainBatch(**{k: rows_sh for k in TOKEN_FIELDS}, **{k: repl for k in SEQUENCE_FIELDS})
+        return TrainBatch(
+            **{k: rows_sh for k in TOKEN_FIELDS}, **{k: repl for k in SEQUENCE_FIELDS}
+        )
 
     def check_rows(self, num_rows: int) -> None:
         """Rows must split evenly into micro-batches and over the fsdp devices."""
@@ -286,7 +359,8 @@ class Trainer:
         if num_rows % (self.cfg.micro_batches * fsdp):
             raise ConfigError(
                 f"batch.num_rows={num_rows} must be a multiple of trainer.micro_batches="
-                f"{self.cfg.micro_batches} x fsdp devices={fsdp}")
+                f"{self.cfg.micro_batches} x fsdp devices={fsdp}"
+            )
 
     def put_batch(self, batch: TrainBatch) -> TrainBatch:
         """Host (numpy) batch -> device arrays laid out for the step."""
@@ -298,14 +372,23 @@ class Trainer:
         # Copies: the step donates the state, and callers (the sampler) keep using their params.
         copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings)
         params = copy(params)
-        opt_state = jax.jit(lambda p: self.tx.init(_f32(p)), out_shardings=self.opt_shardings)(params)
+        opt_state = jax.jit(lambda p: self.tx.init(_f32(p)), out_shardings=self.opt_shardings)(
+            params
+        )
         ref = None
         if self.cfg.loss.uses_reference:
             ref = copy(params if ref_params is None else ref_params)
         # Distinct buffers: the step donates every leaf of the state.
         zero = lambda: jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(self.mesh))
-        return TrainState(step=zero(), version=zero(), params=params, opt_state=opt_state,
-                          ref_params=ref, skipped=zero(), consecutive_skips=zero())
+        return TrainState(
+            step=zero(),
+            version=zero(),
+            params=params,
+            opt_state=opt_state,
+            ref_params=ref,
+            skipped=zero(),
+            consecutive_skips=zero(),
+        )
 
     def train_step(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
         """One optimizer step; `state` is donated (do not reuse it). Metrics stay on device."""
@@ -327,4 +410,5 @@ def check_skips(metrics: dict, max_consecutive_skips: int) -> None:
             f"{run} consecutive train steps had a non-finite loss or gradient (at policy version "
             f"{int(metrics['version'])}, loss {float(metrics['loss'])}); stopping. Check rewards and "
             "sampler logprobs for NaN/Inf, lower trainer.learning_rate, or raise "
-            "trainer.max_consecutive_skips")
+            "trainer.max_consecutive_skips"
+        )

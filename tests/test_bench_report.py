@@ -12,22 +12,50 @@ from bench import report  # noqa: E402
 
 def test_table_renders_results_and_marks_missing_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    decode = {"load_before": {"loadavg_1m": 0.25}, "date": "2026-11-24T22:32:20+00:00",
-              "cpu": {"model": "Intel(R) Xeon(R) Processor", "amx_bf16": True}, "rows": [
-        {"batch": 8, "dtype": "float32", "ours_tok_s": 300.4, "hf_tok_s": 150.2, "ratio": 2.0,
-         "frac_f32_matmul_peak": 0.2}],
-        "param_swap": {"batch": 8, "extra_cost_in_decode_steps": 0.31, "recompiled": False}}
+    decode = {
+        "load_before": {"loadavg_1m": 0.25},
+        "date": "2026-11-24T22:32:20+00:00",
+        "cpu": {"model": "Intel(R) Xeon(R) Processor", "amx_bf16": True},
+        "rows": [
+            {
+                "batch": 8,
+                "dtype": "float32",
+                "ours_tok_s": 300.4,
+                "hf_tok_s": 150.2,
+                "ratio": 2.0,
+                "frac_f32_matmul_peak": 0.2,
+            }
+        ],
+        "param_swap": {"batch": 8, "extra_cost_in_decode_steps": 0.31, "recompiled": False},
+    }
     (tmp_path / "decode.json").write_text(json.dumps(decode))
     text = report.table()
     assert "| decode float32, batch 8: tokens/s | 300 (20% of f32 peak) | 150 | 2.00x |" in text
     assert "0.31 decode steps" in text and "(0.2)" in text
-    assert "| Intel Xeon (AMX), 2026-11-24 |" in text   # which machine made the figure
+    assert "| Intel Xeon (AMX), 2026-11-24 |" in text  # which machine made the figure
     assert "forward: not measured yet" in text  # no forward.json: no number invented
-    (tmp_path / "forward.json").write_text(json.dumps({"date": "2026-11-22T04:01:32", "rows": [
-        {"impl": "pipelinerl_jax", "dtype": "float32", "tokens_per_s": 884.0,
-         "frac_f32_peak": 0.62, "median_s": 1.0},
-        {"impl": "transformers", "dtype": "float32", "tokens_per_s": 1009.0,
-         "median_s": 1.14}]}))
+    (tmp_path / "forward.json").write_text(
+        json.dumps(
+            {
+                "date": "2026-11-22T04:01:32",
+                "rows": [
+                    {
+                        "impl": "pipelinerl_jax",
+                        "dtype": "float32",
+                        "tokens_per_s": 884.0,
+                        "frac_f32_peak": 0.62,
+                        "median_s": 1.0,
+                    },
+                    {
+                        "impl": "transformers",
+                        "dtype": "float32",
+                        "tokens_per_s": 1009.0,
+                        "median_s": 1.14,
+                    },
+                ],
+            }
+        )
+    )
     assert "| cpu not recorded, 2026-11-22 |" in report.table()  # older results say so
     decode["command"] = "python bench/bench_decode.py --batches 8"
     (tmp_path / "decode.json").write_text(json.dumps(decode))
@@ -48,34 +76,83 @@ def test_real_model_rows(tmp_path, monkeypatch):
     """The real-model results render against their goals: memory, compiles, pipeline vs
     serial, the learning result and the starting model's prompts."""
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    profile = {"warm_cache": False, "serial_s_per_step": 50.0, "pipeline_over_serial": 0.8,
-               "goal_pipeline_over_serial": 0.8, "alone": {
-                   "sampler_tokens_per_s": 100.0, "train_step_s": 40.0},
-               "pipeline": {"peak_rss_gib": 4.5, "seconds_to_first_step": 95.0,
-                            "compile_seconds_by_step": [30.0, 5.0, 0, 0],
-                            "compiles_by_step": [20, 1, 0, 0], "compiles_after_warmup": 0,
-                            "steady_generated_tokens_per_step": 1000.0,
-                            "pipeline_tokens_per_s": 16.0, "steady_s_per_step": 62.5,
-                            "idle_slot_fraction": 0.25,
-                            "per_step_seconds": {"decode": 9.0, "train_step": 41.0}}}
+    profile = {
+        "warm_cache": False,
+        "serial_s_per_step": 50.0,
+        "pipeline_over_serial": 0.8,
+        "goal_pipeline_over_serial": 0.8,
+        "alone": {"sampler_tokens_per_s": 100.0, "train_step_s": 40.0},
+        "pipeline": {
+            "peak_rss_gib": 4.5,
+            "seconds_to_first_step": 95.0,
+            "compile_seconds_by_step": [30.0, 5.0, 0, 0],
+            "compiles_by_step": [20, 1, 0, 0],
+            "compiles_after_warmup": 0,
+            "steady_generated_tokens_per_step": 1000.0,
+            "pipeline_tokens_per_s": 16.0,
+            "steady_s_per_step": 62.5,
+            "idle_slot_fraction": 0.25,
+            "per_step_seconds": {"decode": 9.0, "train_step": 41.0},
+        },
+    }
     (tmp_path / "real_profile.json").write_text(json.dumps(profile))
-    learning = {"goals": {"accuracy": 0.1, "boxed": 0.3}, "runs": [
-        {"steps": 24, "accuracy_before": 0.4, "accuracy_after": 0.55, "boxed_before": 0.9,
-         "boxed_after": 1.0, "train": [{"time": 1500.0}]},
-        {"steps": 24, "accuracy_before": 0.4, "accuracy_after": 0.45, "boxed_before": 0.9,
-         "boxed_after": 0.95, "train": [{"time": 1700.0}], "wall_s": 1800.0,
-         "zero_shot_after": {"accuracy": 0.3, "boxed": 0.7}}],
-        "zero_shot_start": {"accuracy": 0.05, "boxed": 0.1}}
+    learning = {
+        "goals": {"accuracy": 0.1, "boxed": 0.3},
+        "runs": [
+            {
+                "steps": 24,
+                "accuracy_before": 0.4,
+                "accuracy_after": 0.55,
+                "boxed_before": 0.9,
+                "boxed_after": 1.0,
+                "train": [{"time": 1500.0}],
+            },
+            {
+                "steps": 24,
+                "accuracy_before": 0.4,
+                "accuracy_after": 0.45,
+                "boxed_before": 0.9,
+                "boxed_after": 0.95,
+                "train": [{"time": 1700.0}],
+                "wall_s": 1800.0,
+                "zero_shot_after": {"accuracy": 0.3, "boxed": 0.7},
+            },
+        ],
+        "zero_shot_start": {"accuracy": 0.05, "boxed": 0.1},
+    }
     (tmp_path / "real_learning.json").write_text(json.dumps(learning))
-    prompts = {"rows": [
-        {"variant": "paper", "temperature": 0.8, "attempts": 128, "boxed_rate": 0.02,
-         "accuracy": 0.0},
-        {"variant": "one_shot", "temperature": 0.8, "attempts": 128, "boxed_rate": 0.63,
-         "accuracy": 0.29}]}
+    prompts = {
+        "rows": [
+            {
+                "variant": "paper",
+                "temperature": 0.8,
+                "attempts": 128,
+                "boxed_rate": 0.02,
+                "accuracy": 0.0,
+            },
+            {
+                "variant": "one_shot",
+                "temperature": 0.8,
+                "attempts": 128,
+                "boxed_rate": 0.63,
+                "accuracy": 0.29,
+            },
+        ]
+    }
     (tmp_path / "real_prompts.json").write_text(json.dumps(prompts))
-    train_real = {"config": {"sequences": 16, "seq_len": 512}, "rows": [
-        {"dtype": "float32", "ours_tok_s": 150.0, "torch_tok_s": 120.0, "ours_s": 54.6,
-         "torch_s": 68.3, "ratio": 1.25}]}
+    train_real = {
+        "config": {"sequences": 16, "seq_len": 512},
+        "rows": [
+            {
+                "dtype": "float32",
+                "ours_tok_s": 150.0,
+                "torch_tok_s": 120.0,
+                "ours_s": 54.6,
+                "torch_s": 68.3,
+                "ratio": 1.25,
+            }
+        ],
+    }
     (tmp_path / "train_step_real.json").write_text(json.dumps(train_real))
     text = report.table()
     assert "peak RSS of a whole run, f32, 16 x 288 tokens a step | 4.50 GiB |" in text
@@ -84,12 +161,18 @@ def test_real_model_rows(tmp_path, monkeypatch):
     assert "(steps 2-3) | 0 | 0 (goal) | meets |" in text
     assert "| 16.0 (62 s a step) | 20.0 (50 s: sampler 100 tok/s, train 40 s) | 0.80x" in text
     assert "decode 9.0, train step 41.0" in text and "idle decode slots 25%" in text
-    assert ("after 24/24 steps, one worked example in the prompt, 2 seed(s), 30 min per run at "
-            "most (launch to exit) | 0.40 -> 0.55; 0.40 -> 0.45 |") in text
+    assert (
+        "after 24/24 steps, one worked example in the prompt, 2 seed(s), 30 min per run at "
+        "most (launch to exit) | 0.40 -> 0.55; 0.40 -> 0.45 |"
+    ) in text
     assert "| +0.10 (goal) | +0.05 .. +0.15 |" in text
     # Zero-shot rows: only the seeds that have a zero-shot score of their final policy.
-    assert "starting model -> each seed's final policy | 0.05 -> 0.30 | +0.10 (goal) | +0.25" in text
+    assert (
+        "starting model -> each seed's final policy | 0.05 -> 0.30 | +0.10 (goal) | +0.25" in text
+    )
     assert "| 0.10 -> 0.70 | +0.30 (goal) | +0.60 .. +0.60 |" in text
     assert "| 0.63 / 0.29 | 0.02 / 0.00 |" in text
-    assert ("train step float32, 16 x 512 tokens (ours remat, torch gradient checkpointing): "
-            "tokens/s | 150 (55 s) | 120 (68 s) | 1.25x (goal >= 1.2) |") in text
+    assert (
+        "train step float32, 16 x 512 tokens (ours remat, torch gradient checkpointing): "
+        "tokens/s | 150 (55 s) | 120 (68 s) | 1.25x (goal >= 1.2) |"
+    ) in text

@@ -28,10 +28,23 @@ from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
 
-CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
-                  rope_theta=1e4, rope_scaling=None, max_position_embeddings=64,
-                  tie_word_embeddings=False, attention_bias=False, qk_norm=False)
+CFG = ModelConfig(
+    model_type="llama",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-5,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    qk_norm=False,
+)
 
 
 def randomize(state, seed):
@@ -44,6 +57,7 @@ def randomize(state, seed):
         else:
             value = rng.standard_normal(x.shape).astype(x.dtype)
         return jax.device_put(value, x.sharding)
+
     return jax.tree.map(one, state)
 
 
@@ -68,10 +82,20 @@ def setup():
     return trainer, state, abstract
 
 
-EXTRA = {"config": {"model": {"hf_dir": ""}, "trainer": {"learning_rate": 1e-3}},
-         "data": {"next_index": 17, "grain": "{\"x\": 1}"}, "admission_started": 9,
-         "pending": [{"index": 8, "rewards": [0.25, 1.0], "logprobs": [-0.123456789012345],
-                      "text": "naïve ∑ \\boxed{1}"}], "rng": [1, 2**40]}
+EXTRA = {
+    "config": {"model": {"hf_dir": ""}, "trainer": {"learning_rate": 1e-3}},
+    "data": {"next_index": 17, "grain": '{"x": 1}'},
+    "admission_started": 9,
+    "pending": [
+        {
+            "index": 8,
+            "rewards": [0.25, 1.0],
+            "logprobs": [-0.123456789012345],
+            "text": "naïve ∑ \\boxed{1}",
+        }
+    ],
+    "rng": [1, 2**40],
+}
 
 
 def test_round_trip_bit_identical(setup, tmp_path):
@@ -135,7 +159,7 @@ def _write(path, text):
 CORRUPTIONS = {
     "truncated_arrays": _truncate_data,
     "deleted_meta": lambda d: os.remove(f"{d}/meta/metadata"),
-    "bad_extra_json": lambda d: _write(f"{d}/extra/metadata", "{\"pending\": [1, 2"),
+    "bad_extra_json": lambda d: _write(f"{d}/extra/metadata", '{"pending": [1, 2'),
     "missing_train_item": lambda d: __import__("shutil").rmtree(f"{d}/train"),
     "empty_step_dir": lambda d: [__import__("shutil").rmtree(d), os.mkdir(d)],
 }
@@ -185,16 +209,24 @@ def test_structure_mismatch_is_a_config_error(setup, tmp_path):
     wider = dataclasses.replace(CFG, intermediate_size=96)
     graphdef, abstract_params = llama.abstract_init(wider)
     other = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
-    with pytest.raises(ConfigError, match=r"down_proj.*float32\(2, 64, 32\).*\(2, 96, 32\).*"
-                                          r"new --workdir") as e:
+    with pytest.raises(
+        ConfigError,
+        match=r"down_proj.*float32\(2, 64, 32\).*\(2, 96, 32\).*"
+        r"new --workdir",
+    ) as e:
         ck.RunCheckpointer(tmp_path).restore_latest(ck.abstract_state(other, abstract_params))
     assert "\n" not in str(e.value)
     # A KL term adds frozen reference params to the state: also a changed structure.
-    with_ref = Trainer(TrainerConfig(loss=LossConfig(kl_coef=0.1)), trainer.graphdef,
-                       jax.eval_shape(lambda: state.params), trainer_mesh())
+    with_ref = Trainer(
+        TrainerConfig(loss=LossConfig(kl_coef=0.1)),
+        trainer.graphdef,
+        jax.eval_shape(lambda: state.params),
+        trainer_mesh(),
+    )
     with pytest.raises(ConfigError, match="ref_params"):
         ck.RunCheckpointer(tmp_path).restore_latest(
-            ck.abstract_state(with_ref, jax.eval_shape(lambda: state.params)))
+            ck.abstract_state(with_ref, jax.eval_shape(lambda: state.params))
+        )
     assert ck.RunCheckpointer(tmp_path).steps() == [5]
 
 
@@ -207,14 +239,32 @@ def test_extra_must_be_json(setup, tmp_path):
 
 
 def _config(**changes):
-    cfg = {"seed": 0, "mode": "pipeline", "group_size": 8, "batch_size": 64, "steps": 400,
-           "conventional_steps": 4, "max_lag": 2, "log_every": 20,
-           "model": {"hf_dir": "", "param_dtype": "float32",
-                     "init": [["hidden_size", 128], ["num_layers", 2]]},
-           "data": {"task": "reverse_digits", "task_options": [["max_digits", 5]],
-                    "datasets": [], "shuffle_seed": 0},
-           "trainer": {"learning_rate": 3e-3, "grad_clip_norm": 1.0,
-                       "loss": {"kl_coef": 0.0, "kl_coef_end": None}}}
+    cfg = {
+        "seed": 0,
+        "mode": "pipeline",
+        "group_size": 8,
+        "batch_size": 64,
+        "steps": 400,
+        "conventional_steps": 4,
+        "max_lag": 2,
+        "log_every": 20,
+        "model": {
+            "hf_dir": "",
+            "param_dtype": "float32",
+            "init": [["hidden_size", 128], ["num_layers", 2]],
+        },
+        "data": {
+            "task": "reverse_digits",
+            "task_options": [["max_digits", 5]],
+            "datasets": [],
+            "shuffle_seed": 0,
+        },
+        "trainer": {
+            "learning_rate": 3e-3,
+            "grad_clip_norm": 1.0,
+            "loss": {"kl_coef": 0.0, "kl_coef_end": None},
+        },
+    }
     for path, value in changes.items():
         node = cfg
         *parents, last = path.split("/")
@@ -227,28 +277,45 @@ def _config(**changes):
 def test_check_compatible_allows_harmless_changes():
     assert ck.check_compatible(_config(), _config()) == []
     changes = ck.check_compatible(
-        _config(), _config(**{"trainer/learning_rate": 1e-3, "steps": 800, "log_every": 5,
-                              "max_lag": 4, "trainer/grad_clip_norm": 0.5}))
-    assert changes == ["log_every: 20 -> 5", "max_lag: 2 -> 4", "steps: 400 -> 800",
-                       "trainer.grad_clip_norm: 1.0 -> 0.5",
-                       "trainer.learning_rate: 0.003 -> 0.001"]
+        _config(),
+        _config(
+            **{
+                "trainer/learning_rate": 1e-3,
+                "steps": 800,
+                "log_every": 5,
+                "max_lag": 4,
+                "trainer/grad_clip_norm": 0.5,
+            }
+        ),
+    )
+    assert changes == [
+        "log_every: 20 -> 5",
+        "max_lag: 2 -> 4",
+        "steps: 400 -> 800",
+        "trainer.grad_clip_norm: 1.0 -> 0.5",
+        "trainer.learning_rate: 0.003 -> 0.001",
+    ]
     # Conventional rounds only matter in conventional mode.
     assert ck.check_compatible(_config(), _config(conventional_steps=8)) == [
-        "conventional_steps: 4 -> 8"]
+        "conventional_steps: 4 -> 8"
+    ]
 
 
-@pytest.mark.parametrize("changes,field", [
-    ({"model/init": [["hidden_size", 256], ["num_layers", 2]]}, "model.init.hidden_size"),
-    ({"model/param_dtype": "bfloat16"}, "model.param_dtype"),
-    ({"model/hf_dir": "/models/qwen"}, "model.hf_dir"),
-    ({"group_size": 4}, "group_size"),
-    ({"batch_size": 32}, "batch_size"),
-    ({"mode": "conventional"}, "mode"),
-    ({"data/task_options": [["max_digits", 6]]}, "data.task_options.max_digits"),
-    ({"data/shuffle_seed": 1}, "data.shuffle_seed"),
-    ({"trainer/grad_clip_norm": 0.0}, "trainer.grad_clip_norm"),
-    ({"trainer/loss/kl_coef": 0.01}, "trainer.loss.kl_coef"),
-])
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        ({"model/init": [["hidden_size", 256], ["num_layers", 2]]}, "model.init.hidden_size"),
+        ({"model/param_dtype": "bfloat16"}, "model.param_dtype"),
+        ({"model/hf_dir": "/models/qwen"}, "model.hf_dir"),
+        ({"group_size": 4}, "group_size"),
+        ({"batch_size": 32}, "batch_size"),
+        ({"mode": "conventional"}, "mode"),
+        ({"data/task_options": [["max_digits", 6]]}, "data.task_options.max_digits"),
+        ({"data/shuffle_seed": 1}, "data.shuffle_seed"),
+        ({"trainer/grad_clip_norm": 0.0}, "trainer.grad_clip_norm"),
+        ({"trainer/loss/kl_coef": 0.01}, "trainer.loss.kl_coef"),
+    ],
+)
 def test_check_compatible_refuses_breaking_changes(changes, field):
     with pytest.raises(ConfigError, match=rf"config\.{field} changed .*new --workdir") as e:
         ck.check_compatible(_config(), _config(**changes))
@@ -260,8 +327,9 @@ def test_check_compatible_refuses_breaking_changes(changes, field):
 
 def test_conventional_round_change_refused_in_conventional_mode():
     with pytest.raises(ConfigError, match="conventional_steps"):
-        ck.check_compatible(_config(mode="conventional"),
-                            _config(mode="conventional", conventional_steps=2))
+        ck.check_compatible(
+            _config(mode="conventional"), _config(mode="conventional", conventional_steps=2)
+        )
 
 
 _SHARDED = textwrap.dedent("""
@@ -306,9 +374,14 @@ def test_restore_onto_8_device_mesh(setup, tmp_path):
         ckpt.save(3, saved, {"k": 1})
     np.savez(tmp_path / "expected.npz", **{str(i): x for i, x in enumerate(host(saved))})
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", _SHARDED, str(tmp_path),
-                          os.path.dirname(__file__)], capture_output=True, text=True, env=env,
-                         timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", _SHARDED, str(tmp_path), os.path.dirname(__file__)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK 3" in out.stdout
 
@@ -336,9 +409,14 @@ def test_killed_during_async_write(tmp_path):
     """SIGKILL from outside while step 2's write is in progress (its temporary directory
     exists): step 2 is absent, step 1 restores whole, and the leftover is swept."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
-                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
     ckpts, deadline, in_progress = tmp_path / "checkpoints", time.time() + 120, []
     while not in_progress:
         assert proc.poll() is None, proc.stderr.read()[-2000:]
@@ -353,8 +431,15 @@ def test_killed_during_async_write(tmp_path):
     ckpt = ck.RunCheckpointer(tmp_path)
     assert ckpt.steps() == [1]
     z = np.int32(0)
-    like = TrainState(step=z, version=z, params={"w": np.zeros((8, 1024), np.float32)},
-                      opt_state=(), ref_params=None, skipped=z, consecutive_skips=z)
+    like = TrainState(
+        step=z,
+        version=z,
+        params={"w": np.zeros((8, 1024), np.float32)},
+        opt_state=(),
+        ref_params=None,
+        skipped=z,
+        consecutive_skips=z,
+    )
     step, state, extra = ckpt.restore_latest(ck.as_abstract(like))
     assert step == 1 and extra == {"step": 1}
     np.testing.assert_array_equal(np.asarray(state.params["w"]), 1.0)

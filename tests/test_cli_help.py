@@ -15,13 +15,16 @@ from pipelinerl_jax.models import real_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("tool, flag_names", [
-    (generate, ["--model_dir", "--prompts", "--out", "--max_new_tokens", "--chat"]),
-    (evaluate, ["--model_dir", "--workdir", "--dataset", "--task", "--k", "--greedy"]),
-    (export, ["--workdir", "--gguf", "--out", "--step", "--dtype"]),
-    (word_problems, ["--split", "--n", "--out"]),
-    (real_model, ["--out", "--cache_dir", "--dtype"]),
-])
+@pytest.mark.parametrize(
+    "tool, flag_names",
+    [
+        (generate, ["--model_dir", "--prompts", "--out", "--max_new_tokens", "--chat"]),
+        (evaluate, ["--model_dir", "--workdir", "--dataset", "--task", "--k", "--greedy"]),
+        (export, ["--workdir", "--gguf", "--out", "--step", "--dtype"]),
+        (word_problems, ["--split", "--n", "--out"]),
+        (real_model, ["--out", "--cache_dir", "--dtype"]),
+    ],
+)
 @pytest.mark.parametrize("asked", ["--help", "-h", "--helpfull"])
 def test_tools_answer_help_with_their_flags(tool, flag_names, asked, capsys):
     assert tool.run_cli(["tool", asked]) == 0
@@ -40,8 +43,14 @@ def test_help_wins_over_other_flags_and_missing_required_ones(capsys):
 
 def _launch_help(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_launch_help_lists_every_config_field_with_value_and_meaning():
@@ -52,11 +61,15 @@ def test_launch_help_lists_every_config_field_with_value_and_meaning():
         assert name in out
     lines = out.splitlines()
     for field in config_schema.fields():
-        heads = [i for i, l in enumerate(lines) if l.startswith(f"  --config.{field.path}=")
-                 or l.startswith(f"  --config.{field.path}  (")]
+        heads = [
+            i
+            for i, l in enumerate(lines)
+            if l.startswith(f"  --config.{field.path}=")
+            or l.startswith(f"  --config.{field.path}  (")
+        ]
         assert len(heads) == 1, field.path
         meaning = lines[heads[0] + 1].strip()
-        assert meaning == field.doc[:len(meaning)], field.path
+        assert meaning == field.doc[: len(meaning)], field.path
     # The value in configs/default.py, and the dataclass default where it differs.
     assert "  --config.trainer.learning_rate=0.001  (float; [built-in 1e-06])" in lines
     assert "  --config.reward.timeout_s=5.0  (float)" in lines
@@ -73,8 +86,14 @@ def test_launch_help_shows_the_chosen_file_and_overrides_and_helpfull_adds_absl(
 
 def test_planner_answers_help_with_exit_0():
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-m", "pipelinerl_jax.plan", "--help"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelinerl_jax.plan", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("Layout planner CLI")
     for name in ("--devices:", "--batch:", "--max_lag:", "--profile:"):

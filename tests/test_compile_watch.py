@@ -14,16 +14,17 @@ from pipelinerl_jax.compile_watch import CompileWatch
 
 def test_counts_new_shapes_only_and_announces_long_compiles():
     lines = []
-    x3, y3, x5, x7 = (jax.random.normal(jax.random.key(i), (n,)) for i, n in
-                      enumerate((3, 3, 5, 7)))                 # made before counting starts
+    x3, y3, x5, x7 = (
+        jax.random.normal(jax.random.key(i), (n,)) for i, n in enumerate((3, 3, 5, 7))
+    )  # made before counting starts
     watch = CompileWatch(echo=lines.append, announce_after_s=0.0).install()
     try:
         f = jax.jit(lambda x: jnp.sin(x) * 2.0 + 1.0)
         f(x3).block_until_ready()
         assert watch.take()[0] == 1
-        f(y3).block_until_ready()                       # same shape: no compilation
+        f(y3).block_until_ready()  # same shape: no compilation
         assert watch.take() == (0, 0.0)
-        f(x5).block_until_ready()                       # a new shape compiles again
+        f(x5).block_until_ready()  # a new shape compiles again
         n, seconds = watch.take()
         assert n == 1 and seconds > 0
         assert len(watch.by_name["jit(<lambda>)"]) == 2
@@ -32,7 +33,7 @@ def test_counts_new_shapes_only_and_announces_long_compiles():
     # announce_after_s=0: every compilation is announced, then reported when it ends.
     assert any(x.startswith("compiling <lambda>") for x in lines)
     assert any(x.startswith("compiled <lambda> in ") for x in lines)
-    f(x7).block_until_ready()                  # uninstalled: nothing more counted
+    f(x7).block_until_ready()  # uninstalled: nothing more counted
     assert watch.count == 2
 
 
@@ -49,22 +50,30 @@ _CHILD = textwrap.dedent("""
 
 def test_persistent_cache_is_loaded_by_the_next_process(tmp_path):
     def child():
-        out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "cache")],
-                             capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(tmp_path / "cache")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         return [int(v) for v in out.stdout.split()]
+
     count, hits = child()
     assert count >= 1 and hits == 0
-    assert any((tmp_path / "cache").iterdir())          # executables were written
+    assert any((tmp_path / "cache").iterdir())  # executables were written
     count, hits = child()
-    assert hits >= 1                                     # ... and loaded, not compiled again
+    assert hits >= 1  # ... and loaded, not compiled again
 
 
 def test_auto_and_none_mean_the_default_cache_dir(monkeypatch, tmp_path):
     """The config's "auto" is the user cache dir, never a folder named "auto" in the cwd."""
     from pipelinerl_jax import compile_watch
+
     set_to = {}
-    monkeypatch.setattr(compile_watch.jax.config, "update",
-                        lambda key, value: set_to.__setitem__(key, value))
+    monkeypatch.setattr(
+        compile_watch.jax.config, "update", lambda key, value: set_to.__setitem__(key, value)
+    )
     monkeypatch.setattr(compile_watch, "default_cache_dir", lambda: tmp_path / "default")
     monkeypatch.chdir(tmp_path)
     for value in ("auto", None):

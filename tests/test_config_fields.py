@@ -50,8 +50,9 @@ def test_few_shot_reaches_the_prompt_and_rejects_bad_items():
 
 
 def test_reward_table_options_override_and_reject_unknown():
-    cfg = _cfg(**{"reward.table": "success_and_format",
-                  "reward.table_options": {"format_weight": 0.3}})
+    cfg = _cfg(
+        **{"reward.table": "success_and_format", "reward.table_options": {"format_weight": 0.3}}
+    )
     assert dict(cfg.reward.table_options) == {"format_weight": 0.3}
     with pytest.raises(ConfigError, match="unknown option") as e:
         _cfg(**{"reward.table_options": {"format_wieght": 0.3}})

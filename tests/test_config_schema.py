@@ -13,26 +13,30 @@ from pipelinerl_jax.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class _Documented:
-    plain: int = 1             # beside the field
-    continued: str = "x"       # beside, and continued
-                               #   on the next line
+    plain: int = 1  # beside the field
+    continued: str = "x"  # beside, and continued
+    #   on the next line
     # A block above the field,
     # two lines long.
     above: float = 0.5
     bare: bool = False
-    last: tuple = ()           # after a bare field
+    last: tuple = ()  # after a bare field
 
 
 @dataclasses.dataclass(frozen=True)
 class _Child(_Documented):
-    plain: int = 2             # (a subclass that only changes a default keeps the parent's doc)
+    plain: int = 2  # (a subclass that only changes a default keeps the parent's doc)
 
 
 def test_field_docs_reads_beside_continued_and_above_comments():
     docs = config_schema.field_docs(_Documented)
-    assert docs == {"plain": "beside the field", "continued": "beside, and continued on the next line",
-                    "above": "A block above the field, two lines long.", "bare": "",
-                    "last": "after a bare field"}
+    assert docs == {
+        "plain": "beside the field",
+        "continued": "beside, and continued on the next line",
+        "above": "A block above the field, two lines long.",
+        "bare": "",
+        "last": "after a bare field",
+    }
 
 
 def test_field_docs_of_a_subclass_falls_back_to_the_parent():
@@ -56,13 +60,17 @@ def test_every_run_config_field_is_settable():
         if section == "generation":
             continue
         derived = set(config_lib.DERIVED.get(section, {}))
-        expected |= {f"{section}.{f.name}" for f in dataclasses.fields(cls)
-                     if f.name not in derived}
+        expected |= {
+            f"{section}.{f.name}" for f in dataclasses.fields(cls) if f.name not in derived
+        }
     assert expected <= paths, sorted(expected - paths)
     # model.init's keys are ModelConfig's architecture fields; dtypes and remat live in model.
     assert "model.init.num_layers" in paths and "model.init.remat" not in paths
-    assert {"data.task_options.max_digits", "data.task_options.difficulty",
-            "reward.table_options.format_weight"} <= paths
+    assert {
+        "data.task_options.max_digits",
+        "data.task_options.difficulty",
+        "reward.table_options.format_weight",
+    } <= paths
 
 
 def test_defaults_come_from_the_dataclasses():
@@ -76,12 +84,15 @@ def test_defaults_come_from_the_dataclasses():
     assert table["data.datasets"].kind == "list" and table["reward.table_options"].kind == "dict"
 
 
-@pytest.mark.parametrize("path, hint", [
-    ("max_lagg", "did you mean --config.max_lag?"),
-    ("learning_rate", "did you mean --config.trainer.learning_rate?"),
-    ("trainer.learning_rat", "did you mean --config.trainer.learning_rate?"),
-    ("data.task_options.max_digitz", "did you mean --config.data.task_options.max_digits?"),
-])
+@pytest.mark.parametrize(
+    "path, hint",
+    [
+        ("max_lagg", "did you mean --config.max_lag?"),
+        ("learning_rate", "did you mean --config.trainer.learning_rate?"),
+        ("trainer.learning_rat", "did you mean --config.trainer.learning_rate?"),
+        ("data.task_options.max_digitz", "did you mean --config.data.task_options.max_digits?"),
+    ],
+)
 def test_find_suggests_the_closest_field(path, hint):
     with pytest.raises(ConfigError, match="no such field") as e:
         config_schema.find(path)

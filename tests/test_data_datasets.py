@@ -15,8 +15,10 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
 def _problems(n, source="toy"):
-    return tuple(Problem(uid=f"{source}/{i}", question=f"q{i}", answer=str(i), source=source)
-                 for i in range(n))
+    return tuple(
+        Problem(uid=f"{source}/{i}", question=f"q{i}", answer=str(i), source=source)
+        for i in range(n)
+    )
 
 
 def _uids(stream, n):
@@ -31,43 +33,71 @@ def _write_jsonl(path, records):
 
 # ----- loading -------------------------------------------------------------------------------
 
+
 def test_parquet_written_by_the_test(tmp_path):
-    table = pa.table({"prompt": ["1+1?", "2+3?", "7*6?"], "target": [2, 5, 42],
-                      "meta": [{"k": 1}, {"k": 2}, {"k": 3}]})
+    table = pa.table(
+        {
+            "prompt": ["1+1?", "2+3?", "7*6?"],
+            "target": [2, 5, 42],
+            "meta": [{"k": 1}, {"k": 2}, {"k": 3}],
+        }
+    )
     pq.write_table(table, tmp_path / "arith.parquet")
-    loaded = load_dataset(DatasetSpec(path=str(tmp_path / "arith.parquet"), format="fields",
-                                      question_field="prompt", answer_field="target"))
+    loaded = load_dataset(
+        DatasetSpec(
+            path=str(tmp_path / "arith.parquet"),
+            format="fields",
+            question_field="prompt",
+            answer_field="target",
+        )
+    )
     assert [(p.question, p.answer) for p in loaded.problems] == [
-        ("1+1?", "2"), ("2+3?", "5"), ("7*6?", "42")]
+        ("1+1?", "2"),
+        ("2+3?", "5"),
+        ("7*6?", "42"),
+    ]
     # A directory (e.g. sharded parquet files) and a glob both read all files in name order.
     pq.write_table(table.slice(0, 1), tmp_path / "b.parquet")
-    by_dir = load_dataset(DatasetSpec(path=str(tmp_path), question_field="prompt",
-                                      answer_field="target", name="d"))
-    by_glob = load_dataset(DatasetSpec(path=str(tmp_path / "*.parquet"),
-                                       question_field="prompt", answer_field="target", name="d"))
+    by_dir = load_dataset(
+        DatasetSpec(path=str(tmp_path), question_field="prompt", answer_field="target", name="d")
+    )
+    by_glob = load_dataset(
+        DatasetSpec(
+            path=str(tmp_path / "*.parquet"),
+            question_field="prompt",
+            answer_field="target",
+            name="d",
+        )
+    )
     assert len(by_dir.problems) == len(by_glob.problems) == 4
     assert [p.uid for p in by_dir.problems] == [f"d/{i}" for i in range(4)]
 
 
 def test_bad_records_are_skipped_and_counted(tmp_path, caplog):
     path = tmp_path / "mixed.jsonl"
-    _write_jsonl(path, [
-        {"question": "ok 1", "answer": "1"},
-        {"prompt": "wrong key", "answer": "2"},
-        "{not json",
-        {"question": "no answer"},
-        {"question": "", "answer": "3"},
-        {"question": "ok 2", "answer": 4},
-        "",
-    ])
+    _write_jsonl(
+        path,
+        [
+            {"question": "ok 1", "answer": "1"},
+            {"prompt": "wrong key", "answer": "2"},
+            "{not json",
+            {"question": "no answer"},
+            {"question": "", "answer": "3"},
+            {"question": "ok 2", "answer": 4},
+            "",
+        ],
+    )
     loaded = load_dataset(DatasetSpec(path=str(path)))
     assert [p.question for p in loaded.problems] == ["ok 1", "ok 2"]
     # Rows keep their position in the file (uids are stable whatever gets skipped).
     assert [p.uid for p in loaded.problems] == ["mixed/0", "mixed/5"]
     assert loaded.num_records == 6 and loaded.num_skipped == 4
-    assert loaded.skipped == {"missing question field 'question'": 1, "invalid JSON line": 1,
-                              "missing answer field 'answer'": 1,
-                              "empty or non-text question": 1}
+    assert loaded.skipped == {
+        "missing question field 'question'": 1,
+        "invalid JSON line": 1,
+        "missing answer field 'answer'": 1,
+        "empty or non-text question": 1,
+    }
     assert "skipped 4 of 6 records" in caplog.text
 
 
@@ -105,13 +135,14 @@ def test_missing_and_unreadable_files(tmp_path):
 
 # ----- the stream ----------------------------------------------------------------------------
 
+
 def test_shuffle_is_deterministic_and_changes_every_epoch():
     source = _problems(50)
     a = _uids(PromptStream(source, seed=7), 150)
     b = _uids(PromptStream(source, seed=7), 150)
     c = _uids(PromptStream(source, seed=8), 150)
     assert a == b and a != c
-    epochs = [a[i * 50:(i + 1) * 50] for i in range(3)]
+    epochs = [a[i * 50 : (i + 1) * 50] for i in range(3)]
     for epoch in epochs:  # every epoch is a permutation of the whole dataset
         assert sorted(epoch) == sorted(p.uid for p in source)
     assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
@@ -128,8 +159,7 @@ def test_epoch_and_index_stamps_and_finite_epochs():
 @pytest.mark.parametrize("n, count", [(30, 3), (31, 4)])
 def test_shards_are_disjoint_and_cover_the_data(n, count):
     source = _problems(n)
-    shards = [PromptStream(source, seed=3, shard_index=i, shard_count=count)
-              for i in range(count)]
+    shards = [PromptStream(source, seed=3, shard_index=i, shard_count=count) for i in range(count)]
     seen = [set(_uids(s, s.epoch_size)) for s in shards]
     assert sum(s.epoch_size for s in shards) == n
     assert set().union(*seen) == {p.uid for p in source}
@@ -151,15 +181,18 @@ def test_state_round_trip_continues_exactly():
     assert head + tail == reference
     # Over each epoch of the resumed run every problem of the shard appears exactly once.
     for e in range(3):
-        epoch = (head + tail)[e * 20:(e + 1) * 20]
+        epoch = (head + tail)[e * 20 : (e + 1) * 20]
         assert len(epoch) == len(set(epoch)) == 20
 
 
 def test_state_from_different_data_is_refused():
     state = PromptStream(_problems(40), seed=1).get_state()
-    for other in (PromptStream(_problems(41), seed=1), PromptStream(_problems(40), seed=2),
-                  PromptStream(_problems(40, source="other"), seed=1),
-                  PromptStream(_problems(40), seed=1, shard_count=2)):
+    for other in (
+        PromptStream(_problems(41), seed=1),
+        PromptStream(_problems(40), seed=2),
+        PromptStream(_problems(40, source="other"), seed=1),
+        PromptStream(_problems(40), seed=1, shard_count=2),
+    ):
         with pytest.raises(ConfigError, match="state was saved for different data"):
             other.set_state(state)
 

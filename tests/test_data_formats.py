@@ -11,19 +11,22 @@ from pipelinerl_jax.errors import ConfigError
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("so the answer is \\boxed{42}.", "42"),
-    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
-    ("first \\boxed{1} then \\boxed{\\sqrt{\\frac{a}{b}}}", "\\sqrt{\\frac{a}{b}}"),
-    ("set \\boxed{\\{1, 2\\}} done", "\\{1, 2\\}"),
-    ("escaped close \\boxed{\\left\\{ x \\right.}", "\\left\\{ x \\right."),
-    ("$\\boxed 5$", "5"),
-    ("\\fbox{7}", "7"),
-    ("\\boxed {3}", "3"),
-    ("no answer here", None),
-    ("cut off \\boxed{\\frac{1}{2", None),
-    ("\\boxed{}", ""),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("first \\boxed{1} then \\boxed{\\sqrt{\\frac{a}{b}}}", "\\sqrt{\\frac{a}{b}}"),
+        ("set \\boxed{\\{1, 2\\}} done", "\\{1, 2\\}"),
+        ("escaped close \\boxed{\\left\\{ x \\right.}", "\\left\\{ x \\right."),
+        ("$\\boxed 5$", "5"),
+        ("\\fbox{7}", "7"),
+        ("\\boxed {3}", "3"),
+        ("no answer here", None),
+        ("cut off \\boxed{\\frac{1}{2", None),
+        ("\\boxed{}", ""),
+    ],
+)
 def test_last_boxed(text, expected):
     assert formats.last_boxed(text) == expected
 
@@ -39,33 +42,73 @@ def test_get_path_dicts_and_lists():
     assert formats.first_present({"Problem": 1}, ("problem", "Problem")) == 1
 
 
-@pytest.mark.parametrize("value, gold", [
-    ("text\n#### 22", "22"), ("#### 1,000", "1000"), ("no marker 5", None), ("####", None),
-])
+@pytest.mark.parametrize(
+    "value, gold",
+    [
+        ("text\n#### 22", "22"),
+        ("#### 1,000", "1000"),
+        ("no marker 5", None),
+        ("####", None),
+    ],
+)
 def test_gsm8k_answer(value, gold):
     assert formats.gsm8k_answer(value) == gold
 
 
-@pytest.mark.parametrize("value, gold", [
-    ("033", "33"), (50, "50"), (720.0, "720"), ("142.0", "142"), ("-7", "-7"),
-    ("\\frac{1}{2}", "\\frac{1}{2}"), (None, None), (True, None), ("  ", None),
-])
+@pytest.mark.parametrize(
+    "value, gold",
+    [
+        ("033", "33"),
+        (50, "50"),
+        (720.0, "720"),
+        ("142.0", "142"),
+        ("-7", "-7"),
+        ("\\frac{1}{2}", "\\frac{1}{2}"),
+        (None, None),
+        (True, None),
+        ("  ", None),
+    ],
+)
 def test_numeric_answer(value, gold):
     assert formats.numeric_answer(value) == gold
 
 
 # (file, format, expected (question prefix, gold) of every record)
 SAMPLES = [
-    ("gsm8k.jsonl", "gsm8k", [("A baker", "22"), ("Mia reads", "80"), ("A school", "1000"),
-                              ("Tom has", "9")]),
-    ("math.jsonl", "math", [("What is", "\\frac{1}{2}"), ("Solve for", "4"),
-                            ("Find the set", "\\{-3, 3\\}"), ("Simplify", "2\\sqrt{3}")]),
-    ("math500.jsonl", "math500", [("Compute", "10"), ("Write", "\\frac{1}{3}"),
-                                  ("Convert", "\\left( 3, \\frac{\\pi}{2} \\right)")]),
-    ("orz.json", "orz", [("If $a + b", "12"), ("What is the remainder", "2"),
-                         ("A fair coin", "\\frac{1}{4}")]),
-    ("aime.jsonl", "aime", [("Find the number", "33"), ("Find the remainder", "50"),
-                            ("Let $n$", "12")]),
+    (
+        "gsm8k.jsonl",
+        "gsm8k",
+        [("A baker", "22"), ("Mia reads", "80"), ("A school", "1000"), ("Tom has", "9")],
+    ),
+    (
+        "math.jsonl",
+        "math",
+        [
+            ("What is", "\\frac{1}{2}"),
+            ("Solve for", "4"),
+            ("Find the set", "\\{-3, 3\\}"),
+            ("Simplify", "2\\sqrt{3}"),
+        ],
+    ),
+    (
+        "math500.jsonl",
+        "math500",
+        [
+            ("Compute", "10"),
+            ("Write", "\\frac{1}{3}"),
+            ("Convert", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+        ],
+    ),
+    (
+        "orz.json",
+        "orz",
+        [("If $a + b", "12"), ("What is the remainder", "2"), ("A fair coin", "\\frac{1}{4}")],
+    ),
+    (
+        "aime.jsonl",
+        "aime",
+        [("Find the number", "33"), ("Find the remainder", "50"), ("Let $n$", "12")],
+    ),
     ("amc.jsonl", "amc", [("What is the sum", "720"), ("How many", "9")]),
 ]
 
@@ -89,8 +132,13 @@ def test_math_gold_is_the_last_box_of_the_solution():
 
 
 def test_field_overrides_and_unknown_format():
-    spec = DatasetSpec(path=os.path.join(DATA, "math500.jsonl"), format="fields",
-                       question_field="problem", answer_field="unique_id", name="m5")
+    spec = DatasetSpec(
+        path=os.path.join(DATA, "math500.jsonl"),
+        format="fields",
+        question_field="problem",
+        answer_field="unique_id",
+        name="m5",
+    )
     loaded = load_dataset(spec)
     assert [p.answer for p in loaded.problems][0] == "test/counting/1.json"
     assert loaded.problems[0].uid == "m5/0"

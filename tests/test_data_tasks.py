@@ -28,16 +28,19 @@ def test_tokenizer_round_trip_and_vocab():
         tok.decode([16])
 
 
-@pytest.mark.parametrize("completion, answer, credit", [
-    ("54321", "54321", 1.0),
-    ("5432", "54321", 4 / 5),      # one position missing
-    ("543210", "54321", 5 / 6),    # one extra position
-    ("12345", "54321", 1 / 5),     # only the middle digit agrees
-    ("", "54321", 0.0),
-    ("9", "1", 0.0),
-    ("1", "1", 1.0),
-    ("15", "51", 0.0),
-])
+@pytest.mark.parametrize(
+    "completion, answer, credit",
+    [
+        ("54321", "54321", 1.0),
+        ("5432", "54321", 4 / 5),  # one position missing
+        ("543210", "54321", 5 / 6),  # one extra position
+        ("12345", "54321", 1 / 5),  # only the middle digit agrees
+        ("", "54321", 0.0),
+        ("9", "1", 0.0),
+        ("1", "1", 1.0),
+        ("15", "51", 0.0),
+    ],
+)
 def test_partial_credit_by_hand(completion, answer, credit):
     assert partial_credit(completion, answer) == pytest.approx(credit)
 
@@ -85,16 +88,18 @@ def test_task_streams_through_prompt_stream_and_prompt_template():
     again.set_state(state)
     assert next(again) == nxt
     with pytest.raises(ConfigError, match="different data"):
-        PromptStream(make_task("reverse_digits", num_problems=64, seed=1).source(),
-                     seed=5).set_state(state)
+        PromptStream(
+            make_task("reverse_digits", num_problems=64, seed=1).source(), seed=5
+        ).set_state(state)
     # Tasks use the plain template without a system prompt; the chat path gives the same.
     plain = PromptConfig(template="plain", system_prompt=None)
     chat = PromptConfig(template="chat", system_prompt=None)
     p = epoch[0]
     assert build_prompt(p.question, task.tokenizer, plain) == p.question
     assert build_prompt(p.question, task.tokenizer, chat) == p.question
-    assert task.tokenizer.apply_chat_template([{"role": "user", "content": p.question}],
-                                              tokenize=True) == task.tokenizer.encode(p.question)
+    assert task.tokenizer.apply_chat_template(
+        [{"role": "user", "content": p.question}], tokenize=True
+    ) == task.tokenizer.encode(p.question)
 
 
 def test_task_reward_through_the_table():

@@ -23,10 +23,14 @@ def _check_solution(solution: str, answer: str) -> int:
     """Redoes every "a op b = c" of a worked solution; returns the number of operations."""
     *lines, last = solution.split("\n")
     assert last == f"#### {answer}"
-    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-           "/": lambda a, b: a / b}
+    ops = {
+        "+": lambda a, b: a + b,
+        "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b,
+        "/": lambda a, b: a / b,
+    }
     for line in lines:
-        (a, op, b, c), = STEP.findall(line)  # exactly one calculation a line
+        ((a, op, b, c),) = STEP.findall(line)  # exactly one calculation a line
         assert ops[op](int(a), int(b)) == int(c), line
     assert int(STEP.findall(lines[-1])[0][3]) == int(answer)  # the last step is the answer
     return len(lines)
@@ -56,8 +60,7 @@ def test_splits_are_disjoint(difficulty):
     assert len(set(test_questions)) > 250  # not a handful of repeats
     assert not train_questions & set(test_questions)
     # Even another seed's train split never holds a test question (the hash decides).
-    other = {wp.WordProblems(difficulty=difficulty, seed=9).problem(i).question
-             for i in range(500)}
+    other = {wp.WordProblems(difficulty=difficulty, seed=9).problem(i).question for i in range(500)}
     assert not other & set(test_questions)
 
 
@@ -81,18 +84,28 @@ def test_every_kind_appears_and_kinds_select():
     task = wp.WordProblems(difficulty=1)
     assert len(wp.KINDS) >= 6
     # Each kind alone yields its own questions; together they all appear (~1/8 each).
-    signatures = {"sharing": "equally|groups of", "rates": "every", "ages": "years old",
-                  "fractions": "of them", "shopping": r"\$"}
+    signatures = {
+        "sharing": "equally|groups of",
+        "rates": "every",
+        "ages": "years old",
+        "fractions": "of them",
+        "shopping": r"\$",
+    }
     for kind, pattern in signatures.items():
         only = wp.WordProblems(difficulty=1, kinds=(kind,))
         assert all(re.search(pattern, only.problem(i).question) for i in range(40)), kind
     drawn = collections.Counter(task.kind(i) for i in range(400))
     assert set(drawn) == set(wp.KINDS) and min(drawn.values()) > 20
-    assert {wp.WordProblems(kinds=("ages", "rates")).kind(i) for i in range(30)} == {"ages",
-                                                                                    "rates"}
+    assert {wp.WordProblems(kinds=("ages", "rates")).kind(i) for i in range(30)} == {
+        "ages",
+        "rates",
+    }
     # Lists and comma strings (flags, configs) become the same tuple.
-    assert (wp.WordProblems(kinds=["ages", "rates"]) == wp.WordProblems(kinds="ages, rates")
-            == wp.WordProblems(kinds=("ages", "rates")))
+    assert (
+        wp.WordProblems(kinds=["ages", "rates"])
+        == wp.WordProblems(kinds="ages, rates")
+        == wp.WordProblems(kinds=("ages", "rates"))
+    )
 
 
 def test_questions_are_varied():
@@ -134,7 +147,8 @@ def test_gsm8k_jsonl_round_trip(tmp_path):
     loaded = load_dataset(DatasetSpec(path=str(path), format="gsm8k"))
     assert loaded.num_skipped == 0 and len(loaded.problems) == 60
     assert [(p.question, p.answer) for p in loaded.problems] == [
-        (task.problem(i).question, task.problem(i).answer) for i in range(60)]
+        (task.problem(i).question, task.problem(i).answer) for i in range(60)
+    ]
     assert os.listdir(tmp_path) == ["wp.jsonl"]  # no temporary file left behind
 
 
@@ -145,31 +159,41 @@ def test_task_registry_and_stream():
     stream = PromptStream(task.source(), seed=1)
     epoch = [next(stream) for _ in range(32)]
     assert sorted(p.uid for p in epoch) == sorted(f"word_problems/test/{i}" for i in range(32))
-    assert (task.source().fingerprint()
-            != make_task("word_problems", difficulty=1, num_problems=32).source().fingerprint())
+    assert (
+        task.source().fingerprint()
+        != make_task("word_problems", difficulty=1, num_problems=32).source().fingerprint()
+    )
     assert 40 < task.longest_question_chars(100) < 400
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"level": 2}, "unknown option"),
-    ({"difficulty": 4}, "difficulty=4 must be 1"),
-    ({"difficulty": True}, "difficulty=True"),
-    ({"kinds": ("ages", "dragons")}, r"unknown kind\(s\) \['dragons'\]"),
-    ({"kinds": ()}, "kinds is empty"),
-    ({"kinds": ("ages", "ages")}, "repeat"),
-    ({"max_value": 3}, "max_value=3"),
-    ({"num_problems": 0}, "num_problems=0"),
-    ({"seed": -1}, "seed -1"),
-    ({"split": "validation"}, "split='validation'"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"level": 2}, "unknown option"),
+        ({"difficulty": 4}, "difficulty=4 must be 1"),
+        ({"difficulty": True}, "difficulty=True"),
+        ({"kinds": ("ages", "dragons")}, r"unknown kind\(s\) \['dragons'\]"),
+        ({"kinds": ()}, "kinds is empty"),
+        ({"kinds": ("ages", "ages")}, "repeat"),
+        ({"max_value": 3}, "max_value=3"),
+        ({"num_problems": 0}, "num_problems=0"),
+        ({"seed": -1}, "seed -1"),
+        ({"split": "validation"}, "split='validation'"),
+    ],
+)
 def test_bad_options(options, match):
     with pytest.raises(ConfigError, match=match):
         make_task("word_problems", **options)
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pipelinerl_jax.data.word_problems", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pipelinerl_jax.data.word_problems", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+    )
 
 
 def test_cli_writes_gsm8k_jsonl(tmp_path):
@@ -183,14 +207,17 @@ def test_cli_writes_gsm8k_jsonl(tmp_path):
     assert sorted(os.listdir(out.parent)) == ["test.jsonl"]
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--kinds=ages,dragons"], "unknown kind"),
-    (["--difficulty=0"], "difficulty=0"),
-    (["--n=0"], "--n=0"),
-    (["--split=dev"], "split='dev'"),
-    (["--out=/proc/no/such/dir/x.jsonl"], "cannot write"),
-    (["--out="], "--out is required"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--kinds=ages,dragons"], "unknown kind"),
+        (["--difficulty=0"], "difficulty=0"),
+        (["--n=0"], "--n=0"),
+        (["--split=dev"], "split='dev'"),
+        (["--out=/proc/no/such/dir/x.jsonl"], "cannot write"),
+        (["--out="], "--out is required"),
+    ],
+)
 def test_cli_bad_options(tmp_path, capsys, args, match):
     argv = [f"--out={tmp_path / 'x.jsonl'}", *args]
     # In-process (fresh flags each call): fast, and the same code path as the subprocess.

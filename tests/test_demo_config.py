@@ -67,6 +67,7 @@ def _first_digit_policy_values(task, n=3000, seed=0):
 
 def _score(task, completion, answer):
     from pipelinerl_jax.data.formats import Problem
+
     return task.score(Problem(uid="t", question="", answer=answer, source=task.name), completion)
 
 

@@ -40,6 +40,7 @@ def exact_match(completion, problem):
 
 # --- evaluate_problems with a scripted sampler -------------------------------------------------
 
+
 class _Sample:
     def __init__(self, request_id, attempt, token_ids, finish_reason, error=None):
         self.request_id, self.attempt, self.token_ids = request_id, attempt, token_ids
@@ -82,7 +83,7 @@ SCRIPT = {
 PROBLEMS = [
     Problem(uid="ds/0", question="1+1=", answer="2", source="ds"),
     Problem(uid="ds/1", question="2+2=", answer="4", source="ds"),
-    Problem(uid="ds/2", question="1111111111=", answer="1", source="ds"),   # sampler rejects it
+    Problem(uid="ds/2", question="1111111111=", answer="1", source="ds"),  # sampler rejects it
     Problem(uid="other/0", question="3+4=", answer="7", source="other"),
     Problem(uid="other/1", question="what?", answer="1", source="other"),  # not encodable
 ]
@@ -91,25 +92,38 @@ PLAIN = PromptConfig(template="plain", system_prompt=None)
 
 def test_metrics_by_hand():
     sampler = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
-    res = eval_lib.evaluate_problems(sampler, TOK, PROBLEMS, "math", 4, SamplingParams(), PLAIN,
-                                     return_samples=True)
+    res = eval_lib.evaluate_problems(
+        sampler, TOK, PROBLEMS, "math", 4, SamplingParams(), PLAIN, return_samples=True
+    )
     # correct attempts per problem: 2, 0, 0 (rejected), 4, 0 (not encodable)
     assert (res["num_problems"], res["k"], res["num_samples"]) == (5, 4, 20)
     assert res["avg@k"] == pytest.approx(6 / 20) and res["pass@k"] == pytest.approx(2 / 5)
     assert res["score_mean"] == pytest.approx(6 / 20)
-    assert res["status"] == {"correct": 6, "wrong": 4, "no_answer": 1, "unparsable": 1,
-                             "error": 8, "timeout": 0}
+    assert res["status"] == {
+        "correct": 6,
+        "wrong": 4,
+        "no_answer": 1,
+        "unparsable": 1,
+        "error": 8,
+        "timeout": 0,
+    }
     assert res["finish"] == {"stop": 10, "length": 2, "error": 8}
     lengths = [len(c) for q in ("1+1=", "2+2=", "3+4=") for c, _ in SCRIPT[q]]
     assert res["len_mean"] == pytest.approx(np.mean(lengths))
     assert res["len_max"] == max(lengths) and res["no_eos_frac"] == pytest.approx(2 / 12)
     assert res["per_source"]["ds"]["avg@k"] == pytest.approx(2 / 12)
     assert res["per_source"]["ds"]["pass@k"] == pytest.approx(1 / 3)
-    assert res["per_source"]["other"] == {"num_problems": 2, "avg@k": 0.5, "pass@k": 0.5,
-                                          "score_mean": 0.5, "len_mean": 9.0}
+    assert res["per_source"]["other"] == {
+        "num_problems": 2,
+        "avg@k": 0.5,
+        "pass@k": 0.5,
+        "score_mean": 0.5,
+        "len_mean": 9.0,
+    }
     rows = res["samples"]
-    assert [(r["uid"], r["attempt"]) for r in rows] == [(p.uid, a) for p in PROBLEMS
-                                                        for a in range(4)]
+    assert [(r["uid"], r["attempt"]) for r in rows] == [
+        (p.uid, a) for p in PROBLEMS for a in range(4)
+    ]
     assert rows[0]["completion"] == B("2") and rows[0]["predicted"] == "2"
     assert rows[8]["error"] == "prompt too long" and "cannot encode" in rows[16]["error"]
 
@@ -123,8 +137,9 @@ def _raises(completion, problem):
 def test_reward_pool_and_raising_reward():
     sampler = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
     with RewardPool(_raises, num_workers=0) as pool:
-        res = eval_lib.evaluate_problems(sampler, TOK, PROBLEMS[:2], pool, 4, SamplingParams(),
-                                         PLAIN, return_samples=True)
+        res = eval_lib.evaluate_problems(
+            sampler, TOK, PROBLEMS[:2], pool, 4, SamplingParams(), PLAIN, return_samples=True
+        )
     assert res["status"]["error"] == 1 and res["status"]["correct"] == 2
     assert "ZeroDivisionError: boom" in res["samples"][1]["error"]
     busy = ScriptedSampler(TOK, SCRIPT, max_prompt=6)
@@ -148,12 +163,21 @@ def model_dir(tmp_path_factory):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(SPECIALS)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>",
-                                                            "pad_token": "<pad>"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "</s>", "pad_token": "<pad>"})
+    )
     config = transformers.LlamaConfig(
-        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        initializer_range=0.15, eos_token_id=vocab["</s>"], pad_token_id=0)
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.15,
+        eos_token_id=vocab["</s>"],
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     return path
@@ -171,22 +195,42 @@ def _greedy_text(model_dir, question, max_new_tokens):
     ids = eval_lib.encode_problem(Problem("q", question, "", "q"), tok, PLAIN)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=tok.eos_token_ids[0], pad_token_id=0)
-    return tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tok.eos_token_ids[0],
+            pad_token_id=0,
+        )
+    return tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
 
 
 def test_cli_greedy_matches_transformers_gold(model_dir, tmp_path, capsys):
     gold = _greedy_text(model_dir, QUESTIONS[0], 6)
     assert gold.strip()
     data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"question": QUESTIONS[0], "answer": gold}) + "\n" +
-                    json.dumps({"question": QUESTIONS[1], "answer": "zzz"}) + "\n")
+    data.write_text(
+        json.dumps({"question": QUESTIONS[0], "answer": gold})
+        + "\n"
+        + json.dumps({"question": QUESTIONS[1], "answer": "zzz"})
+        + "\n"
+    )
     out, samples = tmp_path / "res.json", tmp_path / "samples.jsonl"
-    code, stdout, err = _run([f"--model_dir={model_dir}", f"--dataset={data}", "--greedy",
-                              "--reward=test_evaluate:exact_match", "--system_prompt=",
-                              "--max_new_tokens=6", "--num_slots=4", "--chunk_steps=4",
-                              f"--out={out}", f"--samples_out={samples}"], capsys)
+    code, stdout, err = _run(
+        [
+            f"--model_dir={model_dir}",
+            f"--dataset={data}",
+            "--greedy",
+            "--reward=test_evaluate:exact_match",
+            "--system_prompt=",
+            "--max_new_tokens=6",
+            "--num_slots=4",
+            "--chunk_steps=4",
+            f"--out={out}",
+            f"--samples_out={samples}",
+        ],
+        capsys,
+    )
     assert code == 0, err
     res = json.loads(stdout)
     assert res == json.loads(out.read_text())
@@ -197,31 +241,70 @@ def test_cli_greedy_matches_transformers_gold(model_dir, tmp_path, capsys):
     assert res["len_mean"] == np.mean([r["num_tokens"] for r in rows])
 
 
-TASK_CFG = ModelConfig(model_type="llama", vocab_size=16, hidden_size=32, intermediate_size=64,
-                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
-                       rope_theta=1e4, rope_scaling=None, max_position_embeddings=32,
-                       tie_word_embeddings=True, attention_bias=False, qk_norm=False)
+TASK_CFG = ModelConfig(
+    model_type="llama",
+    vocab_size=16,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-5,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=32,
+    tie_word_embeddings=True,
+    attention_bias=False,
+    qk_norm=False,
+)
 
 
 def test_cli_workdir_task_checkpoint(tmp_path, capsys):
     """A run checkpoint of a task model, sampled with k = 2 on the held-out problems and scored
     by partial credit."""
     rng = np.random.default_rng(1)
-    params = jax.tree.map(lambda x: jax.numpy.asarray(0.3 * rng.standard_normal(x.shape), x.dtype),
-                          llama.abstract_init(TASK_CFG)[1])
+    params = jax.tree.map(
+        lambda x: jax.numpy.asarray(0.3 * rng.standard_normal(x.shape), x.dtype),
+        llama.abstract_init(TASK_CFG)[1],
+    )
     z = lambda v: jax.numpy.asarray(v, jax.numpy.int32)
-    state = TrainState(step=z(5), version=z(5), params=params, opt_state=(), ref_params=None,
-                       skipped=z(0), consecutive_skips=z(0))
+    state = TrainState(
+        step=z(5),
+        version=z(5),
+        params=params,
+        opt_state=(),
+        ref_params=None,
+        skipped=z(0),
+        consecutive_skips=z(0),
+    )
     with ck.RunCheckpointer(tmp_path, model_config=TASK_CFG) as ckpt:
         ckpt.save(5, state, {})
-    (tmp_path / "config.json").write_text(json.dumps({"data": {
-        "task": "reverse_digits", "task_options": [["max_digits", 3], ["min_digits", 2]]}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "data": {
+                    "task": "reverse_digits",
+                    "task_options": [["max_digits", 3], ["min_digits", 2]],
+                }
+            }
+        )
+    )
     samples = tmp_path / "s.jsonl"
-    code, stdout, err = _run([f"--workdir={tmp_path}", "--task=reverse_digits",
-                              "--num_problems=5", "--k=2", "--temperature=1.0",
-                              "--max_new_tokens=5",
-                              "--num_slots=8", "--chunk_steps=4", f"--samples_out={samples}"],
-                             capsys)
+    code, stdout, err = _run(
+        [
+            f"--workdir={tmp_path}",
+            "--task=reverse_digits",
+            "--num_problems=5",
+            "--k=2",
+            "--temperature=1.0",
+            "--max_new_tokens=5",
+            "--num_slots=8",
+            "--chunk_steps=4",
+            f"--samples_out={samples}",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "evaluating checkpoint step 5" in err
     res = json.loads(stdout)
@@ -239,6 +322,7 @@ def test_cli_workdir_task_checkpoint(tmp_path, capsys):
 
 def _flags(*argv):
     from absl import flags
+
     fv = flags.FlagValues()
     evaluate.define_flags(fv)
     fv(["evaluate", *argv])
@@ -249,23 +333,36 @@ def test_a_run_is_evaluated_with_its_own_prompt():
     """--workdir: the run's system prompt and few-shot examples, unless --system_prompt is
     given; a Hugging Face directory: the paper's prompt, no examples."""
     task = make_task("word_problems")
-    run = {"data": {"prompt_template": "chat", "system_prompt": "Box it.",
-                    "few_shot": [["1+2?", "\\boxed{3}"]]}}
+    run = {
+        "data": {
+            "prompt_template": "chat",
+            "system_prompt": "Box it.",
+            "few_shot": [["1+2?", "\\boxed{3}"]],
+        }
+    }
     cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems"), task, run)
     assert (cfg.template, cfg.system_prompt, cfg.few_shot) == (
-        "chat", "Box it.", (("1+2?", "\\boxed{3}"),))
-    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems",
-                                         "--system_prompt=Other."), task, run)
+        "chat",
+        "Box it.",
+        (("1+2?", "\\boxed{3}"),),
+    )
+    cfg = evaluate._prompt_config(
+        _flags("--workdir=w", "--task=word_problems", "--system_prompt=Other."), task, run
+    )
     assert cfg.system_prompt == "Other." and cfg.few_shot == (("1+2?", "\\boxed{3}"),)
-    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems", "--nofew_shot"),
-                                  task, run)
+    cfg = evaluate._prompt_config(
+        _flags("--workdir=w", "--task=word_problems", "--nofew_shot"), task, run
+    )
     assert cfg.system_prompt == "Box it." and cfg.few_shot == ()  # the run's, zero-shot
     papers = {"data": {"prompt_template": "chat", "system_prompt": None}}
     cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems"), task, papers)
     assert cfg.system_prompt == PromptConfig().system_prompt and cfg.few_shot == ()
     cfg = evaluate._prompt_config(_flags("--model_dir=m", "--task=word_problems"), task, None)
     assert (cfg.template, cfg.system_prompt, cfg.few_shot) == (
-        "chat", PromptConfig().system_prompt, ())
+        "chat",
+        PromptConfig().system_prompt,
+        (),
+    )
 
 
 def test_bad_inputs(model_dir, tmp_path, capsys):
@@ -303,4 +400,8 @@ def test_a_run_is_evaluated_with_its_own_generation_settings():
     assert evaluate._generation(given, run) == dict(run, max_new_tokens=32, temperature=1.0)
     # A Hugging Face directory has no run: the flags' defaults.
     assert evaluate._generation(_flags(), None) == {
-        "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        "max_new_tokens": 512,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+    }

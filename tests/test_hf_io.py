@@ -23,23 +23,39 @@ from pipelinerl_jax.models import hf_io, llama
 
 VOCAB = 160
 T = 24
-BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            rms_norm_eps=1e-5)
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 FAMILIES = {
     # llama: rope_scaling llama3 (long wavelengths scaled at these positions), untied head.
-    "llama3_untied": (transformers.LlamaConfig, dict(rope_scaling=LLAMA3, rope_theta=500000.0,
-                                                     tie_word_embeddings=False)),
+    "llama3_untied": (
+        transformers.LlamaConfig,
+        dict(rope_scaling=LLAMA3, rope_theta=500000.0, tie_word_embeddings=False),
+    ),
     "llama_tied": (transformers.LlamaConfig, dict(tie_word_embeddings=True, head_dim=16)),
     "qwen2_bias_tied": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
     "qwen3_qknorm": (transformers.Qwen3Config, dict(head_dim=16, tie_word_embeddings=False)),
     "mistral": (transformers.MistralConfig, dict(sliding_window=None, tie_word_embeddings=False)),
 }
 MODEL_CLASSES = {
-    "llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-    "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
+    "llama": transformers.LlamaForCausalLM,
+    "qwen2": transformers.Qwen2ForCausalLM,
+    "qwen3": transformers.Qwen3ForCausalLM,
+    "mistral": transformers.MistralForCausalLM,
 }
 
 
@@ -67,7 +83,9 @@ def torch_logits(model, tokens: np.ndarray) -> np.ndarray:
 def our_logits(graphdef, params, tokens: np.ndarray) -> np.ndarray:
     B, T_ = tokens.shape
     positions = np.broadcast_to(np.arange(T_), (B, T_))
-    return np.asarray(llama.jit_forward(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions)))
+    return np.asarray(
+        llama.jit_forward(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions))
+    )
 
 
 def assert_close_f32(ours, ref):
@@ -102,7 +120,7 @@ def test_llama3_rope_scaling_changes_logits(tmp_path, tokens):
 
 def test_bf16_close_to_f32(tmp_path, tokens):
     """bf16 params and compute: 8 mantissa bits, ~4e-3 relative per rounding; through 2 layers
-  the logits stay within 5% of the largest f32 logit (measured ~1-2%)."""
+    the logits stay within 5% of the largest f32 logit (measured ~1-2%)."""
     make_checkpoint(tmp_path, "qwen3_qknorm")
     _, g32, p32 = hf_io.load_hf(tmp_path)
     _, g16, p16 = hf_io.load_hf(tmp_path, param_dtype="bfloat16")

@@ -15,10 +15,23 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import hf_io, llama
 from pipelinerl_jax.models.config import ModelConfig
 
-CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
-                  num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6,
-                  rope_theta=1e4, rope_scaling=None, max_position_embeddings=128,
-                  tie_word_embeddings=False, attention_bias=False, qk_norm=False)
+CFG = ModelConfig(
+    model_type="llama",
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    qk_norm=False,
+)
 
 
 @pytest.fixture
@@ -98,6 +111,7 @@ def test_missing_shard(tmp_path):
 
 def test_tokenizer_larger_than_embedding(ckpt):
     from tokenizers import Tokenizer, models
+
     vocab = {f"t{i}": i for i in range(CFG.vocab_size + 5)}
     Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(ckpt / "tokenizer.json"))
     message = load_error(ckpt)
@@ -111,8 +125,12 @@ def test_unsupported_rope_type(ckpt, rope_type):
 
 
 def test_rope_parameters_form_is_read(ckpt):
-    edit_config(ckpt, rope_scaling=None, rope_theta=None,
-                rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5})
+    edit_config(
+        ckpt,
+        rope_scaling=None,
+        rope_theta=None,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+    )
     cfg, _, _ = hf_io.load_hf(ckpt)
     assert cfg.rope_theta == 5e5 and cfg.rope_scaling_dict == {"rope_type": "linear", "factor": 2.0}
 

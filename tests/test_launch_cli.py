@@ -51,23 +51,33 @@ def _config(*overrides, file="tiny.py"):
 
 
 def test_list_and_dict_overrides_reach_the_run_config():
-    cfg = _config('--config.data.few_shot=[{"question": "1+2?", "answer": "3"}]',
-                  "--config.reward.table=success_and_format",
-                  '--config.reward.table_options={"format_weight": 0.3}',
-                  '--config.eval.datasets=[{"path": "x.jsonl", "format": "gsm8k"}]',
-                  "--config.eval_every=5")
+    cfg = _config(
+        '--config.data.few_shot=[{"question": "1+2?", "answer": "3"}]',
+        "--config.reward.table=success_and_format",
+        '--config.reward.table_options={"format_weight": 0.3}',
+        '--config.eval.datasets=[{"path": "x.jsonl", "format": "gsm8k"}]',
+        "--config.eval_every=5",
+    )
     assert cfg.data.few_shot == (("1+2?", "3"),)
     assert dict(cfg.reward.table_options) == {"format_weight": 0.3}
     assert cfg.eval.datasets[0].path == "x.jsonl" and cfg.eval.datasets[0].format == "gsm8k"
-    cfg = _config("--config.data.task=", "--config.eval_every=0",
-                  '--config.data.datasets=[{"path": "train.jsonl", "format": "gsm8k"}]')
+    cfg = _config(
+        "--config.data.task=",
+        "--config.eval_every=0",
+        '--config.data.datasets=[{"path": "train.jsonl", "format": "gsm8k"}]',
+    )
     assert cfg.data.task == "" and cfg.data.datasets[0].path == "train.jsonl"
 
 
 def test_fields_the_file_leaves_out_and_dict_keys_can_be_set():
-    cfg = _config("--config.reward.timeout_s=12", "--config.data.task_options.num_problems=50",
-                  "--config.model.init.num_layers", "3", "--config.sampler.num_pages=9",
-                  "--config.trainer.b2=0.95")
+    cfg = _config(
+        "--config.reward.timeout_s=12",
+        "--config.data.task_options.num_problems=50",
+        "--config.model.init.num_layers",
+        "3",
+        "--config.sampler.num_pages=9",
+        "--config.trainer.b2=0.95",
+    )
     assert cfg.reward.timeout_s == 12.0 and isinstance(cfg.reward.timeout_s, float)
     assert dict(cfg.data.task_options)["num_problems"] == 50
     assert dict(cfg.data.task_options)["max_digits"] == 5  # the file's other options stay
@@ -76,10 +86,16 @@ def test_fields_the_file_leaves_out_and_dict_keys_can_be_set():
 
 
 def test_values_convert_to_the_field_type():
-    cfg = _config("--config.devices.sampler=1", "--config.model.remat", "--config.data.system_prompt=null",
-                  "--config.loss.entropy_coef_end=0.01", "--config.compile_cache=",
-                  "--config.trainer.learning_rate=1e-3", "--config.max_lag=3",
-                  "--config.data.prompt_template=chat")
+    cfg = _config(
+        "--config.devices.sampler=1",
+        "--config.model.remat",
+        "--config.data.system_prompt=null",
+        "--config.loss.entropy_coef_end=0.01",
+        "--config.compile_cache=",
+        "--config.trainer.learning_rate=1e-3",
+        "--config.max_lag=3",
+        "--config.data.prompt_template=chat",
+    )
     assert cfg.devices.sampler == 1.0 and isinstance(cfg.devices.sampler, float)
     assert cfg.model.remat is True and cfg.data.system_prompt is None
     assert cfg.trainer.loss.entropy_coef_end == 0.01 and cfg.compile_cache == ""
@@ -88,24 +104,27 @@ def test_values_convert_to_the_field_type():
     assert _config("--config.seed=1", "--config.seed=2").seed == 2  # the last one wins
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--config.nosuch=1"], "config error: --config.nosuch: no such field"),
-    (["--config.max_lagg=3"], "did you mean --config.max_lag?"),
-    (["--config.learning_rate=1e-3"], "did you mean --config.trainer.learning_rate?"),
-    (["--config=configs/nosuch.py"], "--config=configs/nosuch.py: no such file"),
-    (["--config=configs/defualt.py"], "did you mean configs/default.py?"),
-    (["--config.max_lag=abc"], "--config.max_lag=abc: expected an integer"),
-    (["--config.trainer.learning_rate=fast"], "expected a number"),
-    (["--config.model.remat=maybe"], "expected true or false"),
-    (["--config.data.datasets=x.jsonl"], "expected a JSON list, e.g. --config.data.datasets="),
-    (["--config.reward.table_options=0.3"], "expected a JSON object"),
-    (["--config.batch_size=30"], "not divisible by config.group_size"),
-    (["--config.data.task_options.difficulty=2"], "task reverse_digits has no such option"),
-    (["--config.batch.max_sequences=3"], "is set from batch_size; leave it out"),
-    (["--config.max_lag"], "--config.max_lag needs a value"),
-    (["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
-    (["stray"], "error: unexpected arguments ['stray']"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--config.nosuch=1"], "config error: --config.nosuch: no such field"),
+        (["--config.max_lagg=3"], "did you mean --config.max_lag?"),
+        (["--config.learning_rate=1e-3"], "did you mean --config.trainer.learning_rate?"),
+        (["--config=configs/nosuch.py"], "--config=configs/nosuch.py: no such file"),
+        (["--config=configs/defualt.py"], "did you mean configs/default.py?"),
+        (["--config.max_lag=abc"], "--config.max_lag=abc: expected an integer"),
+        (["--config.trainer.learning_rate=fast"], "expected a number"),
+        (["--config.model.remat=maybe"], "expected true or false"),
+        (["--config.data.datasets=x.jsonl"], "expected a JSON list, e.g. --config.data.datasets="),
+        (["--config.reward.table_options=0.3"], "expected a JSON object"),
+        (["--config.batch_size=30"], "not divisible by config.group_size"),
+        (["--config.data.task_options.difficulty=2"], "task reverse_digits has no such option"),
+        (["--config.batch.max_sequences=3"], "is set from batch_size; leave it out"),
+        (["--config.max_lag"], "--config.max_lag needs a value"),
+        (["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+        (["stray"], "error: unexpected arguments ['stray']"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, expected, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     code, out, err = _launch(*args, "--dry_run", capsys=capsys)
@@ -114,12 +133,18 @@ def test_bad_input_is_one_line_and_exit_2(args, expected, capsys, monkeypatch):
     assert out == ""
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("def get_config():\n    raise ValueError('no\\nway')\n", "get_config() raised ValueError: no way"),
-    ("x = 1\n", "defines no get_config()"),
-    ("def get_config(:\n", "loading it failed: SyntaxError"),
-    ("def get_config():\n    return 3\n", "get_config() returned int"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            "def get_config():\n    raise ValueError('no\\nway')\n",
+            "get_config() raised ValueError: no way",
+        ),
+        ("x = 1\n", "defines no get_config()"),
+        ("def get_config(:\n", "loading it failed: SyntaxError"),
+        ("def get_config():\n    return 3\n", "get_config() returned int"),
+    ],
+)
 def test_broken_config_file_is_one_line_and_exit_2(tmp_path, body, expected, capsys):
     path = tmp_path / "broken.py"
     path.write_text(body)
@@ -127,18 +152,27 @@ def test_broken_config_file_is_one_line_and_exit_2(tmp_path, body, expected, cap
     assert code == 2 and err.count("\n") == 1 and expected in err, err
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("c.max_lagg = 3", "config.max_lagg: no such field; did you mean max_lag?"),
-    ("c.generation.max_new_token = 3", "config.generation.max_new_token: no such field; did you "
-                                       "mean max_new_tokens?"),
-    ("c.trainr = {}", "config.trainr: no such field; did you mean trainer?"),
-    ("c.model.init.num_layerz = 3", "config.model.init.num_layerz: no such ModelConfig field; "
-                                    "did you mean num_layers?"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("c.max_lagg = 3", "config.max_lagg: no such field; did you mean max_lag?"),
+        (
+            "c.generation.max_new_token = 3",
+            "config.generation.max_new_token: no such field; did you mean max_new_tokens?",
+        ),
+        ("c.trainr = {}", "config.trainr: no such field; did you mean trainer?"),
+        (
+            "c.model.init.num_layerz = 3",
+            "config.model.init.num_layerz: no such ModelConfig field; did you mean num_layers?",
+        ),
+    ],
+)
 def test_typo_in_a_config_file_is_one_line_and_exit_2(tmp_path, line, expected, capsys):
     path = tmp_path / "typo.py"
-    path.write_text(f"from configs import tiny\n\ndef get_config():\n    c = tiny.get_config()\n"
-                    f"    {line}\n    return c\n")
+    path.write_text(
+        f"from configs import tiny\n\ndef get_config():\n    c = tiny.get_config()\n"
+        f"    {line}\n    return c\n"
+    )
     code, _, err = _launch(f"--config={path}", "--dry_run", capsys=capsys)
     assert code == 2 and err.count("\n") == 1 and expected in err, err
 
@@ -150,8 +184,9 @@ def test_unwritable_workdir_is_one_line_and_exit_2(tmp_path, capsys):
     for extra in ([], ["--dry_run"]):
         code, _, err = _launch(TINY, f"--workdir={blocker / 'run'}", *extra, capsys=capsys)
         assert code == 2 and err.count("\n") == 1, err
-        assert err.startswith(f"config error: --workdir={blocker / 'run'} is not a writable "
-                              "directory"), err
+        assert err.startswith(
+            f"config error: --workdir={blocker / 'run'} is not a writable directory"
+        ), err
     code, _, err = _launch(TINY, f"--workdir={blocker}", capsys=capsys)
     assert code == 2 and "is not a writable directory" in err
     assert blocker.is_file()
@@ -168,10 +203,15 @@ def test_check_workdir_creates_only_for_a_run(tmp_path):
 
 
 def test_dry_run_prints_config_params_and_memory_and_exits_0(tmp_path, capsys):
-    code, out, err = _launch(TINY, "--dry_run", "--config.reward.timeout_s=9",
-                             f"--workdir={tmp_path / 'run'}", capsys=capsys)
+    code, out, err = _launch(
+        TINY,
+        "--dry_run",
+        "--config.reward.timeout_s=9",
+        f"--workdir={tmp_path / 'run'}",
+        capsys=capsys,
+    )
     assert code == 0, err
-    resolved = json.loads(out[:out.index("\ndevices: ")])
+    resolved = json.loads(out[: out.index("\ndevices: ")])
     assert resolved["reward"]["timeout_s"] == 9.0 and resolved["steps"] == 8
     assert "devices: cpu x 1: sampler 1, trainer 1 (shared)" in out
     assert "parameters (float32)" in out and "memory estimate:" in out
@@ -180,13 +220,27 @@ def test_dry_run_prints_config_params_and_memory_and_exits_0(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--config.devices.sampler_tp=2"], "devices.sampler_tp=2 and devices.trainer_tp=1 need more"),
-    (["--config.model.init.num_layers=100000", "--config.model.init.hidden_size=8192"],
-     "config error: memory estimate"),
-    (['--config.data.datasets=[{"path": "no/such.jsonl"}]', "--config.data.task=",
-      "--config.eval_every=0"], "dataset file not found: no/such.jsonl"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--config.devices.sampler_tp=2"],
+            "devices.sampler_tp=2 and devices.trainer_tp=1 need more",
+        ),
+        (
+            ["--config.model.init.num_layers=100000", "--config.model.init.hidden_size=8192"],
+            "config error: memory estimate",
+        ),
+        (
+            [
+                '--config.data.datasets=[{"path": "no/such.jsonl"}]',
+                "--config.data.task=",
+                "--config.eval_every=0",
+            ],
+            "dataset file not found: no/such.jsonl",
+        ),
+    ],
+)
 def test_dry_run_refuses_what_a_run_would(args, expected, capsys):
     code, _, err = _launch(TINY, "--dry_run", *args, capsys=capsys)
     assert code == 2 and expected in err and err.count("\n") == 1, err
@@ -202,22 +256,34 @@ def test_third_party_info_logs_are_off_unless_verbosity_asks(capsys):
 
 def test_launch_script_dry_run_and_error_exit_codes():
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "launch.py"), *a], cwd=ROOT,
-                                    env=env, capture_output=True, text=True, timeout=120)
+    run = lambda *a: subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *a],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     proc = run("--dry_run")  # the embedded default
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "memory estimate:" in proc.stdout and "395,904 parameters" in proc.stdout
     proc = run("--config.max_lagg=3")
     assert proc.returncode == 2
-    assert proc.stderr == ("config error: --config.max_lagg: no such field; did you mean "
-                           "--config.max_lag? (launch.py --help lists every field)\n")
+    assert proc.stderr == (
+        "config error: --config.max_lagg: no such field; did you mean "
+        "--config.max_lag? (launch.py --help lists every field)\n"
+    )
 
 
 def test_make_run_gets_a_timestamped_workdir_unless_args_name_one():
-    make = lambda *a: subprocess.run(["make", "-n", "run", *a], cwd=ROOT, capture_output=True,
-                                     text=True, timeout=60).stdout
+    make = lambda *a: (
+        subprocess.run(
+            ["make", "-n", "run", *a], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ).stdout
+    )
     line = [l for l in make().splitlines() if "launch.py" in l][-1]
     assert "launch.py --workdir=runs/$(date +%Y%m%d-%H%M%S)" in line
-    line = [l for l in make("ARGS=--workdir=/tmp/x --config.seed=3").splitlines()
-            if "launch.py" in l][-1]
+    line = [
+        l for l in make("ARGS=--workdir=/tmp/x --config.seed=3").splitlines() if "launch.py" in l
+    ][-1]
     assert "runs/" not in line and line.endswith("--workdir=/tmp/x --config.seed=3")

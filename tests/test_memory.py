@@ -38,15 +38,17 @@ def _run_config(**overrides):
 def _model_config(cfg, **overrides) -> ModelConfig:
     """The ModelConfig pipeline.run.build_model makes for a fresh-init config."""
     fields = dict(cfg.model.init)
-    fields.update(param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-                  remat=cfg.model.remat)
+    fields.update(
+        param_dtype=cfg.model.param_dtype,
+        compute_dtype=cfg.model.compute_dtype,
+        remat=cfg.model.remat,
+    )
     fields.update(overrides)
     return ModelConfig(**fields)
 
 
 def _nbytes(tree) -> int:
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-               for x in jax.tree.leaves(tree))
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +63,8 @@ def test_state_items_match_the_model_by_hand(tiny):
     _, abstract = llama.abstract_init(m)
     count = m.num_params()
     assert est.params == _nbytes(abstract) == count * 4
-    assert est.optimizer == 2 * count * 4          # AdamW mu + nu, f32
-    assert est.gradients == count * 4              # one f32 gradient, no accumulation
+    assert est.optimizer == 2 * count * 4  # AdamW mu + nu, f32
+    assert est.gradients == count * 4  # one f32 gradient, no accumulation
     # The sampler's per-version copy as decode_params lays it out, twice (swap overlap), and
     # the publisher's copy of the params that the conversion reads.
     decode = jax.eval_shape(lambda p: fwd.decode_params(m, p), abstract)
@@ -74,11 +76,15 @@ def test_state_items_match_the_model_by_hand(tiny):
 def test_kv_pool_is_what_size_pool_gives_the_sampler(tiny):
     cfg, m = tiny
     s = cfg.sampler
-    pool = pg.size_pool(num_layers=m.num_layers, num_kv_heads=m.num_kv_heads,
-                        head_dim=m.head_dim, itemsize=4, page_size=s.page_size,
-                        max_seq_len=s.max_seq_len,
-                        num_pages=s.num_slots * pg.max_pages_per_slot(s.max_seq_len,
-                                                                      s.page_size) + 1)
+    pool = pg.size_pool(
+        num_layers=m.num_layers,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        itemsize=4,
+        page_size=s.page_size,
+        max_seq_len=s.max_seq_len,
+        num_pages=s.num_slots * pg.max_pages_per_slot(s.max_seq_len, s.page_size) + 1,
+    )
     assert memory.estimate(cfg, m).kv_pool == pool.total_bytes
     # A memory budget sizes the pool instead.
     budget = _run_config(**{"sampler.kv_memory_bytes": 10 * pool.bytes_per_page + 5})
@@ -86,7 +92,8 @@ def test_kv_pool_is_what_size_pool_gives_the_sampler(tiny):
     # Staged decode attention (the CPU path) copies every slot's full window, all layers.
     staged = _run_config(**{"sampler.attention": "staged"})
     assert memory.estimate(staged, m).decode_stage == (
-        2 * m.num_layers * s.num_slots * s.max_seq_len * m.num_kv_heads * m.head_dim * 4)
+        2 * m.num_layers * s.num_slots * s.max_seq_len * m.num_kv_heads * m.head_dim * 4
+    )
     paged = _run_config(**{"sampler.attention": "paged"})
     assert memory.estimate(paged, m).decode_stage == 0
 
@@ -94,8 +101,10 @@ def test_kv_pool_is_what_size_pool_gives_the_sampler(tiny):
 def test_reference_model_adds_a_param_copy(tiny):
     cfg, m = tiny
     with_kl = _run_config(**{"loss.kl_coef": 0.01})
-    assert (memory.estimate(with_kl, m).optimizer
-            == memory.estimate(cfg, m).optimizer + m.num_params() * 4)
+    assert (
+        memory.estimate(with_kl, m).optimizer
+        == memory.estimate(cfg, m).optimizer + m.num_params() * 4
+    )
 
 
 def test_remat_and_micro_batches_lower_activations(tiny):
@@ -136,10 +145,22 @@ def test_summary_is_one_line_in_gib(tiny):
 # -- calibration ----------------------------------------------------------------------------
 
 SMOLLM2_135M = ModelConfig(
-    model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-    num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
-    rope_theta=100000.0, rope_scaling=None, max_position_embeddings=8192,
-    tie_word_embeddings=True, attention_bias=False, qk_norm=False)
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    rope_scaling=None,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+    attention_bias=False,
+    qk_norm=False,
+)
 
 # Peak RSS, measured 2026-11-25 on the 2-core AMD EPYC, /usr/bin/time -v: SmolLM2-135M in f32,
 # 16 rows x 288 tokens per step, attention_block 128. "train" is a process that loads the
@@ -155,15 +176,23 @@ MEASURED_GB = [
 
 
 def _smollm_estimate(remat: bool, micro: int, with_sampler: bool):
-    cfg = _run_config(**{
-        "generation.max_prompt_tokens": 32, "generation.max_new_tokens": 256,
-        "batch.seq_len": 288, "batch.num_rows": 16, "trainer.micro_batches": micro,
-        "trainer.attention_block": 128, "sampler.num_slots": 16, "sampler.max_seq_len": 288,
-        "sampler.attention": "staged", "model.remat": remat})
+    cfg = _run_config(
+        **{
+            "generation.max_prompt_tokens": 32,
+            "generation.max_new_tokens": 256,
+            "batch.seq_len": 288,
+            "batch.num_rows": 16,
+            "trainer.micro_batches": micro,
+            "trainer.attention_block": 128,
+            "sampler.num_slots": 16,
+            "sampler.max_seq_len": 288,
+            "sampler.attention": "staged",
+            "model.remat": remat,
+        }
+    )
     est = memory.estimate(cfg, dataclasses.replace(SMOLLM2_135M, remat=remat))
     if not with_sampler:
-        est = dataclasses.replace(est, sampler_params=0, kv_pool=0, decode_stage=0,
-                                  eval_sampler=0)
+        est = dataclasses.replace(est, sampler_params=0, kv_pool=0, decode_stage=0, eval_sampler=0)
     return est
 
 
@@ -176,6 +205,7 @@ def test_estimate_is_within_20_percent_of_measured_peaks(remat, micro, with_samp
 
 
 # -- refusal --------------------------------------------------------------------------------
+
 
 def test_check_fits_refuses_in_one_line_naming_remat():
     est = _smollm_estimate(remat=False, micro=1, with_sampler=True)
@@ -203,6 +233,7 @@ def test_check_fits_names_the_sampler_knobs_when_the_pool_dominates(tiny):
 
 # -- available memory -----------------------------------------------------------------------
 
+
 def test_available_bytes_on_this_machine():
     available = memory.available_bytes()
     assert isinstance(available, int) and available > 0
@@ -219,8 +250,10 @@ def test_available_bytes_honours_a_smaller_cgroup_limit(tmp_path):
     (cgroup / "memory.max").write_text(f"{2 * GiB}\n")
     (cgroup / "memory.current").write_text(f"{GiB // 2}\n")
     assert memory.available_bytes(meminfo=str(meminfo), cgroup=str(cgroup)) == GiB * 3 // 2
-    assert memory.available_bytes(meminfo=str(tmp_path / "none"),
-                                  cgroup=str(tmp_path / "none")) is None
+    assert (
+        memory.available_bytes(meminfo=str(tmp_path / "none"), cgroup=str(tmp_path / "none"))
+        is None
+    )
 
 
 def test_peak_rss_counts_a_touched_allocation():
@@ -253,6 +286,7 @@ def test_real_config_estimate_is_within_10_percent_of_its_measured_peak():
     evaluation every 24 steps): peak RSS 6.83 GiB over a 48-step run (memory/peak_rss_gib of
     `python bench/real_learning.py`, seed 0, 2-core AMD EPYC, 2026-11-25)."""
     from configs import smollm2_math
+
     cfg = config_lib.from_config_dict(smollm2_math.get_config())
     est = memory.estimate(cfg, dataclasses.replace(SMOLLM2_135M, remat=True))
     assert est.eval_sampler > 0 and est.sampler_params > est.params

@@ -18,11 +18,28 @@ from pipelinerl_jax.models.config import ModelConfig
 
 # Every optional piece on at once (q/k/v bias, qk-norm, llama3 rope, untied head).
 CFG = ModelConfig(
-    model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
-    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4,
-    rope_scaling=(("factor", 4.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-                  ("original_max_position_embeddings", 8), ("rope_type", "llama3")),
-    max_position_embeddings=128, tie_word_embeddings=False, attention_bias=True, qk_norm=True)
+    model_type="qwen3",
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    rope_scaling=(
+        ("factor", 4.0),
+        ("high_freq_factor", 4.0),
+        ("low_freq_factor", 1.0),
+        ("original_max_position_embeddings", 8),
+        ("rope_type", "llama3"),
+    ),
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    qk_norm=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +66,13 @@ def forward_2x8(graphdef, params, tokens, positions=None, segments=None):
         positions = np.broadcast_to(np.arange(8), (2, 8))
     if segments is None:
         segments = np.zeros((2, 8), int)
-    return llama.jit_forward(graphdef, params, jnp.asarray(tokens, jnp.int32),
-                             jnp.asarray(positions, jnp.int32), jnp.asarray(segments, jnp.int32))
+    return llama.jit_forward(
+        graphdef,
+        params,
+        jnp.asarray(tokens, jnp.int32),
+        jnp.asarray(positions, jnp.int32),
+        jnp.asarray(segments, jnp.int32),
+    )
 
 
 def test_params_stacked_named_and_counted(model):
@@ -67,7 +89,7 @@ def test_params_stacked_named_and_counted(model):
 
 def test_packed_rows_equal_sequences_one_by_one(model):
     """Row 0 packs sequences of 3 and 5 tokens, row 1 one of 6 plus 2 padding tokens; each
-  sequence alone (right-padded to the same width, so one compile serves all) must agree."""
+    sequence alone (right-padded to the same width, so one compile serves all) must agree."""
     graphdef, params = model
     rng = np.random.default_rng(0)
     seqs = [rng.integers(0, CFG.vocab_size, n) for n in (3, 5, 6)]
@@ -115,7 +137,7 @@ def dense_cache_attend(positions_BxT):
 
 def test_cached_decoding_equals_full_forward(model):
     """Decode 8 tokens one at a time through `cache` (a dense KV cache scanned with the layers):
-  the same logits as one full pass."""
+    the same logits as one full pass."""
     graphdef, params = model
     B, T, S = 2, 8, 12
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, CFG.vocab_size, (B, T)))
@@ -125,13 +147,19 @@ def test_cached_decoding_equals_full_forward(model):
 
     @jax.jit
     def step(params, cache, tokens_BxT, positions_BxT):
-        hidden, cache = llama.forward_hidden(graphdef, params, tokens_BxT, positions_BxT,
-                                             attend=dense_cache_attend(positions_BxT), cache=cache)
+        hidden, cache = llama.forward_hidden(
+            graphdef,
+            params,
+            tokens_BxT,
+            positions_BxT,
+            attend=dense_cache_attend(positions_BxT),
+            cache=cache,
+        )
         return llama.logits_from_hidden(params, hidden), cache
 
     outs = []
     for t in range(T):
-        logits, cache = step(params, cache, tokens[:, t:t + 1], jnp.full((B, 1), t))
+        logits, cache = step(params, cache, tokens[:, t : t + 1], jnp.full((B, 1), t))
         outs.append(logits)
     assert cache[0].shape == shape and float(jnp.abs(cache[0][:, :, T:]).max()) == 0
     assert rel_err(jnp.concatenate(outs, axis=1), full) < 1e-5
@@ -157,7 +185,7 @@ def test_remat_same_values_and_grads(model):
 
 def test_bf16_compute_with_f32_params(model):
     """bf16 activations (params cast per layer): logits f32, within 5% of f32 compute (bf16
-  keeps 8 mantissa bits, ~0.4% per rounding; measured ~1% after 2 layers)."""
+    keeps 8 mantissa bits, ~0.4% per rounding; measured ~1% after 2 layers)."""
     graphdef, params = model
     g16, _ = llama.abstract_init(dataclasses.replace(CFG, compute_dtype="bfloat16"))
     tokens = np.random.default_rng(4).integers(0, CFG.vocab_size, (2, 8))
@@ -179,7 +207,7 @@ def test_dense_values_and_grads_accumulate_in_f32(dtype):
     and the input gradient within one rounding of inputs and output, elementwise and relative
     to the magnitudes summed; the weight gradient within twice that (see the bound below)."""
     rng = np.random.default_rng(4)
-    x = jnp.asarray(rng.standard_normal((2, 5, 3, 8)), dtype)      # [B, T, H, D], n_in = 2
+    x = jnp.asarray(rng.standard_normal((2, 5, 3, 8)), dtype)  # [B, T, H, D], n_in = 2
     w = jnp.asarray(rng.standard_normal((3, 8, 12)), dtype)
     g = rng.standard_normal((2, 5, 12))
 

@@ -14,8 +14,13 @@ CASES = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 4.0},
     # Llama 3.1's values: all three regions (kept, smoothed, divided) occur at head_dim 64.
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
 }
 
 
@@ -24,8 +29,9 @@ def test_inv_frequencies_match_transformers(name):
     scaling = CASES[name]
     theta = 500000.0
     ours = rope.inv_frequencies(HEAD_DIM, theta, scaling)
-    config = transformers.LlamaConfig(hidden_size=HEAD_DIM * 2, num_attention_heads=2,
-                                      rope_theta=theta, rope_scaling=scaling)
+    config = transformers.LlamaConfig(
+        hidden_size=HEAD_DIM * 2, num_attention_heads=2, rope_theta=theta, rope_scaling=scaling
+    )
     if scaling is None:
         ref = 1.0 / (theta ** (np.arange(0, HEAD_DIM, 2, dtype=np.float32) / HEAD_DIM))
     else:
@@ -56,9 +62,14 @@ def test_apply_rotates_half_pairs_by_hand():
             np.testing.assert_allclose(out[0, t, :, i + 2], b * c + a * s, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("scaling", [{"rope_type": "yarn", "factor": 4.0},
-                                     {"type": "dynamic", "factor": 2.0},
-                                     {"rope_type": "llama3", "factor": 8.0}])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "yarn", "factor": 4.0},
+        {"type": "dynamic", "factor": 2.0},
+        {"rope_type": "llama3", "factor": 8.0},
+    ],
+)
 def test_unsupported_or_incomplete_scaling(scaling):
     with pytest.raises(ConfigError, match="rope_scaling"):
         rope.inv_frequencies(HEAD_DIM, 1e4, scaling)

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-REGISTER_BUDGET = 128           # 4 warps at <= 128 registers keeps >= 4 programs per SM
+REGISTER_BUDGET = 128  # 4 warps at <= 128 registers keeps >= 4 programs per SM
 COMPILE_TIMEOUT_S = 60
 TRITON_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -80,8 +80,9 @@ def ptx_by_source_line(ptx: str, source_file: str) -> dict:
     `.loc` lines of other files (Triton's standard library, inlined) map to line None.
     """
     files = {int(n): name for n, name in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)}
-    kernel_files = {n for n, name in files.items()
-                    if Path(name).resolve() == Path(source_file).resolve()}
+    kernel_files = {
+        n for n, name in files.items() if Path(name).resolve() == Path(source_file).resolve()
+    }
     assert kernel_files, f"no .file entry for {source_file}: PTX line info missing"
     by_line, line = {}, None
     for raw in ptx.splitlines():
@@ -107,33 +108,49 @@ def compile_config(cfg):
     dtype, head_dim, kv_heads, group, page = cfg
     batch, pages, pages_per_seq = 64, 4096, 128
     params = pt.contiguous_launch_params(
-        (batch, kv_heads * group, head_dim), (pages, kv_heads, page, head_dim),
-        (batch, pages_per_seq), dtype=dtype, scale=head_dim ** -0.5)
+        (batch, kv_heads * group, head_dim),
+        (pages, kv_heads, page, head_dim),
+        (batch, pages_per_seq),
+        dtype=dtype,
+        scale=head_dim**-0.5,
+    )
     target = GPUTarget("cuda", 90, 32)
     backend = triton.compiler.make_backend(target)
     kernel = pt.paged_decode_kernel
     pointer_args = kernel.arg_names[:6]  # q, k, v, block_tables, lengths, out (then constexprs)
-    signature = {name: "*" + ("i32" if name in ("block_tables_ptr", "lengths_ptr")
-                              else TRITON_TYPES[dtype]) for name in pointer_args}
+    signature = {
+        name: "*" + ("i32" if name in ("block_tables_ptr", "lengths_ptr") else TRITON_TYPES[dtype])
+        for name in pointer_args
+    }
     signature.update({name: "constexpr" for name in params.constexprs})
     assert list(signature) == kernel.arg_names, "kernel arguments changed: update this check"
     # jax-triton assumes every array is 16-byte aligned and says so to the compiler.
     attrs = {(i,): backend.parse_attr("D") for i in range(len(pointer_args))}
-    compiled = triton.compile(ASTSource(kernel, signature, params.constexprs, attrs),
-                              target=target,
-                              options=dict(num_warps=params.num_warps,
-                                           num_stages=params.num_stages))
+    compiled = triton.compile(
+        ASTSource(kernel, signature, params.constexprs, attrs),
+        target=target,
+        options=dict(num_warps=params.num_warps, num_stages=params.num_stages),
+    )
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
         cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
-                               capture_output=True, text=True, check=True,
-                               timeout=COMPILE_TIMEOUT_S).stdout
+        usage = subprocess.run(
+            [str(cuobjdump), "--dump-resource-usage", cubin.name],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=COMPILE_TIMEOUT_S,
+        ).stdout
     fields = dict((k, int(v)) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
     ptx = compiled.asm["ptx"]
-    lines = kernel_source_lines(kernel.fn, "k_NxD = tl.load(k_ptr", "v_NxD = tl.load(v_ptr",
-                                "tl.dot(p_GPxN.to(v_NxD.dtype", "tl.store(out_ptr")
+    lines = kernel_source_lines(
+        kernel.fn,
+        "k_NxD = tl.load(k_ptr",
+        "v_NxD = tl.load(v_ptr",
+        "tl.dot(p_GPxN.to(v_NxD.dtype",
+        "tl.store(out_ptr",
+    )
     by_line = ptx_by_source_line(ptx, inspect.getsourcefile(kernel.fn))
 
     def load_bytes(line):
@@ -142,11 +159,15 @@ def compile_config(cfg):
     def converts(line):
         return sorted({i.split()[0] for i in by_line.get(line, []) if i.startswith("cvt")})
 
-    all_loads = [n for instrs in by_line.values() for n in map(_access_bytes, instrs)
-                 if n is not None]
+    all_loads = [
+        n for instrs in by_line.values() for n in map(_access_bytes, instrs) if n is not None
+    ]
     return dict(
-        registers=fields["REG"], stack=fields["STACK"], local=fields["LOCAL"],
-        shared=int(compiled.metadata.shared), num_warps=params.num_warps,
+        registers=fields["REG"],
+        stack=fields["STACK"],
+        local=fields["LOCAL"],
+        shared=int(compiled.metadata.shared),
+        num_warps=params.num_warps,
         block_n=params.constexprs["BLOCK_N"],
         # Bytes per load instruction (cp.async when pipelined, else ld.global) of the K and V
         # tl.load lines only; Q, the block table and the lengths are other lines.
@@ -157,7 +178,8 @@ def compile_config(cfg):
         # and for the output's conversion to the cache dtype in the store.
         pv_converts=converts(lines["tl.dot(p_GPxN.to(v_NxD.dtype"]),
         store_converts=converts(lines["tl.store(out_ptr"]),
-        kernel_name=compiled.metadata.name)
+        kernel_name=compiled.metadata.name,
+    )
 
 
 def _alarm(signum, frame):
@@ -181,13 +203,22 @@ def _main(out_path):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("aot")
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp / "cache"), TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        TRITON_CACHE_DIR=str(tmp / "cache"),
+        TRITON_DEFAULT_FP_FUSION="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     env.pop("TRITON_INTERPRET", None)
     env.pop("TRITON_DISABLE_LINE_INFO", None)  # the K/V load count reads the PTX line info
-    proc = subprocess.Popen([sys.executable, __file__, str(tmp / "out.json")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, str(tmp / "out.json")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         log, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S * len(CONFIGS))
     except subprocess.TimeoutExpired:
@@ -230,8 +261,11 @@ def test_sm90_kv_loads_are_16_bytes(compiled, cfg):
         assert len(sizes) >= per_tile, f"{name}: fewer 16-byte loads than one tile needs: {res}"
 
 
-@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c[0] != "float32"],
-                         ids=[_config_id(c) for c in CONFIGS if c[0] != "float32"])
+@pytest.mark.parametrize(
+    "cfg",
+    [c for c in CONFIGS if c[0] != "float32"],
+    ids=[_config_id(c) for c in CONFIGS if c[0] != "float32"],
+)
 def test_sm90_16bit_conversions_round_to_nearest(compiled, cfg):
     """The compiled kernel converts the probabilities (before the P x V dot) and the output (in
     the store) to the cache dtype with cvt.rn, round to nearest even: the rounding that

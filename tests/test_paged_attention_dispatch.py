@@ -24,7 +24,7 @@ from pipelinerl_jax.kernels.paged_attention_ref import paged_decode_attention_re
 def _inputs(dtype=jnp.float32, seed=0):
     rng = np.random.default_rng(seed)
     q = jnp.asarray(rng.standard_normal((3, 8, 64)), dtype)
-    k = jnp.asarray(rng.standard_normal((10, 2, 16, 64)), dtype)    # [P, K, S, D]
+    k = jnp.asarray(rng.standard_normal((10, 2, 16, 64)), dtype)  # [P, K, S, D]
     v = jnp.asarray(rng.standard_normal((10, 2, 16, 64)), dtype)
     tables = rng.permutation(10)[:9].reshape(3, 3)  # numpy int64: the call site casts
     lengths = np.asarray([5, 0, 48], np.int64)
@@ -59,20 +59,47 @@ def _fake_kernel_result(q, k, v, tables, lengths, *, scale, dtype):
 
 def _fake_jax_triton(style, calls):
     """A jax_triton stand-in with the given triton_call keyword style that records each call."""
+
     def record(args, kwargs, out):
         calls.append(dict(args=args, kwargs=kwargs, out=out))
         return _fake_kernel_result(*args, scale=kwargs["SCALE_LOG2E"] / pt.LOG2E, dtype=out.dtype)
 
     if style == "0.3":
-        def triton_call(*args, kernel, out_shape, grid, call_name="triton_kernel_call",
-                        num_warps=4, num_stages=2, **metaparams):
-            return record(args, dict(kernel=kernel, grid=grid, num_warps=num_warps,
-                                     num_stages=num_stages, **metaparams), out_shape)
+
+        def triton_call(
+            *args,
+            kernel,
+            out_shape,
+            grid,
+            call_name="triton_kernel_call",
+            num_warps=4,
+            num_stages=2,
+            **metaparams,
+        ):
+            return record(
+                args,
+                dict(
+                    kernel=kernel,
+                    grid=grid,
+                    num_warps=num_warps,
+                    num_stages=num_stages,
+                    **metaparams,
+                ),
+                out_shape,
+            )
     else:
-        def triton_call(*args, kernel, out_type=None, grid, name="", num_warps=None,
-                        num_stages=None, **kwargs):
-            return record(args, dict(kernel=kernel, grid=grid, num_warps=num_warps,
-                                     num_stages=num_stages, **kwargs), out_type)
+
+        def triton_call(
+            *args, kernel, out_type=None, grid, name="", num_warps=None, num_stages=None, **kwargs
+        ):
+            return record(
+                args,
+                dict(
+                    kernel=kernel, grid=grid, num_warps=num_warps, num_stages=num_stages, **kwargs
+                ),
+                out_type,
+            )
+
     return types.SimpleNamespace(triton_call=triton_call)
 
 
@@ -83,18 +110,21 @@ def test_triton_call_site_passes_the_shared_launch_params(monkeypatch, style, dt
     monkeypatch.setitem(sys.modules, "jax_triton", _fake_jax_triton(style, calls))
     q, k, v, tables, lengths = _inputs(dtype)
     out = jax.jit(lambda *a: pa.paged_decode_attention(*a, scale=0.125, impl="triton"))(
-        q, k, v, tables, lengths)
+        q, k, v, tables, lengths
+    )
     assert out.dtype == dtype and out.shape == q.shape
     # The kernel's answer comes through unchanged (same ops on the same inputs: exact) ...
     kernel = jax.jit(lambda *a: _fake_kernel_result(*a, scale=0.125, dtype=dtype))(
-        q, k, v, jnp.asarray(tables, jnp.int32), jnp.asarray(lengths, jnp.int32))
+        q, k, v, jnp.asarray(tables, jnp.int32), jnp.asarray(lengths, jnp.int32)
+    )
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(kernel, np.float32))
     # ... and is not the reference's (which a fallback to impl="ref" would give).
     ref = paged_decode_attention_ref(q, k, v, tables, lengths, scale=0.125)
     assert np.abs(np.asarray(out, np.float32) - np.asarray(ref, np.float32)).max() > 0.5
     (call,) = calls
-    want = pt.contiguous_launch_params(q.shape, k.shape, tables.shape,
-                                       dtype=jnp.dtype(dtype).name, scale=0.125)
+    want = pt.contiguous_launch_params(
+        q.shape, k.shape, tables.shape, dtype=jnp.dtype(dtype).name, scale=0.125
+    )
     kw = call["kwargs"]
     assert kw["kernel"] is pt.paged_decode_kernel
     assert kw["grid"] == want.grid == (3, 2, 1)
@@ -108,13 +138,19 @@ def test_triton_call_site_passes_the_shared_launch_params(monkeypatch, style, dt
 
 def test_launch_params_layouts_agree():
     """[P, S, K, D] and [P, K, S, D] describe the same cache through different strides."""
-    common = dict(q_shape=(2, 8, 64), q_strides=(512, 64, 1), block_tables_shape=(2, 4),
-                  block_tables_strides=(4, 1), out_strides=(512, 64, 1), dtype="bfloat16",
-                  scale=0.125)
-    pskd = pt.launch_params(cache_shape=(9, 16, 2, 64), cache_strides=(2048, 128, 64, 1),
-                            **common)
-    pksd = pt.launch_params(cache_shape=(9, 2, 16, 64), cache_strides=(2048, 1024, 64, 1),
-                            cache_layout="PKSD", **common)
+    common = dict(
+        q_shape=(2, 8, 64),
+        q_strides=(512, 64, 1),
+        block_tables_shape=(2, 4),
+        block_tables_strides=(4, 1),
+        out_strides=(512, 64, 1),
+        dtype="bfloat16",
+        scale=0.125,
+    )
+    pskd = pt.launch_params(cache_shape=(9, 16, 2, 64), cache_strides=(2048, 128, 64, 1), **common)
+    pksd = pt.launch_params(
+        cache_shape=(9, 2, 16, 64), cache_strides=(2048, 1024, 64, 1), cache_layout="PKSD", **common
+    )
     assert pskd.grid == pksd.grid == (2, 2, 1)
     assert (pskd.constexprs["KV_SS"], pskd.constexprs["KV_SK"]) == (128, 64)
     assert (pksd.constexprs["KV_SS"], pksd.constexprs["KV_SK"]) == (64, 1024)
@@ -122,20 +158,38 @@ def test_launch_params_layouts_agree():
     assert not pskd.constexprs["UPCAST_DOTS"] and not pskd.constexprs["IEEE_DOT"]
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(dtype="int8"), "dtype int8"),
-    (dict(cache_shape=(9, 8, 2, 64), cache_strides=(1024, 128, 64, 1)), "multiple of 16"),
-    (dict(q_shape=(2, 8, 48), q_strides=(384, 48, 1), out_strides=(384, 48, 1),
-          cache_shape=(9, 16, 2, 48), cache_strides=(1536, 96, 48, 1)), "power of two"),
-    (dict(q_shape=(2, 6, 64)), "does not fit"),
-    (dict(cache_layout="KPSD"), "cache_layout"),
-    (dict(cache_strides=(4096, 256, 128, 2)), "contiguous"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(dtype="int8"), "dtype int8"),
+        (dict(cache_shape=(9, 8, 2, 64), cache_strides=(1024, 128, 64, 1)), "multiple of 16"),
+        (
+            dict(
+                q_shape=(2, 8, 48),
+                q_strides=(384, 48, 1),
+                out_strides=(384, 48, 1),
+                cache_shape=(9, 16, 2, 48),
+                cache_strides=(1536, 96, 48, 1),
+            ),
+            "power of two",
+        ),
+        (dict(q_shape=(2, 6, 64)), "does not fit"),
+        (dict(cache_layout="KPSD"), "cache_layout"),
+        (dict(cache_strides=(4096, 256, 128, 2)), "contiguous"),
+    ],
+)
 def test_launch_params_rejects_unsupported(change, match):
-    args = dict(q_shape=(2, 8, 64), q_strides=(512, 64, 1), cache_shape=(9, 16, 4, 64),
-                cache_strides=(4096, 256, 64, 1), block_tables_shape=(2, 4),
-                block_tables_strides=(4, 1), out_strides=(512, 64, 1), dtype="float32",
-                scale=0.125)
+    args = dict(
+        q_shape=(2, 8, 64),
+        q_strides=(512, 64, 1),
+        cache_shape=(9, 16, 4, 64),
+        cache_strides=(4096, 256, 64, 1),
+        block_tables_shape=(2, 4),
+        block_tables_strides=(4, 1),
+        out_strides=(512, 64, 1),
+        dtype="float32",
+        scale=0.125,
+    )
     args.update(change)
     with pytest.raises(pt.PagedKernelConfigError, match=match):
         pt.launch_params(**args)

@@ -20,8 +20,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # (dtype, kv_heads, group, head_dim, page_size)
-CONFIGS = [("float32", 4, 2, 64, 16), ("bfloat16", 4, 2, 64, 16), ("bfloat16", 8, 4, 128, 16),
-           ("bfloat16", 8, 1, 128, 32), ("float16", 2, 8, 128, 16)]
+CONFIGS = [
+    ("float32", 4, 2, 64, 16),
+    ("bfloat16", 4, 2, 64, 16),
+    ("bfloat16", 8, 4, 128, 16),
+    ("bfloat16", 8, 1, 128, 32),
+    ("float16", 2, 8, 128, 16),
+]
 TOLERANCE = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 2e-2}
 
 
@@ -31,8 +36,10 @@ def _gpu_stack_missing() -> list:
     gpus = Path("/proc/driver/nvidia/gpus")
     if not (gpus.is_dir() and any(gpus.iterdir())):
         missing.append("an NVIDIA GPU")
-    if not any(importlib.util.find_spec(name) is not None
-               for name in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+    if not any(
+        importlib.util.find_spec(name) is not None
+        for name in ("jax_cuda12_plugin", "jax_cuda13_plugin")
+    ):
         missing.append("the jax CUDA plugin")
     if importlib.util.find_spec("jax_triton") is None:
         missing.append("jax-triton")
@@ -54,7 +61,7 @@ def _check(out_path):
         batch, pages_per_seq = len(lengths), 64
         num_pages = batch * pages_per_seq + 4
         q = rng.standard_normal((batch, kv_heads * group, head_dim))
-        k = rng.standard_normal((num_pages, kv_heads, page, head_dim))   # [P, K, S, D]
+        k = rng.standard_normal((num_pages, kv_heads, page, head_dim))  # [P, K, S, D]
         v = rng.standard_normal((num_pages, kv_heads, page, head_dim))
         k[-4:] = v[-4:] = np.nan  # garbage pages past every sequence's end
         tables = rng.choice(np.arange(num_pages - 4, num_pages), (batch, pages_per_seq))
@@ -62,15 +69,19 @@ def _check(out_path):
         for b, length in enumerate(lengths):
             used = -(-length // page)
             tables[b, :used] = owned[b, :used]
-        args = [jnp.asarray(x, dtype) for x in (q, k, v)] + [jnp.asarray(tables, jnp.int32),
-                                                            jnp.asarray(lengths)]
-        scale = head_dim ** -0.5
+        args = [jnp.asarray(x, dtype) for x in (q, k, v)] + [
+            jnp.asarray(tables, jnp.int32),
+            jnp.asarray(lengths),
+        ]
+        scale = head_dim**-0.5
         fast = jax.jit(lambda *a: pa.paged_decode_attention(*a, scale=scale, impl="auto"))
         ref = jax.jit(lambda *a: pa.paged_decode_attention(*a, scale=scale, impl="ref"))
         out, want = (np.asarray(f(*args), np.float32) for f in (fast, ref))
         results[f"{dtype}-K{kv_heads}-G{group}-D{head_dim}-S{page}"] = dict(
-            dtype=dtype, max_err=float(np.nan_to_num(np.abs(out - want), nan=np.inf).max()),
-            zero_len_zeros=bool(np.all(out[0] == 0)))
+            dtype=dtype,
+            max_err=float(np.nan_to_num(np.abs(out - want), nan=np.inf).max()),
+            zero_len_zeros=bool(np.all(out[0] == 0)),
+        )
     Path(out_path).write_text(json.dumps(results))
 
 
@@ -78,16 +89,27 @@ def _check(out_path):
 def test_jax_triton_kernel_matches_reference_on_gpu(tmp_path):
     missing = _gpu_stack_missing()
     if missing:
-        why = (f"needs {', '.join(missing)}: run `make test-gpu` on an NVIDIA GPU machine (it "
-               "installs requirements-gpu.txt into the venv)")
+        why = (
+            f"needs {', '.join(missing)}: run `make test-gpu` on an NVIDIA GPU machine (it "
+            "installs requirements-gpu.txt into the venv)"
+        )
         if os.environ.get("PIPELINERL_REQUIRE_GPU") == "1":
             pytest.fail(why)
         pytest.skip(why)
-    env = dict(os.environ, JAX_PLATFORMS="cuda", TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cuda",
+        TRITON_DEFAULT_FP_FUSION="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, __file__, str(tmp_path / "out.json")], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path / "out.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((tmp_path / "out.json").read_text())
     assert len(results) == len(CONFIGS)

@@ -33,8 +33,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE, PAGES_PER_SEQ, EXTRA_PAGES = 16, 8, 3
-MAX_LEN = PAGES_PER_SEQ * PAGE   # M * S positions in every case's block table
-TABLE_PAD = 2                    # stored table columns past the M the kernel sees (NaN pages)
+MAX_LEN = PAGES_PER_SEQ * PAGE  # M * S positions in every case's block table
+TABLE_PAD = 2  # stored table columns past the M the kernel sees (NaN pages)
 # Lengths 0, 1, partial last page, past the table (clamped to M * S: reading on would hit the
 # NaN pad columns), exact pages, the maximum; several loop steps.
 LENGTHS = (0, 1, 37, MAX_LEN + 45, 48, MAX_LEN)
@@ -61,22 +61,41 @@ ROUNDING_MARGIN = 20
 
 
 def _case(dtype, group, head_dim, layout, kv_heads=2, page=PAGE):
-    return dict(id=f"{dtype}-G{group}-D{head_dim}-K{kv_heads}-{layout}-S{page}", dtype=dtype,
-                group=group, head_dim=head_dim, layout=layout, kv_heads=kv_heads, page=page)
+    return dict(
+        id=f"{dtype}-G{group}-D{head_dim}-K{kv_heads}-{layout}-S{page}",
+        dtype=dtype,
+        group=group,
+        head_dim=head_dim,
+        layout=layout,
+        kv_heads=kv_heads,
+        page=page,
+    )
 
 
 CASES = (
-    [_case(dt, g, 64, "PSKD") for dt, g in itertools.product(
-        ("float32", "bfloat16", "float16"), (1, 4, 8))]
-    + [_case("float32", 4, 64, "PKSD"), _case("bfloat16", 8, 64, "PKSD"),
-       _case("float16", 1, 64, "PKSD")]
-    + [_case(dt, g, 128, "PSKD") for dt, g in itertools.product(
-        ("float32", "bfloat16", "float16"), (4, 8))]
-    + [_case("bfloat16", 2, 64, "PKSD", kv_heads=4, page=32),
-       _case("float32", 2, 64, "PSKD", kv_heads=4, page=32)]
+    [
+        _case(dt, g, 64, "PSKD")
+        for dt, g in itertools.product(("float32", "bfloat16", "float16"), (1, 4, 8))
+    ]
+    + [
+        _case("float32", 4, 64, "PKSD"),
+        _case("bfloat16", 8, 64, "PKSD"),
+        _case("float16", 1, 64, "PKSD"),
+    ]
+    + [
+        _case(dt, g, 128, "PSKD")
+        for dt, g in itertools.product(("float32", "bfloat16", "float16"), (4, 8))
+    ]
+    + [
+        _case("bfloat16", 2, 64, "PKSD", kv_heads=4, page=32),
+        _case("float32", 2, 64, "PSKD", kv_heads=4, page=32),
+    ]
     # Page size 64 (as the sm_90 bf16-D128-S64 configuration): one page per 64-token step.
-    + [_case("bfloat16", 4, 64, "PKSD", page=64), _case("float16", 8, 64, "PSKD", page=64),
-       _case("float32", 4, 64, "PKSD", page=64)]
+    + [
+        _case("bfloat16", 4, 64, "PKSD", page=64),
+        _case("float16", 8, 64, "PSKD", page=64),
+        _case("float32", 4, 64, "PKSD", page=64),
+    ]
 )
 ROUNDED_CASES = [c for c in CASES if c["dtype"] != "float32"]
 
@@ -88,10 +107,17 @@ def make_inputs(case, seed):
     view (row stride M + TABLE_PAD), the reference a copy of it.
     """
     import ml_dtypes
+
     rng = np.random.default_rng(seed)
-    np_dtype = {"float32": np.float32, "float16": np.float16,
-                "bfloat16": ml_dtypes.bfloat16}[case["dtype"]]
-    kv_heads, group, head_dim, page = case["kv_heads"], case["group"], case["head_dim"], case["page"]
+    np_dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[
+        case["dtype"]
+    ]
+    kv_heads, group, head_dim, page = (
+        case["kv_heads"],
+        case["group"],
+        case["head_dim"],
+        case["page"],
+    )
     pages_per_seq = MAX_LEN // page
     batch = len(LENGTHS)
     num_pages = batch * pages_per_seq + EXTRA_PAGES
@@ -127,15 +153,26 @@ def _max_err(got, want):
 def _references():
     """The jitted references, built once: cases with equal shapes share a compile."""
     import jax
+
     from pipelinerl_jax.kernels.paged_attention_ref import paged_decode_attention_ref
 
     def rounded_and_not(q, k, v, bt, lengths, *, scale, pages_per_step, dtype):
-        ref = functools.partial(paged_decode_attention_ref, q, k, v, bt, lengths, scale=scale,
-                                pages_per_step=pages_per_step)
+        ref = functools.partial(
+            paged_decode_attention_ref,
+            q,
+            k,
+            v,
+            bt,
+            lengths,
+            scale=scale,
+            pages_per_step=pages_per_step,
+        )
         return ref(round_probs_dtype=dtype), ref()
 
-    return (jax.jit(paged_decode_attention_ref, static_argnames="scale"),
-            jax.jit(rounded_and_not, static_argnames=("scale", "pages_per_step", "dtype")))
+    return (
+        jax.jit(paged_decode_attention_ref, static_argnames="scale"),
+        jax.jit(rounded_and_not, static_argnames=("scale", "pages_per_step", "dtype")),
+    )
 
 
 def run_case(case, *, seed=0):
@@ -147,6 +184,7 @@ def run_case(case, *, seed=0):
     """
     import ml_dtypes
     import torch
+
     from pipelinerl_jax.kernels import paged_attention_triton as pt
 
     q, k, v, bt_storage, lengths = make_inputs(case, seed)
@@ -159,25 +197,42 @@ def run_case(case, *, seed=0):
     if case["layout"] == "PSKD":
         # Same values, [P, S, K, D] storage: the kernel only sees different strides.
         k_t, v_t = (x.transpose(1, 2).contiguous() for x in (k_t, v_t))
-    bt_t = torch.from_numpy(bt_storage)[:, :pages_per_seq]   # a view: row stride M + TABLE_PAD
+    bt_t = torch.from_numpy(bt_storage)[:, :pages_per_seq]  # a view: row stride M + TABLE_PAD
     len_t = torch.from_numpy(lengths)
 
     def launch(out_dtype):
         out_t = torch.full(q_t.shape, float("nan"), dtype=out_dtype)
         params = pt.launch_params(
-            q_shape=tuple(q_t.shape), q_strides=q_t.stride(), cache_shape=tuple(k_t.shape),
-            cache_strides=k_t.stride(), cache_layout=case["layout"],
-            block_tables_shape=tuple(bt_t.shape), block_tables_strides=bt_t.stride(),
-            out_strides=out_t.stride(), dtype=case["dtype"], scale=scale, interpret=True)
-        pt.paged_decode_kernel[params.grid](q_t, k_t, v_t, bt_t, len_t, out_t,
-                                            num_warps=params.num_warps,
-                                            num_stages=params.num_stages, **params.constexprs)
+            q_shape=tuple(q_t.shape),
+            q_strides=q_t.stride(),
+            cache_shape=tuple(k_t.shape),
+            cache_strides=k_t.stride(),
+            cache_layout=case["layout"],
+            block_tables_shape=tuple(bt_t.shape),
+            block_tables_strides=bt_t.stride(),
+            out_strides=out_t.stride(),
+            dtype=case["dtype"],
+            scale=scale,
+            interpret=True,
+        )
+        pt.paged_decode_kernel[params.grid](
+            q_t,
+            k_t,
+            v_t,
+            bt_t,
+            len_t,
+            out_t,
+            num_warps=params.num_warps,
+            num_stages=params.num_stages,
+            **params.constexprs,
+        )
         return out_t.float().numpy(), params
 
     start = time.perf_counter()
-    out, params = launch(torch_dtype)   # the shipped output dtype
-    res = dict(zero_len_zeros=bool(np.all(out[0] == 0)),
-               upcast_dots=params.constexprs["UPCAST_DOTS"])
+    out, params = launch(torch_dtype)  # the shipped output dtype
+    res = dict(
+        zero_len_zeros=bool(np.all(out[0] == 0)), upcast_dots=params.constexprs["UPCAST_DOTS"]
+    )
     plain_ref, rounded_and_not = _references()
     if case["dtype"] == "float32":
         ref = np.asarray(plain_ref(q, k, v, bt, lengths, scale=scale))
@@ -185,9 +240,19 @@ def run_case(case, *, seed=0):
         block_n = params.constexprs["BLOCK_N"]
         assert block_n % case["page"] == 0, "the reference blocks by whole pages"
         # One compile for both (the XLA compile is most of a case's time).
-        ref_rounded, ref = (np.asarray(x) for x in rounded_and_not(
-            q, k, v, bt, lengths, scale=scale, pages_per_step=block_n // case["page"],
-            dtype=case["dtype"]))
+        ref_rounded, ref = (
+            np.asarray(x)
+            for x in rounded_and_not(
+                q,
+                k,
+                v,
+                bt,
+                lengths,
+                scale=scale,
+                pages_per_step=block_n // case["page"],
+                dtype=case["dtype"],
+            )
+        )
         out_f32, _ = launch(torch.float32)
         np_dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[case["dtype"]]
         res.update(
@@ -197,9 +262,13 @@ def run_case(case, *, seed=0):
             rounding_mean_effect=float(np.abs(ref_rounded - ref).mean()),
             unrounded_mean_err=float(np.abs(out_f32 - ref).mean()),
             # The stored output against the same kernel's f32 result rounded to nearest even.
-            store_mismatches=int(np.sum(out != out_f32.astype(np_dtype).astype(np.float32))))
-    res.update(max_err=_max_err(out, ref), ref_max=float(np.abs(ref).max()),
-               seconds=time.perf_counter() - start)
+            store_mismatches=int(np.sum(out != out_f32.astype(np_dtype).astype(np.float32))),
+        )
+    res.update(
+        max_err=_max_err(out, ref),
+        ref_max=float(np.abs(ref).max()),
+        seconds=time.perf_counter() - start,
+    )
     return res
 
 
@@ -217,14 +286,17 @@ def probe_interpreter_bf16(seed=0):
 
     rng = np.random.default_rng(seed)
     n = 16
-    a_t, b_t = (torch.from_numpy(rng.standard_normal((n, n)).astype(np.float32)).to(torch.bfloat16)
-                for _ in range(2))
+    a_t, b_t = (
+        torch.from_numpy(rng.standard_normal((n, n)).astype(np.float32)).to(torch.bfloat16)
+        for _ in range(2)
+    )
     c_t = torch.full((n, n), float("nan"))
     _dot_kernel[(1,)](a_t, b_t, c_t, N=n)
     c = c_t.numpy().astype(np.float64)
     true = a_t.float().numpy().astype(np.float64) @ b_t.float().numpy().astype(np.float64)
-    bits_a, bits_b = (x.view(torch.int16).numpy().view(np.uint16).astype(np.float64)
-                      for x in (a_t, b_t))
+    bits_a, bits_b = (
+        x.view(torch.int16).numpy().view(np.uint16).astype(np.float64) for x in (a_t, b_t)
+    )
     as_ints = bits_a @ bits_b
 
     m = 4096
@@ -242,7 +314,8 @@ def probe_interpreter_bf16(seed=0):
     cast = cast_t.float().numpy()
     return dict(
         dot_rel_err_vs_bit_patterns=float(np.abs(c - as_ints).max() / np.abs(as_ints).max()),
-        dot_err_vs_true=float(np.abs(c - true).max()), dot_true_max=float(np.abs(true).max()),
+        dot_err_vs_true=float(np.abs(c - true).max()),
+        dot_true_max=float(np.abs(true).max()),
         cast_equals_truncation=bool(np.array_equal(cast, truncated)),
         cast_differs_from_rne=int(np.sum(cast != want_rne)),
         rne_mismatches=int(np.sum(rne_t.numpy() != want_rne)),
@@ -261,11 +334,16 @@ def _main(out_path):
 @pytest.fixture(scope="module")
 def interpreter_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("interp") / "results.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
-               TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        JAX_PLATFORMS="cpu",
+        TRITON_DEFAULT_FP_FUSION="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 

@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 
 from pipelinerl_jax.kernels.paged_attention_ref import (
-    PagedAttentionShapeError, decode_pages_per_step, paged_decode_attention_ref,
-    paged_prefill_attention_ref)
+    PagedAttentionShapeError,
+    decode_pages_per_step,
+    paged_decode_attention_ref,
+    paged_prefill_attention_ref,
+)
 
 PAGE, PAGES_PER_SEQ = 4, 5
 
@@ -24,7 +27,7 @@ def make_cache(rng, *, lengths, kv_heads, head_dim, extra_pages=3):
     and block-table entries past a sequence's pages that are garbage (NaN pages, out of range)."""
     batch = len(lengths)
     num_pages = batch * PAGES_PER_SEQ + extra_pages
-    k = rng.standard_normal((num_pages, kv_heads, PAGE, head_dim))   # [P, K, S, D]
+    k = rng.standard_normal((num_pages, kv_heads, PAGE, head_dim))  # [P, K, S, D]
     v = rng.standard_normal((num_pages, kv_heads, PAGE, head_dim))
     spare = np.arange(batch * PAGES_PER_SEQ, num_pages)
     k[spare] = v[spare] = np.nan
@@ -44,8 +47,10 @@ def dense_kv(k, v, tables, b, length):
     """The first `length` cached positions of sequence b as dense [length, K, D] arrays."""
     rows = [(tables[b, pos // PAGE], pos % PAGE) for pos in range(length)]
     kv_shape = (length, k.shape[1], k.shape[3])
-    return (np.array([k[p, :, s] for p, s in rows]).reshape(kv_shape),
-            np.array([v[p, :, s] for p, s in rows]).reshape(kv_shape))
+    return (
+        np.array([k[p, :, s] for p, s in rows]).reshape(kv_shape),
+        np.array([v[p, :, s] for p, s in rows]).reshape(kv_shape),
+    )
 
 
 def naive_attention(q_HxD, k_LxKxD, v_LxKxD, scale):
@@ -62,10 +67,17 @@ def naive_attention(q_HxD, k_LxKxD, v_LxKxD, scale):
     return out
 
 
-@pytest.mark.parametrize("group, use_jit, pages_per_step", [
-    (1, False, None), (2, True, None), (4, True, None),  # one block: no scan
-    (2, False, 1), (4, True, 2), (1, True, 3),           # scan; 2 and 3 pad the 5-page table
-])
+@pytest.mark.parametrize(
+    "group, use_jit, pages_per_step",
+    [
+        (1, False, None),
+        (2, True, None),
+        (4, True, None),  # one block: no scan
+        (2, False, 1),
+        (4, True, 2),
+        (1, True, 3),  # scan; 2 and 3 pad the 5-page table
+    ],
+)
 def test_decode_matches_naive(group, use_jit, pages_per_step):
     rng = np.random.default_rng(group)
     lengths = [0, 1, 7, 8, PAGE * PAGES_PER_SEQ]  # zero, one, partial, exact pages, max
@@ -76,8 +88,16 @@ def test_decode_matches_naive(group, use_jit, pages_per_step):
     fn = functools.partial(paged_decode_attention_ref, pages_per_step=pages_per_step)
     if use_jit:
         fn = jax.jit(fn, static_argnames="scale")
-    out = np.asarray(fn(jnp.float32(q), jnp.float32(k), jnp.float32(v), tables,
-                        np.asarray(lengths, np.int32), scale=scale))
+    out = np.asarray(
+        fn(
+            jnp.float32(q),
+            jnp.float32(k),
+            jnp.float32(v),
+            tables,
+            np.asarray(lengths, np.int32),
+            scale=scale,
+        )
+    )
     assert out.dtype == np.float32 and np.isfinite(out).all()
     for b, length in enumerate(lengths):
         want = naive_attention(q[b], *dense_kv(k, v, tables, b, length), scale)
@@ -89,9 +109,9 @@ def test_pages_per_step_sizes():
     """The bench model (4 kv heads, head_dim 64, page 16): one block up to 24 MB of gathered
     K and V, 4 MB blocks (at least 32 tokens) beyond."""
     sizes = {b: decode_pages_per_step(b, 16, 10, 4, 64, 4) for b in (1, 8, 32, 64)}
-    assert sizes == {1: 10, 8: 10, 32: 10, 64: 10}                  # context 160: one block
+    assert sizes == {1: 10, 8: 10, 32: 10, 64: 10}  # context 160: one block
     sizes = {b: decode_pages_per_step(b, 16, 64, 4, 64, 4) for b in (8, 16, 32, 64, 256)}
-    assert sizes == {8: 64, 16: 8, 32: 4, 64: 2, 256: 2}             # context 1024
+    assert sizes == {8: 64, 16: 8, 32: 4, 64: 2, 256: 2}  # context 1024
     assert decode_pages_per_step(64, 16, 128, 8, 128, 2) == 2  # 8B-like, long context
 
 
@@ -102,8 +122,13 @@ def test_decode_bf16_keeps_dtype_and_accuracy():
     q = rng.standard_normal((3, 8, 16))
     bf = ml_dtypes.bfloat16
     out = jax.jit(paged_decode_attention_ref, static_argnames="scale")(
-        jnp.asarray(q, bf), jnp.asarray(k, bf), jnp.asarray(v, bf), tables, np.asarray(lengths),
-        scale=0.25)
+        jnp.asarray(q, bf),
+        jnp.asarray(k, bf),
+        jnp.asarray(v, bf),
+        tables,
+        np.asarray(lengths),
+        scale=0.25,
+    )
     assert out.dtype == jnp.bfloat16
     q32, k32, v32 = (np.asarray(x.astype(bf), np.float64) for x in (q, k, v))
     for b, length in enumerate(lengths):
@@ -116,15 +141,22 @@ def test_prefill_matches_naive_causal():
     kv_heads, group, head_dim, chunk = 2, 2, 8, 6
     # Sequence 0: chunk at positions 9..14 after a cached prefix; 1: first chunk 0..3 then
     # padding; 2: all padding; 3: chunk ending at the last slot of its table.
-    positions = np.array([
-        list(range(9, 15)), [0, 1, 2, 3, -1, -1], [-1] * chunk,
-        list(range(PAGE * PAGES_PER_SEQ - chunk, PAGE * PAGES_PER_SEQ))], np.int32)
+    positions = np.array(
+        [
+            list(range(9, 15)),
+            [0, 1, 2, 3, -1, -1],
+            [-1] * chunk,
+            list(range(PAGE * PAGES_PER_SEQ - chunk, PAGE * PAGES_PER_SEQ)),
+        ],
+        np.int32,
+    )
     lengths = [int(p.max()) + 1 for p in positions]  # everything up to the last query written
     k, v, tables = make_cache(rng, lengths=lengths, kv_heads=kv_heads, head_dim=head_dim)
     q = rng.standard_normal((len(positions), chunk, kv_heads * group, head_dim))
     fn = jax.jit(paged_prefill_attention_ref, static_argnames="scale")
-    out = np.asarray(fn(jnp.float32(q), jnp.float32(k), jnp.float32(v), tables, positions,
-                        scale=0.5))
+    out = np.asarray(
+        fn(jnp.float32(q), jnp.float32(k), jnp.float32(v), tables, positions, scale=0.5)
+    )
     assert np.isfinite(out).all()
     for b in range(len(positions)):
         for t, pos in enumerate(positions[b]):
@@ -140,36 +172,50 @@ def test_prefill_query_equals_decode_at_same_position():
     q = jnp.float32(rng.standard_normal((2, 3, 4, 8)))
     positions = np.array([[10, 11, 12], [17, 18, 19]], np.int32)
     pre = jax.jit(paged_prefill_attention_ref, static_argnames="scale")(
-        q, k, v, tables, positions, scale=0.3)
+        q, k, v, tables, positions, scale=0.3
+    )
     decode = jax.jit(paged_decode_attention_ref, static_argnames="scale")
     for t in range(3):
         dec = decode(q[:, t], k, v, tables, positions[:, t] + 1, scale=0.3)
         np.testing.assert_allclose(pre[:, t], dec, atol=1e-6)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(v=np.zeros((4, 4, 2, 8), np.float32)), "equal shapes"),
-    (dict(q=np.zeros((2, 3, 8), np.float32)), "not a multiple"),
-    (dict(q=np.zeros((2, 4, 16), np.float32)), "head_dim"),
-    (dict(q=np.zeros((4, 8), np.float32)), "batch, heads, head_dim"),
-    (dict(tables=np.zeros((3, 5), np.int32)), "block_tables"),
-    (dict(tables=np.zeros((2, 5), np.float32)), "integer"),
-    (dict(lengths=np.zeros((3,), np.int32)), "lengths"),
-    (dict(v=np.zeros((5, 4, 2, 8), np.float16)), "dtype"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(v=np.zeros((4, 4, 2, 8), np.float32)), "equal shapes"),
+        (dict(q=np.zeros((2, 3, 8), np.float32)), "not a multiple"),
+        (dict(q=np.zeros((2, 4, 16), np.float32)), "head_dim"),
+        (dict(q=np.zeros((4, 8), np.float32)), "batch, heads, head_dim"),
+        (dict(tables=np.zeros((3, 5), np.int32)), "block_tables"),
+        (dict(tables=np.zeros((2, 5), np.float32)), "integer"),
+        (dict(lengths=np.zeros((3,), np.int32)), "lengths"),
+        (dict(v=np.zeros((5, 4, 2, 8), np.float16)), "dtype"),
+    ],
+)
 def test_decode_bad_inputs_name_the_tensor(bad, match):
-    args = dict(q=np.zeros((2, 4, 8), np.float32), k=np.zeros((5, 4, 2, 8), np.float32),
-                v=np.zeros((5, 4, 2, 8), np.float32), tables=np.zeros((2, 5), np.int32),
-                lengths=np.zeros((2,), np.int32))
+    args = dict(
+        q=np.zeros((2, 4, 8), np.float32),
+        k=np.zeros((5, 4, 2, 8), np.float32),
+        v=np.zeros((5, 4, 2, 8), np.float32),
+        tables=np.zeros((2, 5), np.int32),
+        lengths=np.zeros((2,), np.int32),
+    )
     args.update(bad)
     with pytest.raises(PagedAttentionShapeError, match=match):
-        paged_decode_attention_ref(args["q"], args["k"], args["v"], args["tables"],
-                                   args["lengths"], scale=1.0)
+        paged_decode_attention_ref(
+            args["q"], args["k"], args["v"], args["tables"], args["lengths"], scale=1.0
+        )
 
 
 def test_prefill_bad_positions_shape():
     k = np.zeros((5, 4, 2, 8), np.float32)
     with pytest.raises(PagedAttentionShapeError, match="q_positions"):
-        paged_prefill_attention_ref(np.zeros((2, 3, 4, 8), np.float32), k, k,
-                                    np.zeros((2, 5), np.int32), np.zeros((2, 4), np.int32),
-                                    scale=1.0)
+        paged_prefill_attention_ref(
+            np.zeros((2, 3, 4, 8), np.float32),
+            k,
+            k,
+            np.zeros((2, 5), np.int32),
+            np.zeros((2, 4), np.int32),
+            scale=1.0,
+        )

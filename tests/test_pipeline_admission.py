@@ -41,8 +41,9 @@ def simulate(admission: Admission, *, steps: int, slots: int, seed: int, publish
             for i in wanted:
                 versions = finished.pop(i)
                 lags.extend(trainer_version - v for v in versions)
-                round_versions.setdefault(i // (admission.groups_per_step *
-                                                 admission.round_steps), set()).update(versions)
+                round_versions.setdefault(
+                    i // (admission.groups_per_step * admission.round_steps), set()
+                ).update(versions)
             trainer_version += 1
             if admission.publishes(trainer_version):
                 pending_publish.append((tick + publish_delay, trainer_version))
@@ -65,13 +66,15 @@ def test_pipeline_lag_never_exceeds_max_lag(max_lag, seed):
 
 @pytest.mark.parametrize("round_steps", [1, 2, 4])
 def test_conventional_rounds_have_one_version_and_lag_below_round(round_steps):
-    admission = Admission(groups_per_step=3, max_lag=0, mode="conventional",
-                          round_steps=round_steps)
+    admission = Admission(
+        groups_per_step=3, max_lag=0, mode="conventional", round_steps=round_steps
+    )
     lags, rounds = simulate(admission, steps=8 * round_steps, slots=64, seed=3, publish_delay=1)
     assert lags.max() == round_steps - 1
     assert all(len(versions) == 1 for versions in rounds.values())
     assert [next(iter(rounds[r])) for r in sorted(rounds)] == [
-        r * round_steps for r in sorted(rounds)]
+        r * round_steps for r in sorted(rounds)
+    ]
 
 
 def test_capacity_and_step_indices():
@@ -83,12 +86,15 @@ def test_capacity_and_step_indices():
     assert admission.lag_bound() == 1
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(groups_per_step=0, max_lag=1), "groups_per_step"),
-    (dict(groups_per_step=1, max_lag=-1), "max_lag"),
-    (dict(groups_per_step=1, max_lag=1, mode="async"), "unknown mode"),
-    (dict(groups_per_step=1, max_lag=1, mode="conventional", round_steps=0), "round_steps"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(groups_per_step=0, max_lag=1), "groups_per_step"),
+        (dict(groups_per_step=1, max_lag=-1), "max_lag"),
+        (dict(groups_per_step=1, max_lag=1, mode="async"), "unknown mode"),
+        (dict(groups_per_step=1, max_lag=1, mode="conventional", round_steps=0), "round_steps"),
+    ],
+)
 def test_bad_settings_fail_with_one_line(kwargs, match):
     with pytest.raises(ConfigError, match=match) as info:
         Admission(**kwargs)

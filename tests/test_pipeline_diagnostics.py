@@ -12,9 +12,26 @@ from pipelinerl_jax.rewards.tables import STATUSES, Verdict, get_reward_table
 from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler.sampler import Sample
 
-SAMPLE_FIELDS = {"step", "group_pos", "group_index", "attempt", "uid", "pick", "prompt",
-                 "completion", "gold", "reward", "status", "predicted", "detail",
-                 "finish_reason", "num_tokens", "version_min", "version_max", "start_version"}
+SAMPLE_FIELDS = {
+    "step",
+    "group_pos",
+    "group_index",
+    "attempt",
+    "uid",
+    "pick",
+    "prompt",
+    "completion",
+    "gold",
+    "reward",
+    "status",
+    "predicted",
+    "detail",
+    "finish_reason",
+    "num_tokens",
+    "version_min",
+    "version_max",
+    "start_version",
+}
 
 
 # A reward function the pool's worker processes import from this module (top level: pickled).
@@ -36,12 +53,26 @@ def make_group(index, specs, *, versions=(3, 4), start_version=3):
         detail = spec[4] if len(spec) > 4 else ""
         toks = [(index + i + j) % 26 for j in range(n)]
         vers = [versions[0]] * (n // 2) + [versions[1]] * (n - n // 2)
-        group.samples.append(Sample(request_id=index, attempt=i, prompt_ids=[0, 1, 2],
-                                    token_ids=toks, logprobs=[-0.5] * n, versions=vers,
-                                    start_version=start_version, finish_reason=finish))
-        group.verdicts.append(Verdict(status=status, score=float(status == "correct"),
-                                      predicted=None if status == "no_answer" else f"p{i}",
-                                      detail=detail))
+        group.samples.append(
+            Sample(
+                request_id=index,
+                attempt=i,
+                prompt_ids=[0, 1, 2],
+                token_ids=toks,
+                logprobs=[-0.5] * n,
+                versions=vers,
+                start_version=start_version,
+                finish_reason=finish,
+            )
+        )
+        group.verdicts.append(
+            Verdict(
+                status=status,
+                score=float(status == "correct"),
+                predicted=None if status == "no_answer" else f"p{i}",
+                detail=detail,
+            )
+        )
         group.rewards.append(float(reward))
     return group
 
@@ -51,10 +82,20 @@ def zero_groups(n_groups=2, statuses=("no_answer",) * 7 + ("wrong",), finish="st
 
 
 def mixed_groups(step=0):
-    return [make_group(10 * step + g, [("correct", 1.0, "stop"), ("wrong", 0.0, "stop"),
-                                        ("no_answer", 0.0, "length"), ("unparsable", 0.0, "stop"),
-                                        ("correct", 1.0, "stop"), ("wrong", 0.0, "length")])
-            for g in range(3)]
+    return [
+        make_group(
+            10 * step + g,
+            [
+                ("correct", 1.0, "stop"),
+                ("wrong", 0.0, "stop"),
+                ("no_answer", 0.0, "length"),
+                ("unparsable", 0.0, "stop"),
+                ("correct", 1.0, "stop"),
+                ("wrong", 0.0, "length"),
+            ],
+        )
+        for g in range(3)
+    ]
 
 
 class Echo(list):
@@ -69,18 +110,44 @@ def read_samples(workdir):
 
 
 def test_status_and_finish_fractions_are_hand_counts():
-    groups = [make_group(0, [("correct", 1.0, "stop"), ("wrong", 0.0, "stop"),
-                             ("wrong", 0.0, "length"), ("no_answer", 0.0, "length")]),
-              make_group(1, [("error", 0.0, "stop", 4, "ValueError: x"),
-                             ("timeout", 0.0, "stop", 4, "no verdict within 5 s"),
-                             ("unparsable", 0.0, "stop"), ("no_answer", 0.0, "length")])]
+    groups = [
+        make_group(
+            0,
+            [
+                ("correct", 1.0, "stop"),
+                ("wrong", 0.0, "stop"),
+                ("wrong", 0.0, "length"),
+                ("no_answer", 0.0, "length"),
+            ],
+        ),
+        make_group(
+            1,
+            [
+                ("error", 0.0, "stop", 4, "ValueError: x"),
+                ("timeout", 0.0, "stop", 4, "no verdict within 5 s"),
+                ("unparsable", 0.0, "stop"),
+                ("no_answer", 0.0, "length"),
+            ],
+        ),
+    ]
     diag = RewardDiagnostics(None, echo=Echo())
     out = diag.record(1, groups, detok)
     assert {k: out[f"status/{k}"] for k in STATUSES} == {
-        "correct": 1 / 8, "wrong": 2 / 8, "no_answer": 2 / 8, "unparsable": 1 / 8,
-        "error": 1 / 8, "timeout": 1 / 8}
+        "correct": 1 / 8,
+        "wrong": 2 / 8,
+        "no_answer": 2 / 8,
+        "unparsable": 1 / 8,
+        "error": 1 / 8,
+        "timeout": 1 / 8,
+    }
     assert {k: out[f"status_count/{k}"] for k in STATUSES} == {
-        "correct": 1, "wrong": 2, "no_answer": 2, "unparsable": 1, "error": 1, "timeout": 1}
+        "correct": 1,
+        "wrong": 2,
+        "no_answer": 2,
+        "unparsable": 1,
+        "error": 1,
+        "timeout": 1,
+    }
     assert out["finish/stop"] == 5 / 8 and out["finish/length"] == 3 / 8
     assert out["finish/other"] == 0.0
     assert out["reward/zero_streak"] == 0 and out["diag/malformed"] == 0
@@ -105,9 +172,11 @@ def test_reward_function_failure_is_echoed_once_with_its_text():
     diag.record(0, [ok], detok)
     assert echo == []
     for step in range(1, 20):
-        failing = make_group(step, [("error", 0.0, "stop", 4,
-                                     f"ZeroDivisionError: division by zero #{step}")] * 3
-                             + [("correct", 1.0, "stop")])
+        failing = make_group(
+            step,
+            [("error", 0.0, "stop", 4, f"ZeroDivisionError: division by zero #{step}")] * 3
+            + [("correct", 1.0, "stop")],
+        )
         diag.record(step, [failing, ok], detok)
     assert len(echo) == 1
     line = echo[0]
@@ -116,8 +185,9 @@ def test_reward_function_failure_is_echoed_once_with_its_text():
     assert "3 of 5 samples" in line and "status/error" in line and "problem t/1" in line
     # A timeout is a different kind of failure: announced once as well.
     for step in range(20, 25):
-        diag.record(step, [make_group(step, [("timeout", 0.0, "stop", 4,
-                                              "no verdict within 5 s")])], detok)
+        diag.record(
+            step, [make_group(step, [("timeout", 0.0, "stop", 4, "no verdict within 5 s")])], detok
+        )
     assert len(echo) == 2
     assert echo[1].startswith("warning: reward function timed out (status timeout) on step 20")
     assert "no verdict within 5 s" in echo[1] and "status/timeout" in echo[1]
@@ -126,8 +196,9 @@ def test_reward_function_failure_is_echoed_once_with_its_text():
 def test_multiline_failure_detail_is_one_line():
     echo = Echo()
     diag = RewardDiagnostics(None, echo=echo)
-    diag.record(0, [make_group(0, [("error", 0.0, "stop", 4, "Traceback\n  line\nKeyError: 'x'")])],
-                detok)
+    diag.record(
+        0, [make_group(0, [("error", 0.0, "stop", 4, "Traceback\n  line\nKeyError: 'x'")])], detok
+    )
     assert len(echo) == 1 and "Traceback line KeyError: 'x'" in echo[0]
 
 
@@ -163,9 +234,14 @@ def test_zero_streak_warns_after_exactly_n_steps_and_once_per_streak(tmp_path):
     assert "too hard" in echo[1] and "difficulty" in echo[1]
 
 
-@pytest.mark.parametrize("status, words", [("error", "reward function raised"),
-                                           ("timeout", "timed out"),
-                                           ("unparsable", "answer format")])
+@pytest.mark.parametrize(
+    "status, words",
+    [
+        ("error", "reward function raised"),
+        ("timeout", "timed out"),
+        ("unparsable", "answer format"),
+    ],
+)
 def test_zero_streak_hint_follows_the_dominant_status(status, words):
     echo = Echo()
     diag = RewardDiagnostics(None, echo=echo, zero_reward_warn_steps=2)
@@ -227,12 +303,14 @@ def test_samples_are_appended_never_rewritten(tmp_path):
 def test_sample_selection_is_deterministic_in_seed_and_step(tmp_path):
     def picks(seed, name):
         workdir = tmp_path / name
-        diag = RewardDiagnostics(str(workdir), echo=Echo(), samples_per_log=3, log_every=1,
-                                 seed=seed)
+        diag = RewardDiagnostics(
+            str(workdir), echo=Echo(), samples_per_log=3, log_every=1, seed=seed
+        )
         for step in range(6):
             # All rewards equal: only the seeded order decides which attempts are shown.
-            diag.record(step, [make_group(g, [("wrong", 0.5, "stop")] * 8) for g in range(4)],
-                        detok)
+            diag.record(
+                step, [make_group(g, [("wrong", 0.5, "stop")] * 8) for g in range(4)], detok
+            )
         rows = read_samples(workdir)
         assert {r["pick"] for r in rows} == {"random"}  # tied rewards: no "best" / "worst"
         return [(r["step"], r["group_index"], r["attempt"]) for r in rows]
@@ -261,7 +339,7 @@ def test_malformed_groups_and_failing_detokenize_do_not_crash(tmp_path):
     short.verdicts = short.verdicts[:1]  # scored in part
     short.rewards = short.rewards[:1]
     odd = make_group(2, [("wrong", 0.0, "stop")])
-    odd.verdicts = [{"score": 0.0}]      # a verdict without a status
+    odd.verdicts = [{"score": 0.0}]  # a verdict without a status
 
     def bad_detok(ids):
         if len(ids) == 3:
@@ -310,16 +388,19 @@ def test_raising_reward_in_the_real_pool_is_warned_on_the_first_step(tmp_path):
             group = make_group(g, [("wrong", 0.0, "stop")] * 3)
             futures = [pool.submit(detok(s.token_ids), group.problem) for s in group.samples]
             group.verdicts = [f.result(timeout=30) for f in futures]
-            group.rewards = [table.compute(v, num_tokens=len(s.token_ids), max_tokens=64,
-                                           finished=True).reward
-                             for v, s in zip(group.verdicts, group.samples)]
+            group.rewards = [
+                table.compute(v, num_tokens=len(s.token_ids), max_tokens=64, finished=True).reward
+                for v, s in zip(group.verdicts, group.samples)
+            ]
             groups.append(group)
     echo = Echo()
     diag = RewardDiagnostics(str(tmp_path), echo=echo, zero_reward_warn_steps=1)
     out = diag.record(0, groups, detok)
     assert out["status/error"] == 1.0 and out["reward/zero_streak"] == 1
-    assert echo[0].startswith("warning: reward function failed (status error) on step 0: "
-                              "ZeroDivisionError: division by zero")
+    assert echo[0].startswith(
+        "warning: reward function failed (status error) on step 0: "
+        "ZeroDivisionError: division by zero"
+    )
     assert echo[1].startswith("warning: reward 0 for 1 step in a row: error 100%")
     assert "reward function raised" in echo[1]
     rows = read_samples(tmp_path)

@@ -7,11 +7,11 @@ import signal
 import time
 
 import pytest
+from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 from pipelinerl_jax.checkpoint import RunCheckpointer
 from pipelinerl_jax.metrics import METRICS_FILE, read_records
 from pipelinerl_jax.pipeline import run as run_lib
-from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 
 class InterruptingTrainer:
@@ -46,8 +46,9 @@ def interrupt_at(cfg, at_call, workdir):
     components.trainer = InterruptingTrainer(components.trainer, at_call)
     lines = []
     with pytest.raises(KeyboardInterrupt):
-        run_lib.run(cfg, str(workdir) if workdir else None, components=components,
-                    echo=lines.append)
+        run_lib.run(
+            cfg, str(workdir) if workdir else None, components=components, echo=lines.append
+        )
     return [line for line in lines if line.startswith("interrupted")]
 
 
@@ -63,14 +64,17 @@ def train_steps(workdir):
 def test_ctrl_c_saves_when_a_checkpoint_is_due_soon_and_the_run_resumes_there(tmp_path):
     cfg = tiny_config(steps=20, checkpoint_every=4)
     lines = interrupt_at(cfg, 3, tmp_path)  # step 3 is the last; checkpoint 4 was due next
-    assert lines == ["interrupted at step 3: saved a checkpoint (the next was due at step 4); "
-                     "relaunching with the same --workdir resumes from step 3"]
+    assert lines == [
+        "interrupted at step 3: saved a checkpoint (the next was due at step 4); "
+        "relaunching with the same --workdir resumes from step 3"
+    ]
     assert saved_steps(tmp_path) == [3]
     assert train_steps(tmp_path) == [0, 1, 2]
     assert (tmp_path / "curves.png").exists()
     resumed = []
-    summary = run_lib.run(tiny_config(steps=4, checkpoint_every=4), str(tmp_path),
-                          echo=resumed.append)
+    summary = run_lib.run(
+        tiny_config(steps=4, checkpoint_every=4), str(tmp_path), echo=resumed.append
+    )
     assert any(line.startswith("resumed from step 3") for line in resumed)
     assert summary["steps"] == 4 and train_steps(tmp_path) == [0, 1, 2, 3]
 
@@ -78,9 +82,11 @@ def test_ctrl_c_saves_when_a_checkpoint_is_due_soon_and_the_run_resumes_there(tm
 def test_ctrl_c_far_from_a_checkpoint_says_none_was_saved_and_where_it_resumes(tmp_path):
     cfg = tiny_config(steps=20, checkpoint_every=4)
     lines = interrupt_at(cfg, 5, tmp_path)  # step 5: checkpoint 4 is saved, 8 is far
-    assert lines == ["interrupted at step 5: no checkpoint saved (the next was due at step 8); "
-                     "relaunching with the same --workdir resumes from step 4 and trains step 4 "
-                     "again"]
+    assert lines == [
+        "interrupted at step 5: no checkpoint saved (the next was due at step 8); "
+        "relaunching with the same --workdir resumes from step 4 and trains step 4 "
+        "again"
+    ]
     assert saved_steps(tmp_path) == [4]
     assert train_steps(tmp_path) == [0, 1, 2, 3, 4]
 
@@ -96,4 +102,5 @@ def test_ctrl_c_without_a_workdir_says_there_is_nothing_to_resume():
         run_lib.run(cfg, None, components=components, echo=lines.append)
     assert [line for line in lines if line.startswith("interrupted")] == [
         "interrupted at step 2: no checkpoint saved (checkpoints need --workdir and "
-        "checkpoint_every > 0); a relaunch starts over from step 0"]
+        "checkpoint_every > 0); a relaunch starts over from step 0"
+    ]

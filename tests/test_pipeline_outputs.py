@@ -14,21 +14,22 @@ import shutil
 
 import pytest
 from PIL import Image
+from test_pipeline_run import tiny_config
+from test_tensorboard_log import assert_events_match_records, read_events
 
 from pipelinerl_jax import checkpoint as checkpoint_lib
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.metrics import METRICS_FILE, TENSORBOARD_DIR, read_records, run_history
 from pipelinerl_jax.pipeline import checkpointing
 from pipelinerl_jax.pipeline import run as run_lib
-from test_pipeline_run import tiny_config
-from test_tensorboard_log import assert_events_match_records, read_events
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def config(**overrides):
-    return tiny_config(**{"checkpoint_every": 2, "eval_every": 2, "eval.num_problems": 4,
-                          **overrides})
+    return tiny_config(
+        **{"checkpoint_every": 2, "eval_every": 2, "eval.num_problems": 4, **overrides}
+    )
 
 
 def train_steps(workdir) -> list[int]:
@@ -93,25 +94,31 @@ def test_curves_png_at_each_checkpoint_and_at_the_end(workdir):
 def test_summary_after_a_resume_covers_the_whole_run(workdir):
     summary = workdir["second"]
     assert summary["steps"] == 4 and summary["resumed_from"] == 2
-    kept = [r for r in run_history(read_records(workdir["wd"] / METRICS_FILE))
-            if r["kind"] == "train"]
+    kept = [
+        r for r in run_history(read_records(workdir["wd"] / METRICS_FILE)) if r["kind"] == "train"
+    ]
     rewards = [r["reward/mean"] for r in kept]
     assert summary["reward/first20"] == pytest.approx(sum(rewards) / 4)
     assert [s for s, _ in summary["eval/avg@k_by_step"]] == [2, 4]
     assert sum(summary["lag/hist"].values()) == sum(r["lag/tokens"] for r in kept)
-    assert any(line.startswith("done: 4 steps") and "resumed at step 2" in line
-               for line in workdir["lines"])
+    assert any(
+        line.startswith("done: 4 steps") and "resumed at step 2" in line
+        for line in workdir["lines"]
+    )
 
 
 def test_a_finished_run_says_so_and_writes_nothing(workdir):
     wd = workdir["wd"]
     before = {name: (wd / name).read_bytes() for name in (METRICS_FILE, "config.json")}
     lines = []
-    result = run_lib.run(config(steps=4, **{"trainer.learning_rate": 1e-4}), str(wd),
-                         echo=lines.append)
+    result = run_lib.run(
+        config(steps=4, **{"trainer.learning_rate": 1e-4}), str(wd), echo=lines.append
+    )
     assert result == {"finished_at": 4}
-    assert lines == ["already finished at step 4 (config.steps=4): nothing to train; raise "
-                     "config.steps to train it further"]
+    assert lines == [
+        "already finished at step 4 (config.steps=4): nothing to train; raise "
+        "config.steps to train it further"
+    ]
     assert {name: (wd / name).read_bytes() for name in before} == before
 
 

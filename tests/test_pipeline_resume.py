@@ -21,26 +21,36 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAGS = ["--config=configs/tiny.py", "--config.mode=conventional",
-         "--config.conventional_steps=2", "--config.steps=6", "--config.checkpoint_every=2"]
+FLAGS = [
+    "--config=configs/tiny.py",
+    "--config.mode=conventional",
+    "--config.conventional_steps=2",
+    "--config.steps=6",
+    "--config.checkpoint_every=2",
+]
 
 
-PIPELINE_FLAGS = ["--config=configs/tiny.py", "--config.max_lag=3", "--config.steps=10",
-                  "--config.checkpoint_every=2", "--config.checkpoint_keep=8",
-                  "--config.reward.fn=tests.test_pipeline_resume:uneven_reward"]
+PIPELINE_FLAGS = [
+    "--config=configs/tiny.py",
+    "--config.max_lag=3",
+    "--config.steps=10",
+    "--config.checkpoint_every=2",
+    "--config.checkpoint_keep=8",
+    "--config.reward.fn=tests.test_pipeline_resume:uneven_reward",
+]
 KILL_SEED = 20261125  # the kill points are drawn from this seed (printed on failure)
 
 
 def uneven_reward(completion: str, problem):
     """The task's reward, 0.3 s late for half the problems (by a hash of their uid) and at once
-  for the rest: later groups are then scored while earlier ones still wait, so checkpoints
-  find both scored-but-untrained groups and groups still in flight."""
+    for the rest: later groups are then scored while earlier ones still wait, so checkpoints
+    find both scored-but-untrained groups and groups still in flight."""
     import zlib
 
     from pipelinerl_jax.rewards.tables import task_reward
+
     if zlib.crc32(problem.uid.encode()) % 2 == 0:
         time.sleep(0.3)
     return task_reward(completion, problem)
@@ -51,8 +61,15 @@ def launch(workdir, *extra, wait=True, flags=FLAGS):
     cmd = [sys.executable, str(ROOT / "launch.py"), *flags, f"--workdir={workdir}", *extra]
     if wait:
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def train_records(workdir):
@@ -80,8 +97,9 @@ def test_kill_9_then_resume_continues_exactly(tmp_path):
     assert sorted(by_step) == list(range(6))
     for step in range(6):
         assert by_step[step]["prompts"] == ref_records[step]["prompts"], step
-        np.testing.assert_allclose(by_step[step]["loss"], ref_records[step]["loss"],
-                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(
+            by_step[step]["loss"], ref_records[step]["loss"], rtol=1e-5, atol=1e-7
+        )
     trained = [uid for s in range(6) for uid in by_step[s]["prompts"]]
     assert len(trained) == len(set(trained))  # no prompt trained twice
 
@@ -108,12 +126,17 @@ def kill_at_mixed_checkpoint(proc, workdir, min_step: int) -> int:
     deadline, seen = time.time() + 300, set()
     ckpts = Path(workdir) / "checkpoints"
     while True:
-        assert proc.poll() is None, ("the run ended before a checkpoint held both kinds of "
-                                     f"pending groups (checked {sorted(seen)})")
+        assert proc.poll() is None, (
+            "the run ended before a checkpoint held both kinds of "
+            f"pending groups (checked {sorted(seen)})"
+        )
         assert time.time() < deadline
         # A step's directory gets its final name only once every item is written.
-        steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) \
-            if ckpts.is_dir() else []
+        steps = (
+            sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+            if ckpts.is_dir()
+            else []
+        )
         for step in (s for s in steps if s >= min_step and s not in seen):
             seen.add(step)
             pending = json.loads((ckpts / str(step) / "extra" / "metadata").read_text())["pending"]
@@ -132,26 +155,32 @@ def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
     from pipelinerl_jax.config import from_config_dict
     from pipelinerl_jax.data.datasets import PromptStream
     from pipelinerl_jax.pipeline.run import build_data
+
     cfg = from_config_dict(tiny.get_config())
     stream = PromptStream(build_data(cfg)[1], seed=cfg.data.shuffle_seed + cfg.seed)
     ref_prompts = {s: [next(stream).uid for _ in range(4)] for s in range(10)}
 
     min_step = random.Random(KILL_SEED + 1).choice([2, 4])
-    killed_at = kill_at_mixed_checkpoint(launch(killed, wait=False, flags=PIPELINE_FLAGS),
-                                         killed, min_step)
-    context = (f"killed after the checkpoint at step {killed_at} (the first with both kinds of "
-               f"pending groups from step {min_step}, drawn by random.Random({KILL_SEED + 1}))")
+    killed_at = kill_at_mixed_checkpoint(
+        launch(killed, wait=False, flags=PIPELINE_FLAGS), killed, min_step
+    )
+    context = (
+        f"killed after the checkpoint at step {killed_at} (the first with both kinds of "
+        f"pending groups from step {min_step}, drawn by random.Random({KILL_SEED + 1}))"
+    )
 
     resumed = launch(killed, flags=PIPELINE_FLAGS)
     assert resumed.returncode == 0, (context, resumed.stderr[-3000:])
-    found = re.search(r"resumed from step (\d+): (\d+) untrained groups carried over",
-                      resumed.stdout)
+    found = re.search(
+        r"resumed from step (\d+): (\d+) untrained groups carried over", resumed.stdout
+    )
     assert found, (context, resumed.stdout[-2000:])
     step, carried = int(found.group(1)), int(found.group(2))
 
     # What the checkpoint carried over: groups already scored (with their samples) and
     # groups still being generated (prompts only, regenerated on resume).
     from pipelinerl_jax.checkpoint import RunCheckpointer
+
     extra = RunCheckpointer(killed, read_only=True).read_json(step, "extra")
     pending = extra["pending"]
     assert len(pending) == carried > 0, context

@@ -38,8 +38,9 @@ def tiny_config(**overrides):
     c.sampler.max_seq_len = 24
     c.sampler.page_size = 16
     c.sampler.chunk_steps = 2
-    c.model.init.update(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
-                        head_dim=16)
+    c.model.init.update(
+        hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16
+    )
     for key, value in overrides.items():
         node = c
         *path, last = key.split(".")
@@ -68,8 +69,10 @@ class ScriptedTrainer:
         self.batches.append(jax.tree.map(np.asarray, batch))
         version = len(self.batches)
         return FakeState(self.params_of(version)), {
-            "loss": jnp.float32(0.0), "consecutive_skips": jnp.int32(0),
-            "version": jnp.int32(version)}
+            "loss": jnp.float32(0.0),
+            "consecutive_skips": jnp.int32(0),
+            "version": jnp.int32(version),
+        }
 
 
 def sequences_of(batch):
@@ -82,8 +85,14 @@ def sequences_of(batch):
             idx = np.nonzero(batch.segment_ids[r] == seg)[0]
             mask = batch.loss_mask[r, idx] > 0
             tokens = batch.tokens[r, idx]  # prompt + completion
-            out.append((tokens, batch.versions[r, idx][mask], batch.behaviour_logprobs[r, idx][mask],
-                        int(np.argmax(mask)) + 1))
+            out.append(
+                (
+                    tokens,
+                    batch.versions[r, idx][mask],
+                    batch.behaviour_logprobs[r, idx][mask],
+                    int(np.argmax(mask)) + 1,
+                )
+            )
     return out
 
 
@@ -99,8 +108,9 @@ def _replay_step(graphdef, params, cache, token, pos):
         mask = (jnp.arange(S) <= pos)[None, None, :]
         return llama.masked_attention(q, kc, vc, mask), (kc, vc)
 
-    hidden, cache = llama.forward_hidden(graphdef, params, token[None, None], pos[None, None],
-                                         attend=attend, cache=cache)
+    hidden, cache = llama.forward_hidden(
+        graphdef, params, token[None, None], pos[None, None], attend=attend, cache=cache
+    )
     return jax.nn.log_softmax(llama.logits_from_hidden(params, hidden)[0, 0]), cache
 
 
@@ -113,8 +123,9 @@ def replay_logprobs(graphdef, params_of, tokens, versions, prompt_len, max_len=3
     for pos in range(len(tokens) - 1):
         j = pos - (prompt_len - 1)  # index of the completion token this step produces
         version = int(versions[max(j, 0)])
-        lp, cache = _replay_step(graphdef, params_of(version), cache, jnp.int32(tokens[pos]),
-                                 jnp.int32(pos))
+        lp, cache = _replay_step(
+            graphdef, params_of(version), cache, jnp.int32(tokens[pos]), jnp.int32(pos)
+        )
         if j >= 0:
             logprobs.append(float(lp[tokens[pos + 1]]))
     return np.array(logprobs)
@@ -142,7 +153,7 @@ def test_in_flight_swaps_land_mid_sequence_with_correct_versions(keep_run):
     seqs = [s for b in trainer.batches for s in sequences_of(b)]
     mixed = [s for s in seqs if len(set(s[1])) > 1]
     assert mixed, "no sequence saw a weight swap mid-generation"
-    for tokens, versions, behaviour, prompt_len in seqs:
+    for _tokens, versions, _behaviour, _prompt_len in seqs:
         assert np.all(np.diff(versions) >= 0)  # versions never go back within a sequence
     # Replay every mixed sequence and a few single-version ones.
     for tokens, versions, behaviour, prompt_len in mixed + seqs[:4]:
@@ -195,8 +206,12 @@ def test_recompute_policy_matches_new_params_over_the_full_prefix():
             n = prompt_len + j  # the prefix that produced completion token j
             padded = np.zeros(32, np.int32)
             padded[:n] = tokens[:n]  # causal: what follows position n-1 cannot change it
-            logits = llama.jit_forward(graphdef, trainer.params_of(int(version)),
-                                       jnp.asarray(padded[None]), jnp.arange(32)[None])
+            logits = llama.jit_forward(
+                graphdef,
+                trainer.params_of(int(version)),
+                jnp.asarray(padded[None]),
+                jnp.arange(32)[None],
+            )
             lp = jax.nn.log_softmax(logits[0, n - 1])[tokens[n]]
             np.testing.assert_allclose(behaviour[j], float(lp), atol=2e-4, rtol=2e-4)
     assert cfg_model.vocab_size == 16

@@ -17,17 +17,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_tensor_parallel_sampler_and_trainer_run_end_to_end(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    cmd = [sys.executable, str(ROOT / "launch.py"), "--config=configs/tiny.py",
-           f"--workdir={tmp_path}", "--config.steps=4", "--config.max_lag=1",
-           "--config.devices.sampler=4", "--config.devices.sampler_tp=2",
-           "--config.devices.trainer_tp=2", "--config.model.init.num_kv_heads=2",
-           "--config.eval_every=0",
-           # Every prefill shape compiled by warm_up before step 0 (otherwise a new prompt
-           # length or row count compiles on first use, at any step, and says nothing about
-           # publishing): what remains to recompile mid-run is the weight path.
-           "--config.sampler.prefill_pad_tokens=true"]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    )
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "--config=configs/tiny.py",
+        f"--workdir={tmp_path}",
+        "--config.steps=4",
+        "--config.max_lag=1",
+        "--config.devices.sampler=4",
+        "--config.devices.sampler_tp=2",
+        "--config.devices.trainer_tp=2",
+        "--config.model.init.num_kv_heads=2",
+        "--config.eval_every=0",
+        # Every prefill shape compiled by warm_up before step 0 (otherwise a new prompt
+        # length or row count compiles on first use, at any step, and says nothing about
+        # publishing): what remains to recompile mid-run is the weight path.
+        "--config.sampler.prefill_pad_tokens=true",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import run as run_lib
 from pipelinerl_jax.pipeline.coordinator import PipelineError
-from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,14 +52,25 @@ def test_trainer_exception_stops_both_threads_and_names_its_origin():
 
 def _launch(*flags, **popen):
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    return subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **popen)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *flags],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def test_ctrl_c_ends_the_run_within_seconds_and_leaves_no_process(tmp_path):
-    proc = _launch("--config.steps=100000", "--config.log_every=1", "--config.reward.workers=2",
-                   f"--workdir={tmp_path}", start_new_session=True)
+    proc = _launch(
+        "--config.steps=100000",
+        "--config.log_every=1",
+        "--config.reward.workers=2",
+        f"--workdir={tmp_path}",
+        start_new_session=True,
+    )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 240
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
@@ -80,20 +91,24 @@ def test_ctrl_c_ends_the_run_within_seconds_and_leaves_no_process(tmp_path):
         except ProcessLookupError:
             return
         time.sleep(0.2)
-    left = subprocess.run(["ps", "-o", "pid,stat,cmd", "-g", str(proc.pid)], capture_output=True,
-                          text=True).stdout
+    left = subprocess.run(
+        ["ps", "-o", "pid,stat,cmd", "-g", str(proc.pid)], capture_output=True, text=True
+    ).stdout
     raise AssertionError(f"processes outlived the run:\n{left}")
 
 
-@pytest.mark.parametrize("override, message", [
-    (dict(batch_size=30), "not divisible by config.group_size"),
-    ({"data.task": "sorting"}, "unknown"),
-    (dict(mode="async"), "config.mode"),
-    (dict(max_lag=-1), "max_lag"),
-    ({"generation.max_new_tokens": 64}, "exceed sampler.max_seq_len"),
-    ({"loss.temperature": 0.5}, "loss.temperature"),
-    ({"trainer.learning_rat": 1.0}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (dict(batch_size=30), "not divisible by config.group_size"),
+        ({"data.task": "sorting"}, "unknown"),
+        (dict(mode="async"), "config.mode"),
+        (dict(max_lag=-1), "max_lag"),
+        ({"generation.max_new_tokens": 64}, "exceed sampler.max_seq_len"),
+        ({"loss.temperature": 0.5}, "loss.temperature"),
+        ({"trainer.learning_rat": 1.0}, "unknown field"),
+    ],
+)
 def test_bad_config_is_one_line_config_error(override, message):
     with pytest.raises(ConfigError, match=message) as info:
         tiny_config(**override)
@@ -119,9 +134,14 @@ def test_sampler_tp_that_does_not_divide_is_refused():
 
 
 def test_launch_exits_2_on_bad_config():
-    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config.batch_size=30"],
-                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "--config.batch_size=30"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("config error:") and "group_size" in last

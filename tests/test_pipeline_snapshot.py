@@ -4,6 +4,7 @@ trained, through a JSON round trip, and where each kind goes on resume."""
 import json
 
 import numpy as np
+from test_pipeline_run import tiny_config
 
 from pipelinerl_jax.data.datasets import PromptStream
 from pipelinerl_jax.data.tasks import make_task
@@ -12,7 +13,6 @@ from pipelinerl_jax.pipeline.coordinator import Coordinator
 from pipelinerl_jax.pipeline.groups import Group
 from pipelinerl_jax.rewards.tables import Verdict
 from pipelinerl_jax.sampler.sampler import Sample
-from test_pipeline_run import tiny_config
 
 
 class _NoSampler:
@@ -21,17 +21,34 @@ class _NoSampler:
 
 def _coordinator(cfg, stream, admission):
     encode = lambda problem: [ord(ch) % 50 for ch in problem.question]
-    return Coordinator(cfg, sampler=_NoSampler(), trainer=None, state=None, stream=stream,
-                       encode_prompt=encode, detokenize=None, reward_pool=None,
-                       reward_table=None, publisher=None, admission=admission, writer=None)
+    return Coordinator(
+        cfg,
+        sampler=_NoSampler(),
+        trainer=None,
+        state=None,
+        stream=stream,
+        encode_prompt=encode,
+        detokenize=None,
+        reward_pool=None,
+        reward_table=None,
+        publisher=None,
+        admission=admission,
+        writer=None,
+    )
 
 
 def _sample(rng, attempt, prompt_ids):
     n = int(rng.integers(2, 6))
-    return Sample(request_id=7, attempt=attempt, prompt_ids=prompt_ids,
-                  token_ids=rng.integers(0, 50, n).tolist(),
-                  logprobs=(-rng.random(n)).tolist(), versions=[3] * (n - 1) + [4],
-                  start_version=3, finish_reason="stop")
+    return Sample(
+        request_id=7,
+        attempt=attempt,
+        prompt_ids=prompt_ids,
+        token_ids=rng.integers(0, 50, n).tolist(),
+        logprobs=(-rng.random(n)).tolist(),
+        versions=[3] * (n - 1) + [4],
+        start_version=3,
+        finish_reason="stop",
+    )
 
 
 def test_snapshot_restore_round_trip():
@@ -45,8 +62,10 @@ def test_snapshot_restore_round_trip():
     admission.restore(23)
     # Group 20: every attempt scored, waiting for the trainer. Group 21: generating (two
     # attempts back, one scored). Group 22: just started, nothing back.
-    groups = [Group(index=20 + i, problem=drawn[20 + i],
-                    prompt_ids=coord.encode_prompt(drawn[20 + i])) for i in range(3)]
+    groups = [
+        Group(index=20 + i, problem=drawn[20 + i], prompt_ids=coord.encode_prompt(drawn[20 + i]))
+        for i in range(3)
+    ]
     scored, partial, fresh = groups
     for a in range(cfg.group_size):
         scored.samples.append(_sample(rng, a, scored.prompt_ids))

@@ -13,15 +13,18 @@ import json
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
 
 from configs import default as default_config
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.pipeline import run as run_lib
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +37,30 @@ def model_dir(tmp_path_factory):
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "<|im_end|>", "bos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-        "chat_template": TEMPLATE}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": "<|im_end|>",
+                "bos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": TEMPLATE,
+            }
+        )
+    )
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
     config = transformers.LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=ids["<|im_end|>"],
-        bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"])
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=ids["<|im_end|>"],
+        bos_token_id=ids["<|endoftext|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     return path
@@ -71,8 +89,10 @@ def test_word_problems_run_explains_its_zero_reward(model_dir, tmp_path):
     train = [r for r in records if r["kind"] == "train"]
     # Every step counts its answer statuses; a random byte model never writes \boxed{}.
     for r in train:
-        assert sum(r[f"status/{s}"] for s in ("correct", "wrong", "no_answer", "unparsable",
-                                              "error", "timeout")) == pytest.approx(1.0)
+        assert sum(
+            r[f"status/{s}"]
+            for s in ("correct", "wrong", "no_answer", "unparsable", "error", "timeout")
+        ) == pytest.approx(1.0)
         assert r["status/no_answer"] == 1.0 and r["reward/mean"] == 0.0
     # ... and after 5 such steps the console says so, with the dominant status.
     warnings = [x for x in lines if x.startswith("warning: reward 0 for 5 steps")]
@@ -88,7 +108,7 @@ def test_word_problems_run_explains_its_zero_reward(model_dir, tmp_path):
 
     # Held-out evaluation draws from the test split.
     evals = [r for r in records if r["kind"] == "eval"]
-    assert [r["step"] for r in evals] == [0, 5]      # the starting policy, then the end
+    assert [r["step"] for r in evals] == [0, 5]  # the starting policy, then the end
     assert any(x.startswith("eval at step 0:") and x.endswith("answered 0.00") for x in lines)
 
     # Compilations happen while warming up, none in the last steps.

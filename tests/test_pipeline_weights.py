@@ -42,8 +42,9 @@ def test_take_newer_keeps_only_the_newest_and_counts_skips():
 
 def test_filtered_versions_are_not_published():
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    publisher = Publisher(jax.tree.map(lambda _: sharding, _params(0)),
-                          publishes=lambda v: v % 4 == 0)
+    publisher = Publisher(
+        jax.tree.map(lambda _: sharding, _params(0)), publishes=lambda v: v % 4 == 0
+    )
     assert not publisher.publish(_params(1), 1)
     assert publisher.publish(_params(4), 4)
     assert publisher.wait_newer(0, timeout=0.1).version == 4
@@ -62,6 +63,7 @@ class _Pending:
 
 def test_take_newer_waits_until_every_leaf_arrived():
     from pipelinerl_jax.pipeline.weights import Staged
+
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     publisher = Publisher(jax.tree.map(lambda _: sharding, _params(0)))
     leaf = _Pending()

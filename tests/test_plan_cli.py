@@ -13,8 +13,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pipelinerl_jax.plan", *args],
-                          capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "pipelinerl_jax.plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
 
 
 def test_bundled_sample_profile_is_complete():
@@ -52,10 +57,22 @@ def test_cli_seconds_mode_on_sample(tmp_path):
 
 def test_cli_flash_mode_fixed_split_and_lengths_file(tmp_path):
     lengths = tmp_path / "metrics.jsonl"
-    lengths.write_text("\n".join(json.dumps({"kind": "sampler", "lengths": [5, 40, 100]})
-                                 for _ in range(3)) + "\n" + json.dumps({"length": 7}) + "\n")
-    r = _run("--units=flash", "--tau=5", "--devices=16", "--batch=64", "--max_lag=6",
-             "--gen_devices=4", f"--lengths={lengths}", f"--out_dir={tmp_path}")
+    lengths.write_text(
+        "\n".join(json.dumps({"kind": "sampler", "lengths": [5, 40, 100]}) for _ in range(3))
+        + "\n"
+        + json.dumps({"length": 7})
+        + "\n"
+    )
+    r = _run(
+        "--units=flash",
+        "--tau=5",
+        "--devices=16",
+        "--batch=64",
+        "--max_lag=6",
+        "--gen_devices=4",
+        f"--lengths={lengths}",
+        f"--out_dir={tmp_path}",
+    )
     assert r.returncode == 0, r.stderr
     assert "tokens/flash" in r.stdout and "tau=5" in r.stdout
     plan = json.loads((tmp_path / "plan.json").read_text())
@@ -74,17 +91,20 @@ def test_cli_reproduce_paper(tmp_path):
     assert (plan["gen_batch"], plan["gen_devices"]) == (192, 44)
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--devices=16", "--gen_devices=20", "--max_lag=3"], "--gen_devices <= 15"),
-    (["--devices=16", "--batch=64", "--max_lag=0"], "raise --max_lag to >= 1"),
-    (["--devices=8", "--batch=32", "--max_lag=4", "--gen_batch=4096"], "--gen_batch=4096"),
-    (["--devices=128", "--batch=128", "--max_lag=40"], "re-measure up to batch 41"),
-    (["--devices=8"], "--max_lag is required"),
-    (["--devices=8", "--max_lag=2", "--profile=/nonexistent.json"], "no such file"),
-    (["--max_lag=2", "--lengths=/nonexistent.json"], "--lengths=/nonexistent.json"),
-    (["--devices=1", "--max_lag=2"], "at least 2 devices"),
-    (["bogus", "--max_lag=2"], "unknown command"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--devices=16", "--gen_devices=20", "--max_lag=3"], "--gen_devices <= 15"),
+        (["--devices=16", "--batch=64", "--max_lag=0"], "raise --max_lag to >= 1"),
+        (["--devices=8", "--batch=32", "--max_lag=4", "--gen_batch=4096"], "--gen_batch=4096"),
+        (["--devices=128", "--batch=128", "--max_lag=40"], "re-measure up to batch 41"),
+        (["--devices=8"], "--max_lag is required"),
+        (["--devices=8", "--max_lag=2", "--profile=/nonexistent.json"], "no such file"),
+        (["--max_lag=2", "--lengths=/nonexistent.json"], "--lengths=/nonexistent.json"),
+        (["--devices=1", "--max_lag=2"], "at least 2 devices"),
+        (["bogus", "--max_lag=2"], "unknown command"),
+    ],
+)
 def test_cli_bad_requests_exit_2_with_one_line(args, expect):
     r = _run(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -99,8 +119,12 @@ def test_plan_warns_when_the_profile_is_not_the_target_hardware(tmp_path):
     assert "bundled sample profile" in r.stderr and "plan measure" in r.stderr
     assert "load average of 7.0" in r.stderr  # the sample was measured on a busy 2-core host
     # A profile of the target accelerators, measured on an idle host: no warning.
-    gpu = util.load_profile(cli.SAMPLE_PROFILE) | {"backend": "gpu", "device_kind": "NVIDIA H100",
-                                                   "host_cpus": 64, "loadavg_1m_at_start": 0.1}
+    gpu = util.load_profile(cli.SAMPLE_PROFILE) | {
+        "backend": "gpu",
+        "device_kind": "NVIDIA H100",
+        "host_cpus": 64,
+        "loadavg_1m_at_start": 0.1,
+    }
     assert cli.profile_warnings(gpu, str(tmp_path / "h100.json")) == []
     cpu = dict(gpu, backend="cpu", device_kind="cpu")
     (line,) = cli.profile_warnings(cpu, str(tmp_path / "cpu.json"))

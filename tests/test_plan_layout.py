@@ -9,20 +9,34 @@ from pipelinerl_jax.plan.utilisation import PlanError, ProfileCoverageError
 
 # Decode latency grows slowly with batch (memory-bound): 10 ms at 1, 12 ms at 4, 16 ms at 8.
 PROF = layout.DeviceProfile.from_measurements(
-    decode_batch_sizes=[1, 4, 8], decode_latency_s=[0.010, 0.012, 0.016],
-    train_tokens_per_s_per_device=300.0)
+    decode_batch_sizes=[1, 4, 8],
+    decode_latency_s=[0.010, 0.012, 0.016],
+    train_tokens_per_s_per_device=300.0,
+)
 DIST = model.LengthDistribution.uniform(9)  # L = 9, L̄ = 5
 
 
 def test_kv_cache_bound_by_hand():
     # 2 (K,V) · 2 layers · 1 head · 4 dims · 2 bytes · 10 tokens = 320 bytes per sequence.
-    n = layout.kv_cache_max_batch(memory_bytes=10_000, param_bytes=1_000, num_layers=2,
-                                  num_kv_heads=1, head_dim=4, context_len=10,
-                                  reserve_fraction=0.1)
+    n = layout.kv_cache_max_batch(
+        memory_bytes=10_000,
+        param_bytes=1_000,
+        num_layers=2,
+        num_kv_heads=1,
+        head_dim=4,
+        context_len=10,
+        reserve_fraction=0.1,
+    )
     assert n == (9_000 - 1_000) // 320
     with pytest.raises(PlanError, match="less than one"):
-        layout.kv_cache_max_batch(memory_bytes=1_000, param_bytes=900, num_layers=2,
-                                  num_kv_heads=1, head_dim=4, context_len=10)
+        layout.kv_cache_max_batch(
+            memory_bytes=1_000,
+            param_bytes=900,
+            num_layers=2,
+            num_kv_heads=1,
+            head_dim=4,
+            context_len=10,
+        )
 
 
 def test_two_device_plan_by_hand():
@@ -62,8 +76,7 @@ def test_kv_bound_limits_batch_and_fixed_choices():
     assert plan.gen_batch <= 2
     # Every step of the round holds > 2 per device, so all run at rate(2) = 2/0.010667 = 187.5.
     assert plan.conventional["r_gen"] == pytest.approx(4 * 187.5)
-    fixed = layout.plan_layout(PROF, work, gen_devices=2, gen_batch=8,
-                               compare_conventional=False)
+    fixed = layout.plan_layout(PROF, work, gen_devices=2, gen_batch=8, compare_conventional=False)
     assert (fixed.gen_devices, fixed.gen_batch) == (2, 8.0)
     assert fixed.r_gen == pytest.approx(2 * 8 / 0.016)
     with pytest.raises(PlanError, match=r"must be in 1\.\.3"):
@@ -102,8 +115,10 @@ def test_lag_sweep_matches_single_plans():
 
 
 def test_profile_round_trip_and_bad_files(tmp_path):
-    prof = {"utilisation": util.UtilisationCurve((1.0, 8.0), (0.1, 0.5)).to_dict(),
-            "decode": {"batch_sizes": [1, 8], "latency_s": [0.01, 0.02]}}
+    prof = {
+        "utilisation": util.UtilisationCurve((1.0, 8.0), (0.1, 0.5)).to_dict(),
+        "decode": {"batch_sizes": [1, 8], "latency_s": [0.01, 0.02]},
+    }
     path = util.save_profile(prof, tmp_path / "p.json")
     loaded = util.load_profile(path)
     assert util.utilisation_from_profile(loaded).values == (0.1, 0.5)

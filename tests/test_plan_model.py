@@ -7,8 +7,12 @@ import pytest
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.plan import layout, model, paper
-from pipelinerl_jax.plan.utilisation import (PlanError, ProfileCoverageError, UtilisationCurve,
-                                             roofline_curve)
+from pipelinerl_jax.plan.utilisation import (
+    PlanError,
+    ProfileCoverageError,
+    UtilisationCurve,
+    roofline_curve,
+)
 
 # U(1) = 0.2, U(2) = 0.3: step times 5 and 20/3 flashes.
 TWO = UtilisationCurve((1.0, 2.0), (0.2, 0.3), source="hand")
@@ -34,10 +38,15 @@ def test_curve_interpolates_step_time_and_refuses_to_extrapolate():
     assert issubclass(ProfileCoverageError, ConfigError)
 
 
-@pytest.mark.parametrize("bad", [dict(batch_sizes=(2.0, 1.0), values=(0.1, 0.2)),
-                                 dict(batch_sizes=(1.0,), values=(0.0,)),
-                                 dict(batch_sizes=(1.0, 2.0), values=(0.1,)),
-                                 dict(batch_sizes=(1.0,), values=(0.1,), unit="furlongs")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(batch_sizes=(2.0, 1.0), values=(0.1, 0.2)),
+        dict(batch_sizes=(1.0,), values=(0.0,)),
+        dict(batch_sizes=(1.0, 2.0), values=(0.1,)),
+        dict(batch_sizes=(1.0,), values=(0.1,), unit="furlongs"),
+    ],
+)
 def test_curve_bad_input(bad):
     with pytest.raises(PlanError):
         UtilisationCurve(**bad)
@@ -61,10 +70,12 @@ def test_length_distributions():
     assert e.survival() == pytest.approx([1.0, 0.75, 0.75])
     h = model.LengthDistribution.from_histogram({"2": 1, 5: 3})
     assert h.max_len == 5 and h.mean_len == pytest.approx((2 + 15) / 4)
-    for bad in (lambda: model.LengthDistribution.uniform(0),
-                lambda: model.LengthDistribution.from_lengths([]),
-                lambda: model.LengthDistribution.from_lengths([0, 2]),
-                lambda: model.LengthDistribution.from_histogram({})):
+    for bad in (
+        lambda: model.LengthDistribution.uniform(0),
+        lambda: model.LengthDistribution.from_lengths([]),
+        lambda: model.LengthDistribution.from_lengths([0, 2]),
+        lambda: model.LengthDistribution.from_histogram({}),
+    ):
         with pytest.raises(PlanError):
             bad()
 
@@ -159,13 +170,11 @@ def test_search_on_stand_in_curve_finds_the_papers_configuration():
 
 
 def test_roofline_curve_by_hand():
-    c = roofline_curve([1, 10**6], peak_flops=100.0, bandwidth=1.0, m=2, n=2,
-                       bytes_per_element=1)
+    c = roofline_curve([1, 10**6], peak_flops=100.0, bandwidth=1.0, m=2, n=2, bytes_per_element=1)
     # h=1: 8 FLOPs over 2+2+4 bytes -> intensity 1 -> U = 1·1/100; h -> inf: intensity -> 2.
     assert c.values[0] == pytest.approx(0.01)
     assert c.values[1] == pytest.approx(0.02, rel=1e-5)
-    big = roofline_curve([10**6], peak_flops=100.0, bandwidth=1.0, m=1000, n=1000,
-                         efficiency=0.5)
+    big = roofline_curve([10**6], peak_flops=100.0, bandwidth=1.0, m=1000, n=1000, efficiency=0.5)
     assert big.values[0] == pytest.approx(0.5)  # compute-bound: clipped at 1, times efficiency
 
 
@@ -176,8 +185,9 @@ def test_best_rate_never_decreases_as_lag_loosens(seed):
     curve = UtilisationCurve(tuple(hs), tuple(rng.uniform(0.05, 0.9, size=hs.size)))
     dist = model.LengthDistribution.from_lengths(rng.integers(1, 40, size=30))
     n, b = int(rng.integers(2, 12)), int(rng.integers(1, 32))
-    grid = model.pipeline_grid(curve, dist, num_devices=n, batch_size=b,
-                               tau=float(rng.uniform(0.5, 20)))
+    grid = model.pipeline_grid(
+        curve, dist, num_devices=n, batch_size=b, tau=float(rng.uniform(0.5, 20))
+    )
     lags = np.arange(0, int(grid.lag_HxI.max()) + 3)
     best = model.best_rate_by_lag(grid, lags)
     finite = best[~np.isnan(best)]
@@ -200,5 +210,8 @@ def test_pipeline_grid_bad_input():
         model.pipeline_grid(TWO, dist, num_devices=4, batch_size=0, tau=1.0)
     with pytest.raises(PlanError, match="tau"):
         model.pipeline_grid(TWO, dist, num_devices=4, batch_size=4, tau=0.0)
-    assert math.isnan(model.best_rate_by_lag(
-        model.pipeline_grid(TWO, dist, num_devices=4, batch_size=4, tau=1.0), [0])[0])
+    assert math.isnan(
+        model.best_rate_by_lag(
+            model.pipeline_grid(TWO, dist, num_devices=4, batch_size=4, tau=1.0), [0]
+        )[0]
+    )

@@ -12,32 +12,44 @@ WRONG = Verdict("wrong", 0.0)
 PARTIAL = Verdict("wrong", 0.4)
 
 
-@pytest.mark.parametrize("name, verdict, finished, expected", [
-    ("pure_success", CORRECT, True, 1.0),
-    ("pure_success", CORRECT, False, 1.0),
-    ("pure_success", WRONG, True, 0.0),
-    ("pure_success", PARTIAL, True, 0.4),
-    ("pure_success", Verdict("no_answer"), True, 0.0),
-    ("pure_success", Verdict("timeout"), True, 0.0),
-    ("success_and_format", CORRECT, True, 1.0),
-    ("success_and_format", CORRECT, False, 0.9),
-    ("success_and_format", WRONG, True, 0.1),
-    ("success_and_format", PARTIAL, True, 0.9 * 0.4 + 0.1),
-    ("success_and_format", Verdict("unparsable"), True, 0.0),
-    ("success_and_format", Verdict("no_answer"), True, 0.0),
-    ("success_and_format", Verdict("error"), True, 0.0),
-])
+@pytest.mark.parametrize(
+    "name, verdict, finished, expected",
+    [
+        ("pure_success", CORRECT, True, 1.0),
+        ("pure_success", CORRECT, False, 1.0),
+        ("pure_success", WRONG, True, 0.0),
+        ("pure_success", PARTIAL, True, 0.4),
+        ("pure_success", Verdict("no_answer"), True, 0.0),
+        ("pure_success", Verdict("timeout"), True, 0.0),
+        ("success_and_format", CORRECT, True, 1.0),
+        ("success_and_format", CORRECT, False, 0.9),
+        ("success_and_format", WRONG, True, 0.1),
+        ("success_and_format", PARTIAL, True, 0.9 * 0.4 + 0.1),
+        ("success_and_format", Verdict("unparsable"), True, 0.0),
+        ("success_and_format", Verdict("no_answer"), True, 0.0),
+        ("success_and_format", Verdict("error"), True, 0.0),
+    ],
+)
 def test_tables_by_hand(name, verdict, finished, expected):
-    parts = get_reward_table(name).compute(verdict, num_tokens=10, max_tokens=100,
-                                           finished=finished)
+    parts = get_reward_table(name).compute(
+        verdict, num_tokens=10, max_tokens=100, finished=finished
+    )
     assert parts.reward == pytest.approx(expected)
     assert parts.success == (verdict.status == "correct")
     assert parts.overlong_penalty == 0.0
 
 
-@pytest.mark.parametrize("num_tokens, penalty", [
-    (0, 0.0), (75, 0.0), (76, 1 / 25), (90, 15 / 25), (100, 1.0), (130, 1.0),
-])
+@pytest.mark.parametrize(
+    "num_tokens, penalty",
+    [
+        (0, 0.0),
+        (75, 0.0),
+        (76, 1 / 25),
+        (90, 15 / 25),
+        (100, 1.0),
+        (130, 1.0),
+    ],
+)
 def test_soft_overlong_penalty(num_tokens, penalty):
     # max_tokens=100, buffer = 25 % = 25 tokens: linear from 0 at 75 tokens to 1 at 100.
     table = get_reward_table("soft_overlong")
@@ -75,8 +87,7 @@ def test_as_verdict():
 
 def test_resolve_callable():
     assert tables.resolve_callable("os.path:join") is __import__("os").path.join
-    assert tables.resolve_callable("pipelinerl_jax.rewards.tables:Verdict.from_score")(1) == \
-        CORRECT
+    assert tables.resolve_callable("pipelinerl_jax.rewards.tables:Verdict.from_score")(1) == CORRECT
     for spec, match in [
         ("os.path.join", "must be 'module.path:callable'"),
         ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),

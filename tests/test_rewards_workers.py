@@ -96,12 +96,15 @@ def test_hanging_reward_times_out_and_the_pool_survives(pool, hang):
     assert pool.map([("abcd", GOLD), ("ab", GOLD)])[0].score == pytest.approx(0.4)
 
 
-@pytest.mark.parametrize("completion, detail", [
-    ("raise", "RuntimeError: reward exploded"),
-    ("exit", "SystemExit: 3"),
-    ("text", "return a float or a pipelinerl_jax.rewards.tables.Verdict"),
-    ("unpicklable", "result not picklable"),
-])
+@pytest.mark.parametrize(
+    "completion, detail",
+    [
+        ("raise", "RuntimeError: reward exploded"),
+        ("exit", "SystemExit: 3"),
+        ("text", "return a float or a pipelinerl_jax.rewards.tables.Verdict"),
+        ("unpicklable", "result not picklable"),
+    ],
+)
 def test_raising_reward_is_an_error_and_the_worker_stays(pool, completion, detail):
     pids = set(_wait_workers(pool, 2))
     restarts = pool.stats["restarts"]
@@ -137,7 +140,8 @@ def test_close_stops_everything():
 
 def test_killed_run_leaves_no_worker_behind(tmp_path):
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, signal, time
         from pipelinerl_jax.rewards.workers import RewardPool
         if __name__ == "__main__":
@@ -148,10 +152,12 @@ def test_killed_run_leaves_no_worker_behind(tmp_path):
             time.sleep(0.3)
             print(" ".join(map(str, pool.worker_pids())), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.returncode == -9, out.stderr
     pids = [int(x) for x in out.stdout.split()]
     assert len(pids) == 2

@@ -57,25 +57,34 @@ LENGTHS, GROUPS = [2, 3, 1, 4], [0, 0, 1, 1]
 
 def test_weights_by_hand():
     keep = [True] * 4
-    np.testing.assert_allclose(sequence_token_weights(LENGTHS, GROUPS, keep, "sequence_sum"),
-                               [1 / 4] * 4)
-    np.testing.assert_allclose(sequence_token_weights(LENGTHS, GROUPS, keep, "token_mean"),
-                               [1 / 10] * 4)
-    np.testing.assert_allclose(sequence_token_weights(LENGTHS, GROUPS, keep, "sequence_mean"),
-                               [1 / 8, 1 / 12, 1 / 4, 1 / 16])
-    np.testing.assert_allclose(sequence_token_weights(LENGTHS, GROUPS, keep, "group_token_mean"),
-                               [1 / 10, 1 / 10, 1 / 10, 1 / 10])
-    np.testing.assert_allclose(sequence_token_weights([2, 3, 1, 1], GROUPS, keep,
-                                                      "group_token_mean"),
-                               [1 / 10, 1 / 10, 1 / 4, 1 / 4])
+    np.testing.assert_allclose(
+        sequence_token_weights(LENGTHS, GROUPS, keep, "sequence_sum"), [1 / 4] * 4
+    )
+    np.testing.assert_allclose(
+        sequence_token_weights(LENGTHS, GROUPS, keep, "token_mean"), [1 / 10] * 4
+    )
+    np.testing.assert_allclose(
+        sequence_token_weights(LENGTHS, GROUPS, keep, "sequence_mean"),
+        [1 / 8, 1 / 12, 1 / 4, 1 / 16],
+    )
+    np.testing.assert_allclose(
+        sequence_token_weights(LENGTHS, GROUPS, keep, "group_token_mean"),
+        [1 / 10, 1 / 10, 1 / 10, 1 / 10],
+    )
+    np.testing.assert_allclose(
+        sequence_token_weights([2, 3, 1, 1], GROUPS, keep, "group_token_mean"),
+        [1 / 10, 1 / 10, 1 / 4, 1 / 4],
+    )
 
 
 def test_overlong_filter_removes_sequences_from_the_counts():
     keep = [True, False, True, True]
-    np.testing.assert_allclose(sequence_token_weights(LENGTHS, GROUPS, keep, "sequence_sum"),
-                               [1 / 3, 0, 1 / 3, 1 / 3])
-    np.testing.assert_allclose(sequence_token_weights(LENGTHS, GROUPS, keep, "token_mean"),
-                               [1 / 7, 0, 1 / 7, 1 / 7])
+    np.testing.assert_allclose(
+        sequence_token_weights(LENGTHS, GROUPS, keep, "sequence_sum"), [1 / 3, 0, 1 / 3, 1 / 3]
+    )
+    np.testing.assert_allclose(
+        sequence_token_weights(LENGTHS, GROUPS, keep, "token_mean"), [1 / 7, 0, 1 / 7, 1 / 7]
+    )
     assert not sequence_token_weights(LENGTHS, GROUPS, [False] * 4, "token_mean").any()
 
 

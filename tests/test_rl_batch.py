@@ -43,34 +43,50 @@ def test_packing_errors():
 
 def _sample(prompt, completion, reward, group, finished=True, version=3):
     lp = [-0.1 * (i + 1) for i in range(len(completion))]
-    return Sample(prompt, completion, lp, [version + i for i in range(len(completion))], reward,
-                  group, finished)
+    return Sample(
+        prompt,
+        completion,
+        lp,
+        [version + i for i in range(len(completion))],
+        reward,
+        group,
+        finished,
+    )
 
 
 def test_build_batch_layout_by_hand():
-    samples = [_sample([11, 12], [13, 14, 15], 1.0, 0), _sample([21], [22, 23], 0.0, 0),
-               _sample([31, 32, 33], [34], 0.5, 1, finished=False),
-               _sample([41], [42, 43], 0.5, 1)]
+    samples = [
+        _sample([11, 12], [13, 14, 15], 1.0, 0),
+        _sample([21], [22, 23], 0.0, 0),
+        _sample([31, 32, 33], [34], 0.5, 1, finished=False),
+        _sample([41], [42, 43], 0.5, 1),
+    ]
     cfg = BatchConfig(seq_len=8, num_rows=2, max_sequences=6, max_sequence_len=5)
     batch, stats = build_batch(samples, cfg)
     # First fit: s0 (5 tokens) -> row 0 [0:5]; s1 (3) -> row 0 [5:8]; s2 (4) -> row 1; s3 -> row 1.
-    np.testing.assert_array_equal(batch.tokens, [[11, 12, 13, 14, 15, 21, 22, 23],
-                                                 [31, 32, 33, 34, 41, 42, 43, 0]])
-    np.testing.assert_array_equal(batch.positions, [[0, 1, 2, 3, 4, 0, 1, 2],
-                                                    [0, 1, 2, 3, 0, 1, 2, 0]])
-    np.testing.assert_array_equal(batch.segment_ids, [[1, 1, 1, 1, 1, 2, 2, 2],
-                                                      [1, 1, 1, 1, 2, 2, 2, 0]])
-    np.testing.assert_array_equal(batch.targets, [[12, 13, 14, 15, 0, 22, 23, 0],
-                                                  [32, 33, 34, 0, 42, 43, 0, 0]])
-    np.testing.assert_array_equal(batch.loss_mask, [[0, 1, 1, 1, 0, 1, 1, 0],
-                                                    [0, 0, 1, 0, 1, 1, 0, 0]])
-    np.testing.assert_allclose(batch.behaviour_logprobs[0], [0, -.1, -.2, -.3, 0, -.1, -.2, 0])
+    np.testing.assert_array_equal(
+        batch.tokens, [[11, 12, 13, 14, 15, 21, 22, 23], [31, 32, 33, 34, 41, 42, 43, 0]]
+    )
+    np.testing.assert_array_equal(
+        batch.positions, [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 3, 0, 1, 2, 0]]
+    )
+    np.testing.assert_array_equal(
+        batch.segment_ids, [[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 2, 2, 2, 0]]
+    )
+    np.testing.assert_array_equal(
+        batch.targets, [[12, 13, 14, 15, 0, 22, 23, 0], [32, 33, 34, 0, 42, 43, 0, 0]]
+    )
+    np.testing.assert_array_equal(
+        batch.loss_mask, [[0, 1, 1, 1, 0, 1, 1, 0], [0, 0, 1, 0, 1, 1, 0, 0]]
+    )
+    np.testing.assert_allclose(batch.behaviour_logprobs[0], [0, -0.1, -0.2, -0.3, 0, -0.1, -0.2, 0])
     np.testing.assert_array_equal(batch.versions[1], [0, 0, 3, 0, 3, 4, 0, 0])
-    np.testing.assert_allclose(batch.advantages[0], [0, .5, .5, .5, 0, -.5, -.5, 0])
-    np.testing.assert_allclose(batch.token_weights[1], [0, 0, .25, 0, .25, .25, 0, 0])
-    np.testing.assert_array_equal(batch.sequence_index, [[6, 0, 0, 0, 6, 1, 1, 6],
-                                                         [6, 6, 2, 6, 3, 3, 6, 6]])
-    np.testing.assert_allclose(batch.rewards, [1, 0, .5, .5, 0, 0])
+    np.testing.assert_allclose(batch.advantages[0], [0, 0.5, 0.5, 0.5, 0, -0.5, -0.5, 0])
+    np.testing.assert_allclose(batch.token_weights[1], [0, 0, 0.25, 0, 0.25, 0.25, 0, 0])
+    np.testing.assert_array_equal(
+        batch.sequence_index, [[6, 0, 0, 0, 6, 1, 1, 6], [6, 6, 2, 6, 3, 3, 6, 6]]
+    )
+    np.testing.assert_allclose(batch.rewards, [1, 0, 0.5, 0.5, 0, 0])
     np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1, -1, -1])
     np.testing.assert_array_equal(batch.completion_lengths, [3, 2, 1, 2, 0, 0])
     np.testing.assert_array_equal(batch.sequence_mask, [1, 1, 1, 1, 0, 0])
@@ -80,17 +96,28 @@ def test_build_batch_layout_by_hand():
 
 
 def test_build_batch_filters_and_overlong():
-    samples = [_sample([11, 12], [13, 14, 15], 1.0, 0), _sample([21], [22, 23], 0.0, 0),
-               _sample([31, 32, 33], [34], 0.5, 1, finished=False),
-               _sample([41], [42, 43], 0.5, 1)]
-    cfg = BatchConfig(seq_len=8, num_rows=2, max_sequences=6, max_sequence_len=5,
-                      filter_zero_std_groups=True, overlong_filter=True, weighting="token_mean")
+    samples = [
+        _sample([11, 12], [13, 14, 15], 1.0, 0),
+        _sample([21], [22, 23], 0.0, 0),
+        _sample([31, 32, 33], [34], 0.5, 1, finished=False),
+        _sample([41], [42, 43], 0.5, 1),
+    ]
+    cfg = BatchConfig(
+        seq_len=8,
+        num_rows=2,
+        max_sequences=6,
+        max_sequence_len=5,
+        filter_zero_std_groups=True,
+        overlong_filter=True,
+        weighting="token_mean",
+    )
     batch, stats = build_batch(samples, cfg)
     assert stats["filtered_samples"] == 2 and stats["trained_samples"] == 2
     assert batch.sequence_mask.sum() == 2
     np.testing.assert_allclose(batch.token_weights.sum(), 1.0, rtol=1e-6)  # 5 tokens, 1/5 each
-    cfg = BatchConfig(seq_len=8, num_rows=2, max_sequences=6, max_sequence_len=5,
-                      overlong_filter=True)
+    cfg = BatchConfig(
+        seq_len=8, num_rows=2, max_sequences=6, max_sequence_len=5, overlong_filter=True
+    )
     batch, _ = build_batch(samples, cfg)
     assert batch.token_weights[1, 2] == 0.0 and batch.loss_mask[1, 2] == 1.0  # s2 has no EOS
     np.testing.assert_allclose(batch.token_weights[0, 1], 1 / 3)

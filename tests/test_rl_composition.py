@@ -26,6 +26,7 @@ _HI = jax.lax.Precision.HIGHEST
 
 class Tok(NamedTuple):
     """The token fields loss_from_hidden reads (a pytree, so it can be scanned and vmapped)."""
+
     targets: jax.Array
     behaviour_logprobs: jax.Array
     advantages: jax.Array
@@ -47,12 +48,15 @@ def _data(seed=0):
         advantages=mask * jax.random.normal(k[5], (M, B, T)),
         token_weights=mask * jax.random.uniform(k[6], (M, B, T), minval=0.1, maxval=1.0),
         loss_mask=mask,
-        sequence_index=jnp.where(mask > 0, jax.random.randint(k[7], (M, B, T), 0, S), S))
+        sequence_index=jnp.where(mask > 0, jax.random.randint(k[7], (M, B, T), 0, S), S),
+    )
     extra = dict(
-        a=jax.random.normal(k[8], (M, B, T)), b=jax.random.normal(k[9], (M, B, T)),
+        a=jax.random.normal(k[8], (M, B, T)),
+        b=jax.random.normal(k[9], (M, B, T)),
         ref=-jax.random.uniform(k[10], (M, B, T), minval=1.0, maxval=4.0),
         coef=jax.random.uniform(k[11], (M, 2), minval=0.05, maxval=0.2),
-        scale=jax.random.randint(k[12], (M,), 1, 4))
+        scale=jax.random.randint(k[12], (M,), 1, 4),
+    )
     return h, w, batch, extra
 
 
@@ -66,14 +70,19 @@ def _reference_logprobs(h, w, t, temperature):
 
 # Each case: (ours, reference), both f(h, w, batch, extra) -> scalar loss of one micro-batch.
 
+
 def _chunked_case():
     def run(lp_fn):
         def f(h, w, batch, extra):
             lp, ent = lp_fn(h, w, batch.targets)
             return jnp.sum(extra["a"] * lp + extra["b"] * ent)
+
         return f
-    return (run(lambda h, w, t: chunked_logprobs(h, w, t, temperature=0.7, vocab_chunk=4)),
-            run(lambda h, w, t: _reference_logprobs(h, w, t, 0.7)))
+
+    return (
+        run(lambda h, w, t: chunked_logprobs(h, w, t, temperature=0.7, vocab_chunk=4)),
+        run(lambda h, w, t: _reference_logprobs(h, w, t, 0.7)),
+    )
 
 
 def _fused_case():
@@ -81,29 +90,40 @@ def _fused_case():
         # Closes over a traced float, as the trainer's loss does (scheduled coefficients), and
         # a traced integer, which jax.closure_convert would leave in the closure.
         def fn(lp, ent, inp):
-            return jnp.sum(inp["a"] * lp + coef * inp["b"] * ent * ent * scale
-                           + inp["a"] * inp["b"])
+            return jnp.sum(
+                inp["a"] * lp + coef * inp["b"] * ent * ent * scale + inp["a"] * inp["b"]
+            )
+
         return fn
 
     def ours(h, w, batch, extra):
         inputs = {"a": extra["a"], "b": extra["b"]}
         loss_fn = token_loss(extra["coef"][0], extra["scale"])
-        return fused_token_loss(h, w, batch.targets, inputs, loss_fn, temperature=0.8,
-                                token_chunk=4)[0]
+        return fused_token_loss(
+            h, w, batch.targets, inputs, loss_fn, temperature=0.8, token_chunk=4
+        )[0]
 
     def ref(h, w, batch, extra):
         lp, ent = _reference_logprobs(h, w, batch.targets, 0.8)
         inputs = {"a": extra["a"], "b": extra["b"]}
         return token_loss(extra["coef"][0], extra["scale"])(lp, ent, inputs)
+
     return ours, ref
 
 
 _CONFIGS = {
     "tis": LossConfig(token_chunk=4, entropy_coef=0.01),
-    "ppo": LossConfig(objective="ppo", kl_coef=0.1, entropy_coef=0.01, token_chunk=4,
-                      temperature=0.7),
-    "gspo": LossConfig(objective="gspo", gspo_eps_low=0.2, gspo_eps_high=0.3, vocab_chunk=4,
-                       entropy_coef=0.02, kl_coef=0.05),
+    "ppo": LossConfig(
+        objective="ppo", kl_coef=0.1, entropy_coef=0.01, token_chunk=4, temperature=0.7
+    ),
+    "gspo": LossConfig(
+        objective="gspo",
+        gspo_eps_low=0.2,
+        gspo_eps_high=0.3,
+        vocab_chunk=4,
+        entropy_coef=0.02,
+        kl_coef=0.05,
+    ),
 }
 
 
@@ -114,63 +134,96 @@ def _objective_case(name):
     def ours(h, w, batch, extra):
         # Traced loss coefficients and reference logprobs, like the trainer's schedules.
         loss, _ = losses.loss_from_hidden(
-            cfg, h, w, batch, kl_coef=extra["coef"][0], entropy_coef=extra["coef"][1],
-            ref_logprobs=extra["ref"] if use_ref else None, num_sequences=S)
+            cfg,
+            h,
+            w,
+            batch,
+            kl_coef=extra["coef"][0],
+            entropy_coef=extra["coef"][1],
+            ref_logprobs=extra["ref"] if use_ref else None,
+            num_sequences=S,
+        )
         return loss
 
     def ref(h, w, batch, extra):
         lp, ent = _reference_logprobs(h, w, batch.targets, cfg.temperature)
-        args = (lp, batch.behaviour_logprobs, batch.advantages, batch.token_weights,
-                batch.loss_mask)
-        kw = dict(entropy=ent, ref_logprobs=extra["ref"] if use_ref else None,
-                  kl_coef=extra["coef"][0], entropy_coef=extra["coef"][1])
+        args = (
+            lp,
+            batch.behaviour_logprobs,
+            batch.advantages,
+            batch.token_weights,
+            batch.loss_mask,
+        )
+        kw = dict(
+            entropy=ent,
+            ref_logprobs=extra["ref"] if use_ref else None,
+            kl_coef=extra["coef"][0],
+            entropy_coef=extra["coef"][1],
+        )
         if cfg.objective == "gspo":
-            return losses.gspo(*args, batch.sequence_index, S, eps_low=cfg.gspo_eps_low,
-                               eps_high=cfg.gspo_eps_high, **kw)[0]
+            return losses.gspo(
+                *args,
+                batch.sequence_index,
+                S,
+                eps_low=cfg.gspo_eps_low,
+                eps_high=cfg.gspo_eps_high,
+                **kw,
+            )[0]
         if cfg.objective == "ppo":
             return losses.ppo(*args, eps_low=cfg.ppo_eps_low, eps_high=cfg.ppo_eps_high, **kw)[0]
         return losses.tis_reinforce(*args, clip=cfg.tis_clip, **kw)[0]
+
     return ours, ref
 
 
-CASES = {"chunked_logprobs": _chunked_case, "fused_token_loss": _fused_case,
-         "loss_tis": lambda: _objective_case("tis"), "loss_ppo": lambda: _objective_case("ppo"),
-         "loss_gspo": lambda: _objective_case("gspo")}
+CASES = {
+    "chunked_logprobs": _chunked_case,
+    "fused_token_loss": _fused_case,
+    "loss_tis": lambda: _objective_case("tis"),
+    "loss_ppo": lambda: _objective_case("ppo"),
+    "loss_gspo": lambda: _objective_case("gspo"),
+}
 
 
 # Each transform: f -> runner(h_M, w, batch_M, extra_M) -> (values [M], dh [M, ...], dw summed
 # over micro-batches), i.e. the gradient of the summed loss.
+
 
 def _per_micro_batch(vg):
     def run(h, w, batch, extra):
         outs = [vg(h[m], w, *jax.tree.map(lambda x: x[m], (batch, extra))) for m in range(M)]
         values, dhs, dws = zip(*[(v, dh, dw) for v, (dh, dw) in outs])
         return jnp.stack(values), jnp.stack(dhs), sum(dws)
+
     return run
 
 
 def _vmap_grad(f):
     def run(h, w, batch, extra):
         values, (dh, dw) = jax.vmap(jax.value_and_grad(f, (0, 1)), in_axes=(0, None, 0, 0))(
-            h, w, batch, extra)
+            h, w, batch, extra
+        )
         return values, dh, dw.sum(0)
+
     return run
 
 
 def _scan_grad_outside(f):
     """grad of a lax.scan that sums the micro-batch losses (accumulation inside the graph)."""
+
     def total(h, w, batch, extra):
         def body(acc, xs):
             h_m, batch_m, extra_m = xs
             v = f(h_m, w, batch_m, extra_m)
             return acc + v, v
+
         acc, values = jax.lax.scan(body, jnp.zeros(()), (h, batch, extra))
         return acc, values
 
     def run(h, w, batch, extra):
-        (_, values), (dh, dw) = jax.value_and_grad(total, (0, 1), has_aux=True)(
-            h, w, batch, extra)
+        (_, values), (dh, dw) = jax.value_and_grad(total, (0, 1), has_aux=True)(h, w, batch, extra)
         return values, dh, dw
+
     return run
 
 
@@ -183,8 +236,10 @@ def _scan_grad_inside(f):
             h_m, batch_m, extra_m = xs
             v, (dh, dw) = vg(h_m, w, batch_m, extra_m)
             return dw_acc + dw, (v, dh)
+
         dw, (values, dh) = jax.lax.scan(body, jnp.zeros_like(w), (h, batch, extra))
         return values, dh, dw
+
     return run
 
 
@@ -222,6 +277,7 @@ def references(data):
             _, ref = CASES[name]()
             cache[name] = jax.jit(_per_micro_batch(jax.value_and_grad(ref, (0, 1))))(*data)
         return cache[name]
+
     return get
 
 

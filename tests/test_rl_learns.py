@@ -24,11 +24,18 @@ def sevens(completion: str, problem) -> float:
 
 
 def rewards_by_step(seed, workdir, steps=STEPS, lr=5e-3):
-    cfg = tiny_config(steps=steps, seed=seed, max_lag=1, **{
-        "trainer.learning_rate": lr, "trainer.warmup_steps": 0,
-        "reward.fn": "tests.test_rl_learns:sevens",
-        "generation.max_new_tokens": MAX_NEW,
-        "data.task_options": dict(min_digits=1, max_digits=1)})
+    cfg = tiny_config(
+        steps=steps,
+        seed=seed,
+        max_lag=1,
+        **{
+            "trainer.learning_rate": lr,
+            "trainer.warmup_steps": 0,
+            "reward.fn": "tests.test_rl_learns:sevens",
+            "generation.max_new_tokens": MAX_NEW,
+            "data.task_options": dict(min_digits=1, max_digits=1),
+        },
+    )
     summary = run_lib.run(cfg, str(workdir), echo=lambda *_: None)
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     return [r["reward/mean"] for r in records if r["kind"] == "train"], summary
@@ -46,5 +53,5 @@ def test_pipeline_raises_a_dense_reward_within_thirty_steps(tmp_path):
     rewards, summary = rewards_by_step(seed=0, workdir=tmp_path, lr=5e-3)
     assert len(rewards) == STEPS and summary["sampler/swaps"] >= STEPS // 2
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert first < 0.15, rewards      # starts near random (~1/16 of the budget on "7")
+    assert first < 0.15, rewards  # starts near random (~1/16 of the budget on "7")
     assert last - first > 0.2, rewards

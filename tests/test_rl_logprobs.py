@@ -20,8 +20,9 @@ def _inputs(dtype=jnp.float32):
 
 
 def _close(a, b, tol=2e-5):
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol
+    )
 
 
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 8), (0.7, 37)])
@@ -32,13 +33,18 @@ def test_chunked_matches_full_values_and_grads(temperature, chunk):
         def f(h, w):
             lp, ent = fn(h, w)
             return jnp.sum(g_lp * lp + g_ent * ent), (lp, ent)
+
         return jax.grad(f, (0, 1), has_aux=True)(h, w)
 
     # One jit around both paths: a single compile instead of one per eager primitive.
-    (got, (lp, ent)), (want, (lp_ref, ent_ref)) = jax.jit(lambda h, w: (
-        value_and_grads(lambda h, w: chunked_logprobs(h, w, t, temperature=temperature,
-                                                      vocab_chunk=chunk)),
-        value_and_grads(lambda h, w: full_logprobs(h, w, t, temperature=temperature))))(h, w)
+    (got, (lp, ent)), (want, (lp_ref, ent_ref)) = jax.jit(
+        lambda h, w: (
+            value_and_grads(
+                lambda h, w: chunked_logprobs(h, w, t, temperature=temperature, vocab_chunk=chunk)
+            ),
+            value_and_grads(lambda h, w: full_logprobs(h, w, t, temperature=temperature)),
+        )
+    )(h, w)
     _close(lp, lp_ref)
     _close(ent, ent_ref)
     for a, b in zip(got, want):
@@ -54,18 +60,27 @@ def test_fused_matches_full_values_and_grads(token_chunk):
         return jnp.sum(inp["a"] * lp + inp["b"] * ent * ent)
 
     def fused(h, w):
-        return fused_token_loss(h, w, t, inputs, token_loss, temperature=0.8,
-                                token_chunk=token_chunk)[0]
+        return fused_token_loss(
+            h, w, t, inputs, token_loss, temperature=0.8, token_chunk=token_chunk
+        )[0]
 
     def full(h, w):
         lp, ent = full_logprobs(h, w, t, temperature=0.8)
         return token_loss(lp, ent, inputs)
 
     def both(h, w):
-        loss, lp, ent = fused_token_loss(h, w, t, inputs, token_loss, temperature=0.8,
-                                         token_chunk=token_chunk)
-        return (loss, full(h, w), lp, ent, full_logprobs(h, w, t, temperature=0.8),
-                jax.grad(fused, (0, 1))(h, w), jax.grad(full, (0, 1))(h, w))
+        loss, lp, ent = fused_token_loss(
+            h, w, t, inputs, token_loss, temperature=0.8, token_chunk=token_chunk
+        )
+        return (
+            loss,
+            full(h, w),
+            lp,
+            ent,
+            full_logprobs(h, w, t, temperature=0.8),
+            jax.grad(fused, (0, 1))(h, w),
+            jax.grad(full, (0, 1))(h, w),
+        )
 
     loss, loss_ref, lp, ent, (lp_ref, ent_ref), got, want = jax.jit(both)(h, w)
     _close(loss, loss_ref, 1e-4)
@@ -78,9 +93,13 @@ def test_fused_matches_full_values_and_grads(token_chunk):
 def test_bf16_inputs_give_bf16_grads_from_f32_math():
     h, w, t, g_lp, _ = _inputs(jnp.bfloat16)
     f = lambda h, w: jnp.sum(g_lp * chunked_logprobs(h, w, t, vocab_chunk=8)[0])
-    (dh, dw), lp, lp_ref = jax.jit(lambda h, w: (
-        jax.grad(f, (0, 1))(h, w), chunked_logprobs(h, w, t, vocab_chunk=8)[0],
-        full_logprobs(h, w, t)[0]))(h, w)
+    (dh, dw), lp, lp_ref = jax.jit(
+        lambda h, w: (
+            jax.grad(f, (0, 1))(h, w),
+            chunked_logprobs(h, w, t, vocab_chunk=8)[0],
+            full_logprobs(h, w, t)[0],
+        )
+    )(h, w)
     assert dh.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
     assert lp.dtype == jnp.float32
     _close(lp, lp_ref, 1e-4)
@@ -103,11 +122,16 @@ def test_no_whole_vocabulary_f32_logits_in_forward_or_backward():
         return jnp.sum(g_lp * lp + g_ent * ent)
 
     def fused(h, w):
-        return fused_token_loss(h, w, t, {"a": g_lp}, lambda lp, ent, i: jnp.sum(i["a"] * lp),
-                                token_chunk=4)[0]
+        return fused_token_loss(
+            h, w, t, {"a": g_lp}, lambda lp, ent, i: jnp.sum(i["a"] * lp), token_chunk=4
+        )[0]
 
-    full_shapes = _shapes(jax.make_jaxpr(jax.grad(
-        lambda h, w: jnp.sum(full_logprobs(h, w, t)[0]), (0, 1)))(h, w).jaxpr, set())
+    full_shapes = _shapes(
+        jax.make_jaxpr(jax.grad(lambda h, w: jnp.sum(full_logprobs(h, w, t)[0]), (0, 1)))(
+            h, w
+        ).jaxpr,
+        set(),
+    )
     assert (B, T, V) in full_shapes  # the check can see a whole-vocabulary array
     for fn, biggest in ((chunked, (n, 8)), (fused, (4, V))):
         shapes = _shapes(jax.make_jaxpr(jax.grad(fn, (0, 1)))(h, w).jaxpr, set())

@@ -27,18 +27,18 @@ def test_tis_reinforce_by_hand():
     (loss, m), g = _value_and_grad(lambda lp: losses.tis_reinforce(lp, MU, ADV, W, MASK, clip=5.0))
     coef = np.minimum(RHO, 5.0)  # token 2 (rho = 12.18) is clamped to 5
     np.testing.assert_allclose(loss, -(W * coef * ADV * LP).sum(), rtol=1e-5)
-    np.testing.assert_allclose(loss, 0.61070 - 1.0 + 5.0 + 0.11372 - 0.5 * 0.36788 * 3,
-                               rtol=1e-4)
+    np.testing.assert_allclose(loss, 0.61070 - 1.0 + 5.0 + 0.11372 - 0.5 * 0.36788 * 3, rtol=1e-4)
     np.testing.assert_allclose(g, -W * coef * ADV, rtol=1e-5)
     np.testing.assert_allclose(m["clip_fraction"], 1 / 5)
     np.testing.assert_allclose(m["ratio_max"], np.exp(2.5), rtol=1e-5)
-    np.testing.assert_allclose(m["ess"], RHO.sum() ** 2 / (RHO ** 2).sum() / 5, rtol=1e-5)
+    np.testing.assert_allclose(m["ess"], RHO.sum() ** 2 / (RHO**2).sum() / 5, rtol=1e-5)
     np.testing.assert_allclose(m["kl_new_old"], (RHO * np.log(RHO) - RHO + 1).mean(), rtol=1e-5)
 
 
 def test_ppo_by_hand():
     (loss, m), g = _value_and_grad(
-        lambda lp: losses.ppo(lp, MU, ADV, W, MASK, eps_low=0.2, eps_high=0.28))
+        lambda lp: losses.ppo(lp, MU, ADV, W, MASK, eps_low=0.2, eps_high=0.28)
+    )
     # token: 0 in range; 1 ratio 1; 2 A>0 above 1.28 (clipped); 3 A>0 below 0.8 (min keeps
     # rho*A: not clipped); 4 A<0 below 0.8 (clipped at 0.8).
     per_token = -np.array([RHO[0] * 1, RHO[1] * -1, 1.28 * 2, RHO[3] * 0.5, 0.8 * -1])
@@ -52,11 +52,11 @@ def test_gspo_by_hand():
     lp, mu = LP[:4], MU[:4]
     adv = np.array([1.0, 1.0, 0.5, 0.5], np.float32)
     w, mask, seq = W[:4], MASK[:4], np.array([0, 0, 1, 1])
-    (loss, m), g = _value_and_grad(lambda lp: losses.gspo(
-        lp, mu, adv, w, mask, seq, 2, eps_low=0.2, eps_high=0.3), lp)
-    s0, s1 = np.exp(0.1), np.exp(1.0)  # geometric means of the token ratios per sequence
-    np.testing.assert_allclose(loss, -(w[:2].sum() * s0 * 1.0 + w[2:].sum() * 1.3 * 0.5),
-                               rtol=1e-5)
+    (loss, m), g = _value_and_grad(
+        lambda lp: losses.gspo(lp, mu, adv, w, mask, seq, 2, eps_low=0.2, eps_high=0.3), lp
+    )
+    s0 = np.exp(0.1)  # geometric mean of sequence 0's token ratios (sequence 1 is clipped)
+    np.testing.assert_allclose(loss, -(w[:2].sum() * s0 * 1.0 + w[2:].sum() * 1.3 * 0.5), rtol=1e-5)
     np.testing.assert_allclose(g, [-w[0] * s0, -w[1] * s0, 0.0, 0.0], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(m["clip_fraction"], 2 / 4)
 
@@ -66,18 +66,20 @@ def test_kl_and_entropy_terms_by_hand():
     ent = jnp.array([2.0, 1.5, 0.3, 1.1, 0.9])
 
     def fn(lp, ent):
-        return losses.tis_reinforce(lp, MU, ADV, W, MASK, entropy=ent, ref_logprobs=ref,
-                                    kl_coef=0.1, entropy_coef=0.01)
+        return losses.tis_reinforce(
+            lp, MU, ADV, W, MASK, entropy=ent, ref_logprobs=ref, kl_coef=0.1, entropy_coef=0.01
+        )
 
     (loss, m), (g_lp, g_ent) = jax.jit(jax.value_and_grad(fn, (0, 1), has_aux=True))(
-        jnp.asarray(LP), ent)
+        jnp.asarray(LP), ent
+    )
     d = ref.astype(np.float64) - LP
     k3 = np.exp(d) - d - 1
     pg = -(W * np.minimum(RHO, 5) * ADV * LP).sum()
-    np.testing.assert_allclose(loss, pg + 0.1 * (W * k3).sum() - 0.01 * (W * ent).sum(),
-                               rtol=1e-5)
+    np.testing.assert_allclose(loss, pg + 0.1 * (W * k3).sum() - 0.01 * (W * ent).sum(), rtol=1e-5)
     np.testing.assert_allclose(
-        g_lp, -W * np.minimum(RHO, 5) * ADV + 0.1 * W * (1 - np.exp(d)), rtol=1e-5)
+        g_lp, -W * np.minimum(RHO, 5) * ADV + 0.1 * W * (1 - np.exp(d)), rtol=1e-5
+    )
     np.testing.assert_allclose(g_ent, -0.01 * W, rtol=1e-6)
     np.testing.assert_allclose(m["kl_ref"], k3.mean(), rtol=1e-5)
     np.testing.assert_allclose(m["entropy"], np.mean(ent), rtol=1e-6)
@@ -113,16 +115,26 @@ def _samples():
     rng = np.random.default_rng(1)
     out = []
     for i, (p, c) in enumerate([(2, 3), (1, 5), (3, 1), (2, 2), (1, 4)]):
-        out.append(Sample(rng.integers(0, 11, p).tolist(), rng.integers(0, 11, c).tolist(),
-                          (-rng.random(c) * 2).tolist(), [0] * c, float(rng.random()), i // 3))
+        out.append(
+            Sample(
+                rng.integers(0, 11, p).tolist(),
+                rng.integers(0, 11, c).tolist(),
+                (-rng.random(c) * 2).tolist(),
+                [0] * c,
+                float(rng.random()),
+                i // 3,
+            )
+        )
     return out
 
 
-@pytest.mark.parametrize("weighting", ["sequence_sum", "token_mean", "group_token_mean",
-                                       "sequence_mean"])
+@pytest.mark.parametrize(
+    "weighting", ["sequence_sum", "token_mean", "group_token_mean", "sequence_mean"]
+)
 def test_weighting_modes_by_hand(weighting):
-    cfg = BatchConfig(seq_len=8, num_rows=4, max_sequences=6, max_sequence_len=6,
-                      weighting=weighting)
+    cfg = BatchConfig(
+        seq_len=8, num_rows=4, max_sequences=6, max_sequence_len=6, weighting=weighting
+    )
     b, _ = build_batch(_samples(), cfg)
     lp = -np.random.default_rng(2).random(b.tokens.shape).astype(np.float32)
     idx, groups, n_seq = b.sequence_index, b.group_ids, 5
@@ -149,18 +161,29 @@ def test_weighting_modes_by_hand(weighting):
         lp_on_mask = jnp.where(b.loss_mask > 0, lp, 0.0)
         return losses.tis_reinforce(lp_on_mask, mu, b.advantages, b.token_weights, b.loss_mask)[0]
 
-    (l1, g1), (l2, g2) = jax.jit(lambda lp: (jax.value_and_grad(ours)(lp),
-                                             jax.value_and_grad(by_hand)(lp)))(lp)
+    (l1, g1), (l2, g2) = jax.jit(
+        lambda lp: (jax.value_and_grad(ours)(lp), jax.value_and_grad(by_hand)(lp))
+    )(lp)
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     np.testing.assert_allclose(g1, g2 * b.loss_mask, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("cfg", [
-    LossConfig(token_chunk=7),
-    LossConfig(objective="ppo", kl_coef=0.1, entropy_coef=0.01, token_chunk=5, temperature=0.7),
-    LossConfig(objective="gspo", gspo_eps_low=0.2, gspo_eps_high=0.3, vocab_chunk=4,
-               entropy_coef=0.02, kl_coef=0.05),
-], ids=["tis", "ppo_kl_ent", "gspo_kl_ent"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LossConfig(token_chunk=7),
+        LossConfig(objective="ppo", kl_coef=0.1, entropy_coef=0.01, token_chunk=5, temperature=0.7),
+        LossConfig(
+            objective="gspo",
+            gspo_eps_low=0.2,
+            gspo_eps_high=0.3,
+            vocab_chunk=4,
+            entropy_coef=0.02,
+            kl_coef=0.05,
+        ),
+    ],
+    ids=["tis", "ppo_kl_ent", "gspo_kl_ent"],
+)
 def test_loss_from_hidden_matches_public_objectives(cfg):
     batch_cfg = BatchConfig(seq_len=8, num_rows=4, max_sequences=6, max_sequence_len=6)
     b, _ = build_batch(_samples(), batch_cfg)
@@ -172,8 +195,9 @@ def test_loss_from_hidden_matches_public_objectives(cfg):
     kw = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef)
 
     def ours(h, w):
-        loss, stats = losses.loss_from_hidden(cfg, h, w, b, ref_logprobs=ref if use_ref else None,
-                                              num_sequences=6, **kw)
+        loss, stats = losses.loss_from_hidden(
+            cfg, h, w, b, ref_logprobs=ref if use_ref else None, num_sequences=6, **kw
+        )
         return loss, losses.finalize(stats)
 
     def public(h, w):
@@ -198,11 +222,26 @@ def test_loss_from_hidden_matches_public_objectives(cfg):
 def test_accumulate_then_finalize_equals_whole():
     def both():
         half = lambda x, i: x[:3] if i == 0 else x[3:]
-        stats = [losses.objective_stats("tis_reinforce", half(LP, i), None, half(MU, i),
-                                        half(ADV, i), half(W, i), half(MASK, i), clip=5.0,
-                                        eps_low=0.0, eps_high=0.0, kl_coef=0.0, entropy_coef=0.0)
-                 for i in (0, 1)]
-        return losses.finalize(losses.accumulate(*stats)), losses.tis_reinforce(LP, MU, ADV, W, MASK)[1]
+        stats = [
+            losses.objective_stats(
+                "tis_reinforce",
+                half(LP, i),
+                None,
+                half(MU, i),
+                half(ADV, i),
+                half(W, i),
+                half(MASK, i),
+                clip=5.0,
+                eps_low=0.0,
+                eps_high=0.0,
+                kl_coef=0.0,
+                entropy_coef=0.0,
+            )
+            for i in (0, 1)
+        ]
+        return losses.finalize(losses.accumulate(*stats)), losses.tis_reinforce(
+            LP, MU, ADV, W, MASK
+        )[1]
 
     merged, whole = jax.jit(both)()
     for key in whole:
@@ -219,8 +258,9 @@ def test_lag_metrics_by_hand():
 
 
 def test_advantage_metrics_by_hand():
-    m = losses.advantage_metrics(jnp.array([1.0, -1.0, 0.5, 9.0]), jnp.array([1.0, 0, 1, 7]),
-                                 jnp.array([1.0, 1, 1, 0]))
+    m = losses.advantage_metrics(
+        jnp.array([1.0, -1.0, 0.5, 9.0]), jnp.array([1.0, 0, 1, 7]), jnp.array([1.0, 1, 1, 0])
+    )
     np.testing.assert_allclose(m["adv_mean"], 0.5 / 3, rtol=1e-6)
     assert float(m["adv_max"]) == 1.0 and float(m["adv_min"]) == -1.0
     np.testing.assert_allclose(m["reward_mean"], 2 / 3, rtol=1e-6)

@@ -20,8 +20,9 @@ from pipelinerl_jax.rl.config import OBJECTIVES, BatchConfig, LossConfig
 from tests.test_trainer import VOCAB, tiny_model
 
 GROUPS = 4
-BATCH_CFG = BatchConfig(seq_len=16, num_rows=2 * GROUPS, max_sequences=2 * GROUPS,
-                        max_sequence_len=16)
+BATCH_CFG = BatchConfig(
+    seq_len=16, num_rows=2 * GROUPS, max_sequences=2 * GROUPS, max_sequence_len=16
+)
 
 
 def sequence_logprobs(graphdef, params, batch):
@@ -55,19 +56,26 @@ def model_and_batch():
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_one_step_raises_positive_and_lowers_negative_advantage_logprobs(model_and_batch,
-                                                                          objective):
+def test_one_step_raises_positive_and_lowers_negative_advantage_logprobs(
+    model_and_batch, objective
+):
     cfg, graphdef, params, batch = model_and_batch
-    adv = np.asarray(batch.sequence_advantages)[:2 * GROUPS]
+    adv = np.asarray(batch.sequence_advantages)[: 2 * GROUPS]
     assert (adv[0::2] == 0.5).all() and (adv[1::2] == -0.5).all()  # reward 1 first in each group
-    tcfg = tr.TrainerConfig(learning_rate=1e-3, lr_schedule="constant", warmup_steps=0,
-                            grad_clip_norm=0.0, weight_decay=0.0, attention_block=0,
-                            loss=LossConfig(objective=objective))
+    tcfg = tr.TrainerConfig(
+        learning_rate=1e-3,
+        lr_schedule="constant",
+        warmup_steps=0,
+        grad_clip_norm=0.0,
+        weight_decay=0.0,
+        attention_block=0,
+        loss=LossConfig(objective=objective),
+    )
     trainer = tr.Trainer(tcfg, graphdef, llama.abstract_init(cfg)[1], tr.trainer_mesh())
-    before = sequence_logprobs(graphdef, params, batch)[:2 * GROUPS]
+    before = sequence_logprobs(graphdef, params, batch)[: 2 * GROUPS]
     state, metrics = trainer.train_step(trainer.init_state(params), batch)
     assert int(metrics["skipped"]) == 0
-    after = sequence_logprobs(graphdef, state.params, batch)[:2 * GROUPS]
+    after = sequence_logprobs(graphdef, state.params, batch)[: 2 * GROUPS]
     delta = after - before
     assert (delta[0::2] > 0).all(), (objective, delta)  # advantage +0.5: more likely
     assert (delta[1::2] < 0).all(), (objective, delta)  # advantage -0.5: less likely

@@ -12,12 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipelinerl_jax.kernels.paged_attention_ref import (paged_decode_attention_ref,
-                                                        paged_prefill_attention_ref)
+from pipelinerl_jax.kernels.paged_attention_ref import (
+    paged_decode_attention_ref,
+    paged_prefill_attention_ref,
+)
 from pipelinerl_jax.sampler import attend as attn
 
-L, P, S, K, D, H = 2, 24, 8, 2, 16, 6     # GQA group of 3
-SCALE = D ** -0.5
+L, P, S, K, D, H = 2, 24, 8, 2, 16, 6  # GQA group of 3
+SCALE = D**-0.5
 
 
 def _pool(rng):
@@ -28,7 +30,7 @@ def _pool(rng):
 
 
 def _tables(rng, batch, width):
-    pages = rng.permutation(np.arange(1, P))[:batch * width].reshape(batch, width)
+    pages = rng.permutation(np.arange(1, P))[: batch * width].reshape(batch, width)
     return pages.astype(np.int32)
 
 
@@ -37,9 +39,9 @@ def test_decode_attend_matches_oracle():
     batch, width = 4, 5
     k_pool, v_pool = _pool(rng)
     tables = _tables(rng, batch, width)
-    tables[0, 1:] = 0                                    # unused entries -> null page
-    positions = np.array([0, 7, 8, 37], np.int32)       # first token, page edges, last slot
-    k_pool[:, 0] = np.nan                                # the null page holds garbage
+    tables[0, 1:] = 0  # unused entries -> null page
+    positions = np.array([0, 7, 8, 37], np.int32)  # first token, page edges, last slot
+    k_pool[:, 0] = np.nan  # the null page holds garbage
     v_pool[:, 0] = np.nan
     q = rng.normal(size=(batch, 1, H, D)).astype(np.float32)
     k_new = rng.normal(size=(batch, 1, K, D)).astype(np.float32)
@@ -48,13 +50,16 @@ def test_decode_attend_matches_oracle():
     @jax.jit
     def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
         attend = attn.decode_attend(k_pool, v_pool, tables, positions, scale=SCALE)
-        paged = attn.decode_attend_paged(tables, positions, jnp.ones(batch, bool), width,
-                                         scale=SCALE, impl="ref")
+        paged = attn.decode_attend_paged(
+            tables, positions, jnp.ones(batch, bool), width, scale=SCALE, impl="ref"
+        )
         write = jnp.ones((batch, 1), bool)
-        k_full = attn.write_new_kv(k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape),
-                                   tables, positions[:, None], write)
-        v_full = attn.write_new_kv(v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape),
-                                   tables, positions[:, None], write)
+        k_full = attn.write_new_kv(
+            k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape), tables, positions[:, None], write
+        )
+        v_full = attn.write_new_kv(
+            v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape), tables, positions[:, None], write
+        )
         ours, via_paged, want = [], [], []
         pools = (k_pool, v_pool)
         for layer in range(L):
@@ -62,20 +67,25 @@ def test_decode_attend_matches_oracle():
             ours.append(out[:, 0])
             out, (_, pools) = paged(q, k_new, v_new, (layer, pools))
             via_paged.append(out[:, 0])
-            want.append(paged_decode_attention_ref(q[:, 0], k_full[layer], v_full[layer], tables,
-                                                   positions + 1, scale=SCALE))
+            want.append(
+                paged_decode_attention_ref(
+                    q[:, 0], k_full[layer], v_full[layer], tables, positions + 1, scale=SCALE
+                )
+            )
         return jnp.stack(ours), jnp.stack(via_paged), jnp.stack(want), kv, pools, (k_full, v_full)
 
-    ours, via_paged, want, kv, pools, full = both(k_pool, v_pool, tables, positions, q, k_new,
-                                                  v_new)
+    ours, via_paged, want, kv, pools, full = both(
+        k_pool, v_pool, tables, positions, q, k_new, v_new
+    )
     assert np.isfinite(np.asarray(ours)).all()
     np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(via_paged), np.asarray(want), rtol=2e-5, atol=2e-5)
     np.testing.assert_array_equal(np.asarray(kv[0][0]), k_new)
-    for got, expected in zip(pools, full):             # the paged hook wrote the same pool
+    for got, expected in zip(pools, full):  # the paged hook wrote the same pool
         np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(expected)))
-        np.testing.assert_array_equal(np.nan_to_num(np.asarray(got)),
-                                      np.nan_to_num(np.asarray(expected)))
+        np.testing.assert_array_equal(
+            np.nan_to_num(np.asarray(got)), np.nan_to_num(np.asarray(expected))
+        )
 
 
 def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
@@ -91,7 +101,7 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
     q = rng.normal(size=(batch, tokens, H, D)).astype(np.float32)
     k_new = rng.normal(size=(batch, tokens, K, D)).astype(np.float32)
     v_new = rng.normal(size=(batch, tokens, K, D)).astype(np.float32)
-    window, layer = 2, 1                                  # 16 cached positions = 2 pages
+    window, layer = 2, 1  # 16 cached positions = 2 pages
     # Garbage where no live query may look: the filler row's pages (inside the gathered
     # window, so only the masks keep it out), the null page, and row 1's slots past its last
     # token (page 2 holds positions 16..23; 21..23 are unused).
@@ -102,43 +112,50 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
 
     @jax.jit
     def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
-        out, _ = attn.prefill_attend(k_pool, v_pool, tables[:, :window], positions,
-                                     scale=SCALE)(q, k_new, v_new, (layer, ()))
+        out, _ = attn.prefill_attend(k_pool, v_pool, tables[:, :window], positions, scale=SCALE)(
+            q, k_new, v_new, (layer, ())
+        )
         write = positions >= 0
-        k_full = attn.write_new_kv(k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape),
-                                   tables, positions, write)
-        v_full = attn.write_new_kv(v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape),
-                                   tables, positions, write)
-        return out, paged_prefill_attention_ref(q, k_full[layer], v_full[layer], tables,
-                                                positions, scale=SCALE)
+        k_full = attn.write_new_kv(
+            k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape), tables, positions, write
+        )
+        v_full = attn.write_new_kv(
+            v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape), tables, positions, write
+        )
+        return out, paged_prefill_attention_ref(
+            q, k_full[layer], v_full[layer], tables, positions, scale=SCALE
+        )
 
     out, want = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
     assert np.isnan(k_pool[layer, tables[2, :window]]).all()  # the planted NaN is gathered
     valid = positions >= 0
-    assert np.isfinite(np.asarray(out)).all()          # padding queries stay finite too
-    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(want)[valid],
-                               rtol=2e-5, atol=2e-5)
+    assert np.isfinite(np.asarray(out)).all()  # padding queries stay finite too
+    np.testing.assert_allclose(
+        np.asarray(out)[valid], np.asarray(want)[valid], rtol=2e-5, atol=2e-5
+    )
 
 
 def test_write_new_kv_targets_pages_and_null_page():
-    pool = jnp.zeros((2, 5, 2, 4, 1))                     # [L, P, K, S, D]
+    pool = jnp.zeros((2, 5, 2, 4, 1))  # [L, P, K, S, D]
     new = jnp.arange(1, 7, dtype=jnp.float32).reshape(1, 2, 3, 1, 1) * jnp.asarray(
-        [1.0, 10.0]).reshape(2, 1, 1, 1, 1)
-    new = jnp.concatenate([new, -new], axis=3)            # [L, B, T, K, D]; head 1 negated
+        [1.0, 10.0]
+    ).reshape(2, 1, 1, 1, 1)
+    new = jnp.concatenate([new, -new], axis=3)  # [L, B, T, K, D]; head 1 negated
     tables = jnp.asarray([[3, 1], [2, 4]], jnp.int32)
     positions = jnp.asarray([[3, 4, 5], [0, 1, -1]], jnp.int32)
     out = jax.jit(attn.write_new_kv)(pool, new, tables, positions, positions >= 0)
-    one = jax.jit(attn.write_layer_kv, static_argnums=1)(pool, 1, new[1], tables, positions,
-                                                         positions >= 0)
+    one = jax.jit(attn.write_layer_kv, static_argnums=1)(
+        pool, 1, new[1], tables, positions, positions >= 0
+    )
     np.testing.assert_array_equal(np.asarray(one)[1], np.asarray(out)[1])
-    assert not np.asarray(one)[0].any()                   # the other layer is untouched
+    assert not np.asarray(one)[0].any()  # the other layer is untouched
     np.testing.assert_array_equal(np.asarray(out)[:, :, 1], -np.asarray(out)[:, :, 0])
-    out = np.asarray(out)[:, :, 0, :, 0]                  # head 0: [L, P, S]
+    out = np.asarray(out)[:, :, 0, :, 0]  # head 0: [L, P, S]
     for layer, mult in ((0, 1.0), (1, 10.0)):
         assert out[layer, 3, 3] == 1 * mult and out[layer, 1, 0] == 2 * mult
         assert out[layer, 1, 1] == 3 * mult
         assert out[layer, 2, 0] == 4 * mult and out[layer, 2, 1] == 5 * mult
-        assert out[layer, 0, 0] == 6 * mult          # the padding write went to the null page
+        assert out[layer, 0, 0] == 6 * mult  # the padding write went to the null page
         assert np.count_nonzero(out[layer]) == 6
 
 
@@ -148,7 +165,7 @@ def test_set_at_equals_scatter_for_float_and_bit_views(dtype):
     bit view (how the decode loop carries 16-bit caches), with out-of-range rows dropped."""
     rng = np.random.default_rng(7)
     base = jnp.asarray(rng.normal(size=(6, 3, 5)), dtype)
-    values = jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)    # cast to dtype on write
+    values = jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)  # cast to dtype on write
     rows, cols = jnp.asarray([0, 5, 2, 9]), jnp.asarray([4, 0, 4, 1])  # row 9: dropped
     index = (rows, slice(None), cols)
     want = base.at[index].set(values.astype(dtype), mode="drop")
@@ -158,7 +175,9 @@ def test_set_at_equals_scatter_for_float_and_bit_views(dtype):
     bits = attn.bits_view(base)
     assert bits.dtype == (jnp.float32 if dtype == jnp.float32 else jnp.uint16)
     got_bits = jax.jit(lambda a, v: attn.set_at(a, index, v, dtype=dtype, mode="drop"))(
-        bits, values)
+        bits, values
+    )
     assert got_bits.dtype == bits.dtype
-    np.testing.assert_array_equal(np.asarray(attn.float_view(got_bits, dtype), np.float32),
-                                  np.asarray(want, np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(attn.float_view(got_bits, dtype), np.float32), np.asarray(want, np.float32)
+    )

@@ -28,17 +28,32 @@ from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 
 VOCAB, MAX_NEW, MAX_LEN, PAGE = 96, 12, 48, 8
-PROMPT_LENGTHS = (3, 9, 17, 26, 1, 12)       # 26 > prefill_chunk: chunked prefill
-CONFIG = SamplerConfig(num_slots=4, max_seq_len=MAX_LEN, page_size=PAGE, chunk_steps=4,
-                       prefill_chunk=16, max_prefill_rows=4, min_window_pages=MAX_LEN // PAGE)
+PROMPT_LENGTHS = (3, 9, 17, 26, 1, 12)  # 26 > prefill_chunk: chunked prefill
+CONFIG = SamplerConfig(
+    num_slots=4,
+    max_seq_len=MAX_LEN,
+    page_size=PAGE,
+    chunk_steps=4,
+    prefill_chunk=16,
+    max_prefill_rows=4,
+    min_window_pages=MAX_LEN // PAGE,
+)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
 
 
 def _checkpoint(path, seed):
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        tie_word_embeddings=False, initializer_range=0.15, rms_norm_eps=1e-5)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+        rms_norm_eps=1e-5,
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(path, safe_serialization=True)
@@ -64,11 +79,17 @@ def prompts():
 def _hf_greedy(model, prompt, eos):
     with torch.no_grad():
         ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
-                             do_sample=False,
-                             eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True,
-                             output_logits=True)
-    tokens = out.sequences[0, len(prompt):].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+    tokens = out.sequences[0, len(prompt) :].tolist()
     logits = torch.stack(out.logits)[:, 0].float()
     logprobs = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens].numpy()
     top2 = torch.topk(logits, 2).values
@@ -78,12 +99,12 @@ def _hf_greedy(model, prompt, eos):
 def test_greedy_matches_transformers_with_eos_mid_batch(models, prompts):
     hf, graphdef, params, _ = models
     free_run, _, _ = _hf_greedy(hf, prompts[1], eos=None)
-    eos = free_run[4]                      # prompt 1 stops after 5 tokens; others may too
+    eos = free_run[4]  # prompt 1 stops after 5 tokens; others may too
     refs = [_hf_greedy(hf, p, eos=eos) for p in prompts]
     assert min(gap for *_, gap in refs) > 1e-4, "near-tied logits: pick another seed"
     sampler = Sampler(graphdef, params, CONFIG, eos_token_ids=(eos,))
     samples = sampler.generate(prompts, params=GREEDY)
-    assert sampler.stats["chunks"] > MAX_NEW // CONFIG.chunk_steps   # slots were refilled
+    assert sampler.stats["chunks"] > MAX_NEW // CONFIG.chunk_steps  # slots were refilled
     stopped = 0
     for sample, (tokens, logprobs, _) in zip(samples, refs):
         assert sample.token_ids == tokens
@@ -102,8 +123,10 @@ SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW)
 def test_sampling_batch_equals_one_at_a_time(models, prompts):
     _, graphdef, params, _ = models
     sampler = Sampler(graphdef, params, CONFIG)
-    seeded = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, seed=100 + i)
-              for i in range(len(prompts))]
+    seeded = [
+        SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, seed=100 + i)
+        for i in range(len(prompts))
+    ]
     for p, sp in zip(prompts, seeded):
         sampler.submit(p, params=sp)
     batch = {}
@@ -123,10 +146,13 @@ def test_padded_prefill_warms_up_every_shape_and_samples_the_same(models, prompt
     prefill_chunk, admitted 1 to 4 at a time, compile no prefill, and the samples equal those
     of the unpadded sampler (padding sits after a row's tokens, which never attend to it)."""
     from pipelinerl_jax.compile_watch import CompileWatch
+
     _, graphdef, params, _ = models
     short = [p for p in prompts if len(p) <= CONFIG.prefill_chunk]
-    seeded = [SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=7 + i)
-              for i in range(len(short))]
+    seeded = [
+        SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=7 + i)
+        for i in range(len(short))
+    ]
     plain = Sampler(graphdef, params, CONFIG)
     expected = [plain.generate([p], params=sp)[0] for p, sp in zip(short, seeded)]
     padded = Sampler(graphdef, params, dataclasses.replace(CONFIG, prefill_pad_tokens=True))
@@ -153,11 +179,11 @@ def test_padded_prefill_warms_up_every_shape_and_samples_the_same(models, prompt
 
 def test_group_attempts_share_prefill_and_equal_unshared_admission(models, prompts):
     _, graphdef, params, _ = models
-    prompt = prompts[2]                    # 17 tokens: 16 cached = 2 full pages shared
+    prompt = prompts[2]  # 17 tokens: 16 cached = 2 full pages shared
     sp = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=7)
     sampler = Sampler(graphdef, params, CONFIG)
     group = sampler.generate([prompt], n=3, params=sp)
-    assert sampler.stats["prefill_tokens"] == len(prompt) - 1        # prefilled once
+    assert sampler.stats["prefill_tokens"] == len(prompt) - 1  # prefilled once
     assert len({tuple(s.token_ids) for s in group}) == 3
     # Same group while 3 of 4 slots are busy: attempt 0 is admitted alone, 1 and 2 later
     # (their own prefill, sharing with each other): the outputs must not change.
@@ -183,21 +209,30 @@ def _drain(sampler):
 
 # --- param swap ------------------------------------------------------------------------------
 
+
 def _dense_step_fn(graphdef):
     cfg = llama.config_of(graphdef)
 
     @jax.jit
     def step(params, cache_k, cache_v, token, pos):
         """One token through the model with a dense [L, MAX_LEN, K, D] cache."""
+
         def attend(q, k, v, layer_cache):
             ck, cv = layer_cache
             ck, cv = ck.at[pos].set(k[0, 0]), cv.at[pos].set(v[0, 0])
-            out = llama.masked_attention(q, ck[None], cv[None],
-                                         (jnp.arange(MAX_LEN) <= pos)[None, None, :])
+            out = llama.masked_attention(
+                q, ck[None], cv[None], (jnp.arange(MAX_LEN) <= pos)[None, None, :]
+            )
             return out, (ck, cv)
+
         hidden, (ck, cv) = llama.forward_hidden(
-            graphdef, params, jnp.asarray([[token]]), jnp.asarray([[pos]]), attend=attend,
-            cache=(cache_k, cache_v))
+            graphdef,
+            params,
+            jnp.asarray([[token]]),
+            jnp.asarray([[pos]]),
+            attend=attend,
+            cache=(cache_k, cache_v),
+        )
         logits = llama.logits_from_hidden(params, hidden)[0, 0]
         return ck, cv, jnp.argmax(logits)
 
@@ -212,6 +247,7 @@ def _dense_step_fn(graphdef):
                 tokens.append(int(nxt))
                 out.append(int(nxt))
         return out
+
     return run
 
 
@@ -219,26 +255,27 @@ def _dense_step_fn(graphdef):
 def test_param_swap_between_chunks(models, prompts, policy):
     _, graphdef, params_a, params_b = models
     sampler = Sampler(graphdef, params_a, dataclasses.replace(CONFIG, kv_policy=policy))
-    prompt = prompts[1]                                   # 9 tokens
+    prompt = prompts[1]  # 9 tokens
     sampler.submit(prompt, params=GREEDY)
     assert sampler.step() == [] and sampler.step() == []  # 2 chunks = 8 tokens with version 0
     compiles = sampler.engine.decode_chunk._cache_size()
     sampler.set_params(params_b, version=1)
     (sample,) = _drain(sampler)
-    assert sampler.engine.decode_chunk._cache_size() == compiles    # the swap did not recompile
+    assert sampler.engine.decode_chunk._cache_size() == compiles  # the swap did not recompile
     swap_at = 8
     assert sample.versions == [0] * swap_at + [1] * (MAX_NEW - swap_at)
     assert sample.start_version == 0
     dense = _dense_step_fn(graphdef)
     unswapped = dense(lambda i: params_a, prompt, MAX_NEW)
     head = unswapped[:swap_at]
-    fed_before = len(prompt) - 1 + swap_at                # tokens whose K/V the old params made
+    fed_before = len(prompt) - 1 + swap_at  # tokens whose K/V the old params made
     keep = dense(lambda i: params_a if i < fed_before else params_b, prompt, MAX_NEW)
     recompute = head + dense(lambda i: params_b, prompt + head, MAX_NEW - swap_at)
     assert keep[:swap_at] == recompute[:swap_at] == head
-    assert keep != recompute and keep != unswapped       # the reference can tell them apart
+    assert keep != recompute and keep != unswapped  # the reference can tell them apart
     assert sample.token_ids == (keep if policy == "keep" else recompute)
     from pipelinerl_jax.errors import ConfigError
+
     bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), llama.arrays(params_b))
     with pytest.raises(ConfigError, match="shapes/dtypes"):
         sampler.set_params(bf16, version=2)
@@ -277,8 +314,11 @@ def test_bf16_decode_chunk_makes_no_f32_copy_of_the_pool(models, prompts, tmp_pa
     sampler = Sampler(graphdef16, params16, CONFIG)
     engine, state = sampler.engine, sampler.state
     window = engine.ecfg.pages_per_slot
-    hlo = engine.decode_chunk.lower(sampler.params, state, np.int32(0), k=2,
-                                    window=window).compile().as_text()
+    hlo = (
+        engine.decode_chunk.lower(sampler.params, state, np.int32(0), k=2, window=window)
+        .compile()
+        .as_text()
+    )
     pool = ",".join(str(d) for d in state.k_pages.shape)
     assert f"bf16[{pool}]" in hlo
     # A fusion, scatter or copy whose result is an f32 pool is a materialised copy (before the
@@ -302,17 +342,21 @@ def test_bad_requests_become_error_samples(models):
     assert "empty prompt" in samples[0].error and "max_seq_len" in samples[1].error
     assert "vocabulary" in samples[2].error and "top_p" in samples[3].error
     from pipelinerl_jax.errors import ConfigError
+
     with pytest.raises(ConfigError, match="num_slots"):
         sampler.submit([1], n=CONFIG.num_slots + 1)
 
-    for bad, match in (({"attention": "flash"}, "attention='flash'"),
-                       ({"kv_policy": "drop"}, "kv_policy='drop'")):
+    for bad, match in (
+        ({"attention": "flash"}, "attention='flash'"),
+        ({"kv_policy": "drop"}, "kv_policy='drop'"),
+    ):
         with pytest.raises(ConfigError, match=match):
             Sampler(graphdef, params, dataclasses.replace(CONFIG, **bad))
 
 
 def test_window_buckets():
     from pipelinerl_jax.sampler.engine import pick_window, window_buckets
+
     assert window_buckets(20) == (1, 2, 3, 4, 6, 8, 12, 16, 20)
     assert window_buckets(3) == (1, 2, 3)
     assert [pick_window(n, 20) for n in (0, 1, 5, 9, 17, 40)] == [1, 1, 6, 12, 20, 20]

@@ -21,11 +21,28 @@ from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import layer as block
 
 CFG = ModelConfig(
-    model_type="qwen3", vocab_size=80, hidden_size=32, intermediate_size=48, num_layers=2,
-    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4,
-    rope_scaling=(("factor", 4.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-                  ("original_max_position_embeddings", 8), ("rope_type", "llama3")),
-    max_position_embeddings=64, tie_word_embeddings=False, attention_bias=True, qk_norm=True)
+    model_type="qwen3",
+    vocab_size=80,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    rope_scaling=(
+        ("factor", 4.0),
+        ("high_freq_factor", 4.0),
+        ("low_freq_factor", 1.0),
+        ("original_max_position_embeddings", 8),
+        ("rope_type", "llama3"),
+    ),
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    qk_norm=True,
+)
 
 
 def _model(cfg, seed):
@@ -55,12 +72,20 @@ def _sampler_logits(cfg, params, tokens_BxT, positions_BxT):
     return logits_VxN.T.reshape(*tokens_BxT.shape, -1)
 
 
-@pytest.mark.parametrize("options", [
-    dict(),                                                            # every option on
-    dict(tie_word_embeddings=True, attention_bias=False, qk_norm=False, rope_scaling=None,
-         model_type="llama"),
-    dict(compute_dtype="bfloat16"),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),  # every option on
+        dict(
+            tie_word_embeddings=True,
+            attention_bias=False,
+            qk_norm=False,
+            rope_scaling=None,
+            model_type="llama",
+        ),
+        dict(compute_dtype="bfloat16"),
+    ],
+)
 def test_sampler_forward_equals_model_forward(options):
     cfg = dataclasses.replace(CFG, **options)
     graphdef, params = _model(cfg, seed=len(options))
@@ -88,15 +113,22 @@ def test_prepare_layer_is_output_major():
     lp = {name: w[1] for name, w in p["layers"].items()}
     out = block.prepare_layer(lp, jnp.float32)
     e, h, k, d, f = 32, 4, 2, 8, 48
-    shapes = {"q_proj": (h * d, e), "k_proj": (k * d, e), "v_proj": (k * d, e),
-              "o_proj": (e, h * d), "gate_proj": (f, e), "up_proj": (f, e), "down_proj": (e, f)}
+    shapes = {
+        "q_proj": (h * d, e),
+        "k_proj": (k * d, e),
+        "v_proj": (k * d, e),
+        "o_proj": (e, h * d),
+        "gate_proj": (f, e),
+        "up_proj": (f, e),
+        "down_proj": (e, f),
+    }
     for name, shape in shapes.items():
         assert out[name].shape == shape, name
     # Row 2 * d + 3 of q is head 2, dim 3; column 1 * d + 5 of o_proj is head 1, dim 5.
     np.testing.assert_array_equal(out["q_proj"][2 * d + 3], lp["q_proj"][:, 2, 3])
     np.testing.assert_array_equal(out["o_proj"][:, 1 * d + 5], lp["o_proj"][1, 5, :])
     np.testing.assert_array_equal(out["down_proj"], lp["down_proj"].T)
-    np.testing.assert_array_equal(out["q_bias"], lp["q_bias"])       # non-projections as is
+    np.testing.assert_array_equal(out["q_bias"], lp["q_bias"])  # non-projections as is
 
 
 def test_rms_norm_fm_equals_token_major():
@@ -117,5 +149,5 @@ def test_project_accumulates_in_f32_in_both_forms(dtype, tokens):
     got = jax.jit(block.project)(w, x)
     assert got.shape == (24, tokens) and got.dtype == jnp.dtype(dtype)
     want = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
-    tol = 1e-2 if dtype == "bfloat16" else 1e-5      # one bf16 rounding of the output
+    tol = 1e-2 if dtype == "bfloat16" else 1e-5  # one bf16 rounding of the output
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)

@@ -13,7 +13,7 @@ def test_alloc_free_share_refcounts():
     assert pg.NULL_PAGE not in a and len(set(a)) == 3
     alloc.share(a[:2])
     assert [alloc.refcount(p) for p in a] == [2, 2, 1]
-    alloc.free(a)                      # the third page returns, the shared ones stay
+    alloc.free(a)  # the third page returns, the shared ones stay
     assert alloc.num_free == 3 and [alloc.refcount(p) for p in a] == [1, 1, 0]
     alloc.free(a[:2])
     assert alloc.num_free == 5
@@ -25,7 +25,7 @@ def test_exhaustion_allocates_nothing_and_null_page_is_never_handed_out():
     got = alloc.alloc(2)
     with pytest.raises(pg.OutOfPages):
         alloc.alloc(2)
-    assert alloc.num_free == 1        # the failed call took nothing
+    assert alloc.num_free == 1  # the failed call took nothing
     got += alloc.alloc(1)
     assert sorted(got) == [1, 2, 3]
     alloc.check()
@@ -48,7 +48,7 @@ def test_pool_sizing_from_pages_and_from_memory():
     per_page = 2 * 2 * 16 * 2 * 8 * 4
     pool = pg.size_pool(num_pages=9, **kw)
     assert pool.bytes_per_page == per_page and pool.total_tokens == 8 * 16
-    assert pool.full_length_sequences == 2          # 64 tokens = 4 pages each, 8 usable pages
+    assert pool.full_length_sequences == 2  # 64 tokens = 4 pages each, 8 usable pages
     from_memory = pg.size_pool(memory_bytes=per_page * 9 + per_page - 1, **kw)
     assert from_memory.num_pages == 9
     line = pg.describe_pool(pool, num_slots=4)

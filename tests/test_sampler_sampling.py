@@ -16,9 +16,9 @@ def _np_filter(x, k, p):
     """Sort-based reference: top-k, then the nucleus of the renormalised top-k distribution."""
     order = np.argsort(-x, kind="stable")
     keep = np.zeros(x.shape, bool)
-    keep[order[:k if k > 0 else len(x)]] = True
+    keep[order[: k if k > 0 else len(x)]] = True
     kth = x[order[(k if k > 0 else len(x)) - 1]]
-    keep |= x >= kth                                   # ties with the k-th are kept
+    keep |= x >= kth  # ties with the k-th are kept
     if p < 1:
         q = np.where(keep, np.exp(x - x.max()), 0.0)
         q /= q.sum()
@@ -30,8 +30,8 @@ def _np_filter(x, k, p):
 def test_filter_matches_sort_reference():
     rng = np.random.default_rng(0)
     x = (rng.normal(size=(8, 300)) * 3).astype(np.float32)
-    x[1, :10] = x[1, 0]                                # ties at the top
-    x[2] = np.round(x[2])                              # many ties everywhere
+    x[1, :10] = x[1, 0]  # ties at the top
+    x[2] = np.round(x[2])  # many ties everywhere
     k = np.array([0, 1, 5, 17, 300, 3, 0, 40], np.int32)
     p = np.array([1, 1, 1, 0.9, 0.5, 0.3, 0.95, 0.05], np.float32)
     got = np.isfinite(np.asarray(jax.jit(sampling.filter_top_k_top_p)(x, k, p)))
@@ -42,9 +42,9 @@ def test_filter_matches_sort_reference():
 def test_categorical_is_the_inverse_cdf():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(16, 1000)).astype(np.float32)
-    x[3, 500:] = -np.inf                               # masked tail never drawn
+    x[3, 500:] = -np.inf  # masked tail never drawn
     u = rng.uniform(size=16).astype(np.float32)
-    u[0], u[1] = 0.0, np.float32(1 - 2**-24)           # the extremes
+    u[0], u[1] = 0.0, np.float32(1 - 2**-24)  # the extremes
     got = np.asarray(jax.jit(sampling.categorical)(x, u))
     for i in range(16):
         q = np.exp(x[i] - x[i].max())
@@ -68,8 +68,9 @@ def test_frequencies_match_the_sampled_distribution_chi_square():
     temperature = np.r_[np.full(half, 0.7), np.full(half, 1.0)].astype(np.float32)
     top_k = np.r_[np.zeros(half), np.full(half, 4)].astype(np.int32)
     top_p = np.r_[np.ones(half), np.full(half, 0.8)].astype(np.float32)
-    tokens, logprobs = sample(jnp.tile(logits, (2 * half, 1)), temperature, top_k, top_p, u,
-                              truncated=True)
+    tokens, logprobs = sample(
+        jnp.tile(logits, (2 * half, 1)), temperature, top_k, top_p, u, truncated=True
+    )
     tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
     assert logprobs.dtype == np.float32
     plain = np.exp(logits / 0.7) / np.exp(logits / 0.7).sum()
@@ -100,7 +101,7 @@ def test_top1_equals_greedy_and_rows_are_independent():
     greedy = np.argmax(x, -1)
     np.testing.assert_array_equal(tokens[:64], greedy[:64])
     np.testing.assert_array_equal(tokens[64::2], greedy[64::2])
-    for i in range(65, 96, 2):                     # the sampling rows obey their filter
+    for i in range(65, 96, 2):  # the sampling rows obey their filter
         assert _np_filter(x[i] / 0.5, 5, 0.5)[tokens[i]]
     # Greedy records the T = 1 log-probability of the argmax.
     want = np.asarray(jax.nn.log_softmax(x))[np.arange(32, 64), greedy[32:64]]
@@ -120,11 +121,15 @@ def test_vocab_major_reductions_equal_row_major():
     rng = np.random.default_rng(5)
     y = jnp.asarray(rng.normal(size=(7, 300)).astype(np.float32) * 3)
     tokens = jnp.asarray(rng.integers(0, 300, 7), jnp.int32)
-    np.testing.assert_allclose(np.asarray(sampling.log_softmax_at(y.T, tokens, axis=0)),
-                               np.asarray(sampling.log_softmax_at(y, tokens)), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(sampling.log_softmax_at(y.T, tokens, axis=0)),
+        np.asarray(sampling.log_softmax_at(y, tokens)),
+        rtol=1e-6,
+    )
     zeros = jnp.zeros(7)
     got_t, got_lp = jax.jit(sampling.sample_vocab_major)(
-        y.T, zeros, jnp.zeros(7, jnp.int32), jnp.ones(7), zeros + 0.5)
+        y.T, zeros, jnp.zeros(7, jnp.int32), jnp.ones(7), zeros + 0.5
+    )
     np.testing.assert_array_equal(np.asarray(got_t), np.argmax(np.asarray(y), -1))
     want = np.asarray(jax.nn.log_softmax(y))[np.arange(7), np.asarray(got_t)]
     np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)
@@ -136,11 +141,12 @@ def test_vocab_major_greedy_one_row(rows):
     (first of tied maxima) and T = 1 logprob as numpy, also with -inf entries."""
     rng = np.random.default_rng(rows)
     y = rng.normal(size=(rows, 500)).astype(np.float32) * 4
-    y[:, 7] = y[:, 300] = y.max() + 1.0          # tie: the lower index wins
+    y[:, 7] = y[:, 300] = y.max() + 1.0  # tie: the lower index wins
     y[:, 11] = -np.inf
     ones = jnp.ones(rows)
     got_t, got_lp = jax.jit(sampling.sample_vocab_major)(
-        jnp.asarray(y.T), ones * 0.0, jnp.zeros(rows, jnp.int32), ones, ones * 0.5)
+        jnp.asarray(y.T), ones * 0.0, jnp.zeros(rows, jnp.int32), ones, ones * 0.5
+    )
     np.testing.assert_array_equal(np.asarray(got_t), [7] * rows)
     want = np.asarray(jax.nn.log_softmax(jnp.asarray(y)))[:, 7]
     np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)
@@ -153,14 +159,15 @@ def test_vocab_major_greedy_blocked_argmax_ties(vocab):
     rng = np.random.default_rng(vocab)
     y = rng.normal(size=(6, vocab)).astype(np.float32)
     top = y.max() + 1.0
-    y[0, [300, 129]] = top                            # two blocks: the lower index wins
-    y[1, [128, 255]] = top                            # first entry of a block
-    y[2, [vocab - 1]] = top                           # last entry of the last block
+    y[0, [300, 129]] = top  # two blocks: the lower index wins
+    y[1, [128, 255]] = top  # first entry of a block
+    y[2, [vocab - 1]] = top  # last entry of the last block
     y[3, :] = -np.inf
-    y[3, [17, 18]] = 0.0                              # all but a tie are -inf
+    y[3, [17, 18]] = 0.0  # all but a tie are -inf
     zeros = jnp.zeros(6)
     got_t, got_lp = jax.jit(sampling.sample_vocab_major)(
-        jnp.asarray(y.T), zeros, jnp.zeros(6, jnp.int32), zeros + 1.0, zeros + 0.5)
+        jnp.asarray(y.T), zeros, jnp.zeros(6, jnp.int32), zeros + 1.0, zeros + 0.5
+    )
     np.testing.assert_array_equal(np.asarray(got_t), np.argmax(y, axis=-1))
     want = np.asarray(jax.nn.log_softmax(jnp.asarray(y)))[np.arange(6), np.argmax(y, axis=-1)]
     np.testing.assert_allclose(np.asarray(got_lp), want, rtol=1e-6, atol=1e-6)
@@ -173,13 +180,14 @@ def test_unfiltered_batch_frequencies_and_tempered_logprobs():
     n = 20000
     u = jax.random.uniform(jax.random.key(7), (n,))
     temperature = np.full(n, 1.3, np.float32)
-    tokens, logprobs = sample(jnp.tile(logits, (n, 1)), temperature, np.zeros(n, np.int32),
-                              np.ones(n, np.float32), u)
+    tokens, logprobs = sample(
+        jnp.tile(logits, (n, 1)), temperature, np.zeros(n, np.int32), np.ones(n, np.float32), u
+    )
     tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
     probs = np.exp(logits / 1.3) / np.exp(logits / 1.3).sum()
     counts = np.bincount(tokens, minlength=len(logits))
     chi2 = ((counts - n * probs) ** 2 / (n * probs)).sum()
-    assert chi2 < 18.5, (chi2, counts)                  # 99.9% quantile, 4 dof
+    assert chi2 < 18.5, (chi2, counts)  # 99.9% quantile, 4 dof
     np.testing.assert_allclose(logprobs, np.log(probs)[tokens], rtol=1e-5)
 
 

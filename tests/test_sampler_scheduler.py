@@ -26,13 +26,13 @@ def solo(prompt, limit, stop_ids=(STOP,)):
         toks.append(next_token(toks))
         if toks[-1] in stop_ids:
             break
-    return toks[len(prompt):]
+    return toks[len(prompt) :]
 
 
 class FakeDevice:
     def __init__(self, sched: Scheduler):
         self.sched = sched
-        self.content = {}    # global page -> {offset: (token, position)}
+        self.content = {}  # global page -> {offset: (token, position)}
 
     def write(self, slot, pos, token):
         page = int(self.sched.mirror["block_tables"][slot][pos // self.sched.page_size])
@@ -52,8 +52,9 @@ class FakeDevice:
         for seq in self.sched.running:
             table = self.sched.mirror["block_tables"][seq.slot]
             for pos, tok in enumerate(seq.all_tokens[:-1]):
-                assert self.content[int(table[pos // s])][pos % s] == (tok, pos), \
+                assert self.content[int(table[pos // s])][pos % s] == (tok, pos), (
                     f"request {seq.request_id}.{seq.attempt}: position {pos} corrupted"
+                )
 
     def decode(self, k):
         m, b = self.sched.mirror, self.sched.num_slots
@@ -78,9 +79,18 @@ class FakeDevice:
 def make_seqs(rid, prompt, n, max_new, capacity=10**9):
     # As the Sampler does: a sequence never outgrows what the pool can hold alone.
     limit = min(len(prompt) + max_new, capacity + 1)
-    return [Sequence(request_id=rid, attempt=a, prompt=list(prompt),
-                     params=SamplingParams(max_new_tokens=max_new), seed=a,
-                     limit=limit, stop_ids=(STOP,)) for a in range(n)]
+    return [
+        Sequence(
+            request_id=rid,
+            attempt=a,
+            prompt=list(prompt),
+            params=SamplingParams(max_new_tokens=max_new),
+            seed=a,
+            limit=limit,
+            stop_ids=(STOP,),
+        )
+        for a in range(n)
+    ]
 
 
 def run(sched, groups, k, max_chunks=500):
@@ -107,14 +117,26 @@ def run(sched, groups, k, max_chunks=500):
 @pytest.mark.parametrize("num_pages,shards", [(64, 1), (9, 1), (16, 2)])
 def test_all_finish_with_solo_outputs_under_pressure(num_pages, shards):
     rng = np.random.default_rng(num_pages)
-    sched = Scheduler(num_slots=4, num_pages=num_pages, page_size=4, pages_per_slot=12,
-                      max_stop_tokens=2, num_shards=shards)
+    sched = Scheduler(
+        num_slots=4,
+        num_pages=num_pages,
+        page_size=4,
+        pages_per_slot=12,
+        max_stop_tokens=2,
+        num_shards=shards,
+    )
     groups = []
     for rid in range(12):
         prompt = rng.integers(0, VOCAB, size=rng.integers(1, 20)).tolist()
-        groups.append(make_seqs(rid, prompt, n=int(rng.integers(1, 4)),
-                                max_new=int(rng.integers(1, 25)),
-                                capacity=sched.capacity_tokens()))
+        groups.append(
+            make_seqs(
+                rid,
+                prompt,
+                n=int(rng.integers(1, 4)),
+                max_new=int(rng.integers(1, 25)),
+                capacity=sched.capacity_tokens(),
+            )
+        )
     finished = run(sched, groups, k=3)
     assert len(finished) == sum(len(g) for g in groups)
     for seq in finished:
@@ -125,29 +147,27 @@ def test_all_finish_with_solo_outputs_under_pressure(num_pages, shards):
     if num_pages == 9:
         assert sched.preemptions > 0, "the tiny pool should have forced preemption"
     for alloc in sched.allocators:
-        assert alloc.num_free == alloc.usable_pages     # everything returned
+        assert alloc.num_free == alloc.usable_pages  # everything returned
 
 
 def test_group_shares_full_prompt_pages_and_copies_the_partial_one():
-    sched = Scheduler(num_slots=4, num_pages=32, page_size=4, pages_per_slot=8,
-                      max_stop_tokens=1)
-    sched.enqueue(make_seqs(0, list(range(10, 20)), n=3, max_new=5))   # 10 tokens: 9 cached
+    sched = Scheduler(num_slots=4, num_pages=32, page_size=4, pages_per_slot=8, max_stop_tokens=1)
+    sched.enqueue(make_seqs(0, list(range(10, 20)), n=3, max_new=5))  # 10 tokens: 9 cached
     sched.reserve(2)
     rows, copies = sched.admit(2, version=0)
     assert len(rows) == 1 and rows[0].tokens == list(range(10, 19))
     seqs = sched.running
-    shared = seqs[0].pages[:2]                     # 9 cached positions: 2 full pages of 4
+    shared = seqs[0].pages[:2]  # 9 cached positions: 2 full pages of 4
     assert all(s.pages[:2] == shared for s in seqs)
     assert all(sched.allocators[0].refcount(p) == 3 for p in shared)
     partial = [s.pages[2] for s in seqs]
-    assert len(set(partial)) == 3                   # private copies of the partial page
+    assert len(set(partial)) == 3  # private copies of the partial page
     assert copies == [(partial[0], partial[1]), (partial[0], partial[2])]
     sched.check()
 
 
 def test_preempted_sequence_resumes_with_its_tokens():
-    sched = Scheduler(num_slots=2, num_pages=6, page_size=4, pages_per_slot=8,
-                      max_stop_tokens=1)
+    sched = Scheduler(num_slots=2, num_pages=6, page_size=4, pages_per_slot=8, max_stop_tokens=1)
     a, b = make_seqs(0, [1, 2, 3], 1, 12)[0], make_seqs(1, [4, 5, 6], 1, 12)[0]
     a.stop_ids = b.stop_ids = ()
     finished = run(sched, [[a], [b]], k=4)

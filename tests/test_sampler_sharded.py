@@ -21,7 +21,8 @@ import transformers
 
 VOCAB, MAX_NEW = 96, 12
 
-CHILD = textwrap.dedent("""
+CHILD = textwrap.dedent(
+    """
     import json, sys
     import jax, numpy as np
     from jax.sharding import Mesh
@@ -45,7 +46,7 @@ CHILD = textwrap.dedent("""
     pages_spec = tuple(sampler.state.k_pages.sharding.spec)     # [L, P, K, S, D]
     q_spec = tuple(sampler.params["layers"][0]["q_proj"].sharding.spec)
     # n=2: the attempts of a prompt share its full pages and copy its partial last page.
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=%d)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)
     samples = sampler.generate(prompts, n=2, params=greedy)
     out = {"tokens": [s.token_ids for s in samples], "logprobs": [s.logprobs for s in samples],
            "preemptions": sampler.stats["preemptions"], "pages_spec": pages_spec,
@@ -60,7 +61,7 @@ CHILD = textwrap.dedent("""
         out["swap_tokens"] = [s.token_ids for s in again]
         # Temperature sampling (seeded per request, so both samplers draw the same uniforms):
         # the tp group draws one token per row, as one device does.
-        hot = SamplingParams(temperature=1.0, max_new_tokens=%d, seed=11)
+        hot = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, seed=11)
         one = Sampler(graphdef, params, config, mesh=Mesh(grid[:, :1], ("data", "tp")))
         out["sampled_tp"] = [s.token_ids for s in sampler.generate(prompts, params=hot)]
         out["sampled_one"] = [s.token_ids for s in one.generate(prompts, params=hot)]
@@ -71,27 +72,49 @@ CHILD = textwrap.dedent("""
         except ConfigError as e:
             out["bad_tp_error"] = str(e)
     print(json.dumps(out))
-""" % (MAX_NEW, MAX_NEW))
+""".replace("MAX_NEW_TOKENS", str(MAX_NEW))
+)
 
 
-@pytest.mark.parametrize("data,tp,attention", [(2, 1, "gather"), (1, 2, "paged"),
-                                                (2, 2, "staged")])
+@pytest.mark.parametrize("data,tp,attention", [(2, 1, "gather"), (1, 2, "paged"), (2, 2, "staged")])
 def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        tie_word_embeddings=False, initializer_range=0.15, rms_norm_eps=1e-5)
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+        rms_norm_eps=1e-5,
+    )
     torch.manual_seed(3)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (17, 5, 11, 2, 14, 9)]
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "ckpt"),
-                           str(tmp_path / "prompts.json"), str(data), str(tp), attention],
-                          capture_output=True, text=True, env=env, timeout=300)
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(tmp_path / "ckpt"),
+            str(tmp_path / "prompts.json"),
+            str(data),
+            str(tp),
+            attention,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["preemptions"] > 0, "the tiny pool should have forced preemption"
@@ -102,16 +125,23 @@ def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids),
-                                 max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0, return_dict_in_generate=True,
-                                 output_logits=True)
-        want = out.sequences[0, len(prompt):].tolist()
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+        want = out.sequences[0, len(prompt) :].tolist()
         ref = torch.log_softmax(torch.stack(out.logits)[:, 0], -1)[torch.arange(MAX_NEW), want]
         for attempt in range(2):
             assert got["tokens"][2 * i + attempt] == want
-            np.testing.assert_allclose(got["logprobs"][2 * i + attempt], ref.numpy(),
-                                       rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(
+                got["logprobs"][2 * i + attempt], ref.numpy(), rtol=1e-4, atol=1e-5
+            )
     if tp > 1:
         assert not got["swap_recompiled"]
         assert got["swap_versions"] == [1]

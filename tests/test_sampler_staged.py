@@ -11,10 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipelinerl_jax.kernels.paged_attention_ref import paged_decode_attention_ref
-from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import staged
 
-L, P, K, S, D, H = 2, 30, 2, 8, 16, 6      # GQA group of 3
+L, P, K, S, D, H = 2, 30, 2, 8, 16, 6  # GQA group of 3
 SCALE = 0.3
 
 
@@ -23,8 +22,8 @@ def _case(rng, cached, width):
     k = rng.normal(size=(L, P, K, S, D)).astype(np.float32)
     v = rng.normal(size=(L, P, K, S, D)).astype(np.float32)
     batch = len(cached)
-    tables = rng.permutation(np.arange(1, P))[:batch * width].reshape(batch, width)
-    k[:, 0] = v[:, 0] = np.nan                           # the null page holds garbage
+    tables = rng.permutation(np.arange(1, P))[: batch * width].reshape(batch, width)
+    k[:, 0] = v[:, 0] = np.nan  # the null page holds garbage
     for b, n in enumerate(cached):
         for pos in range(n, width * S):
             k[:, tables[b, pos // S], :, pos % S] = np.nan
@@ -53,7 +52,7 @@ def test_stage_copies_the_window_and_zeroes_the_rest():
 def test_staged_steps_match_the_paged_oracle():
     rng = np.random.default_rng(1)
     width, steps = 4, 3
-    cached = np.array([0, 7, 15, 26], np.int32)     # first token, page edges, near the end
+    cached = np.array([0, 7, 15, 26], np.int32)  # first token, page edges, near the end
     k, v, tables = _case(rng, cached, width)
     batch = len(cached)
     q = rng.normal(size=(steps, batch, 1, H, D)).astype(np.float32)
@@ -70,14 +69,16 @@ def test_staged_steps_match_the_paged_oracle():
         for t in range(steps):
             # An inactive row's length (hence position) stops advancing.
             positions = jnp.asarray(cached + np.where(write[t], t, min(t, 1)))
-            attend = staged.decode_attend_staged(tables, positions, jnp.asarray(write[t]),
-                                                 scale=SCALE)
+            attend = staged.decode_attend_staged(
+                tables, positions, jnp.asarray(write[t]), scale=SCALE
+            )
             carry = (k_pool, v_pool, *stage)
             for layer in range(L):
                 out, (_, carry) = attend(q[t], k_new[t], v_new[t], (layer, carry))
                 k_pool, v_pool = carry[:2]
-                want = paged_decode_attention_ref(q[t][:, 0], k_pool[layer], v_pool[layer],
-                                                  tables, positions + 1, scale=SCALE)
+                want = paged_decode_attention_ref(
+                    q[t][:, 0], k_pool[layer], v_pool[layer], tables, positions + 1, scale=SCALE
+                )
                 outs.append(out[:, 0])
                 wants.append(want)
             stage = tuple(carry[2:])
@@ -96,12 +97,14 @@ def test_staged_steps_match_the_paged_oracle():
             if write[t, b]:
                 pos = cached[b] + t
                 page = tables[b, pos // S]
-                np.testing.assert_array_equal(np.asarray(k_pool)[:, page, :, pos % S],
-                                              np.broadcast_to(k_new[t, b, 0], (L, K, D)))
+                np.testing.assert_array_equal(
+                    np.asarray(k_pool)[:, page, :, pos % S],
+                    np.broadcast_to(k_new[t, b, 0], (L, K, D)),
+                )
     # The inactive steps of row 3 left its stage alone: only position cached + 0 was written.
     k3 = np.asarray(k_stage[0])[3]
     np.testing.assert_array_equal(k3[:, :, cached[3]], k_new[0, 3, 0])
-    assert not k3[:, :, cached[3] + 1:].any()
+    assert not k3[:, :, cached[3] + 1 :].any()
 
 
 def test_dense_attention_rows_see_only_their_positions():
@@ -112,11 +115,13 @@ def test_dense_attention_rows_see_only_their_positions():
     k = rng.normal(size=(batch, K, D, n)).astype(np.float32)
     v = rng.normal(size=(batch, K, n, D)).astype(np.float32)
     positions = np.array([0, 5, 11], np.int32)
-    out = staged.dense_decode_attention(q, jnp.asarray(k), jnp.asarray(v),
-                                        jnp.asarray(positions), scale=SCALE)
-    k[0, :, :, 1:] = np.nan                              # garbage past row 0's position
-    out_nan = staged.dense_decode_attention(q, jnp.asarray(k), jnp.asarray(v),
-                                            jnp.asarray(positions), scale=SCALE)
+    out = staged.dense_decode_attention(
+        q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(positions), scale=SCALE
+    )
+    k[0, :, :, 1:] = np.nan  # garbage past row 0's position
+    out_nan = staged.dense_decode_attention(
+        q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(positions), scale=SCALE
+    )
     assert np.isfinite(np.asarray(out_nan)).all()
     np.testing.assert_array_equal(np.asarray(out_nan), np.asarray(out))
     # Row 1 by hand: softmax over its first 6 positions.

@@ -10,47 +10,64 @@ import textwrap
 from pathlib import Path
 
 import jax
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.models.config import ModelConfig
 
 MESH = AbstractMesh((2, 4), ("fsdp", "tp"))
-CFG = ModelConfig(model_type="qwen2", vocab_size=130, hidden_size=32, intermediate_size=64,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6,
-                  rope_theta=1e4, rope_scaling=None, max_position_embeddings=64,
-                  tie_word_embeddings=False, attention_bias=True, qk_norm=False)
+CFG = ModelConfig(
+    model_type="qwen2",
+    vocab_size=130,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    qk_norm=False,
+)
 
 
 def test_logical_to_spec_rules_and_fallbacks():
-  spec = sharding.logical_to_spec
-  assert spec(("layers", "embed", "q_heads", "head_dim"), (2, 32, 4, 8), MESH) == P(None, "fsdp", "tp")
-  # 2 kv heads do not divide over tp=4: replicated on that axis, fsdp still applies.
-  assert spec(("layers", "embed", "kv_heads", "head_dim"), (2, 32, 2, 8), MESH) == P(None, "fsdp")
-  # vocab 130 is not a multiple of 4.
-  assert spec(("vocab", "embed"), (130, 32), MESH) == P(None, "fsdp")
-  assert spec(("vocab", "embed"), (128, 32), MESH) == P("tp", "fsdp")
-  # A mesh axis is used at most once per array; unknown names and None replicate.
-  assert spec(("embed", "embed"), (32, 32), MESH) == P("fsdp")
-  assert spec((None, "unknown"), (4, 4), MESH) == P()
-  # Axes missing from the mesh are skipped (a pure-FSDP mesh).
-  assert spec(("embed", "mlp"), (32, 64), AbstractMesh((8,), ("fsdp",))) == P("fsdp")
-  custom = (("embed", None), ("mlp", "fsdp"))
-  assert spec(("embed", "mlp"), (32, 64), MESH, custom) == P(None, "fsdp")
+    spec = sharding.logical_to_spec
+    assert spec(("layers", "embed", "q_heads", "head_dim"), (2, 32, 4, 8), MESH) == P(
+        None, "fsdp", "tp"
+    )
+    # 2 kv heads do not divide over tp=4: replicated on that axis, fsdp still applies.
+    assert spec(("layers", "embed", "kv_heads", "head_dim"), (2, 32, 2, 8), MESH) == P(None, "fsdp")
+    # vocab 130 is not a multiple of 4.
+    assert spec(("vocab", "embed"), (130, 32), MESH) == P(None, "fsdp")
+    assert spec(("vocab", "embed"), (128, 32), MESH) == P("tp", "fsdp")
+    # A mesh axis is used at most once per array; unknown names and None replicate.
+    assert spec(("embed", "embed"), (32, 32), MESH) == P("fsdp")
+    assert spec((None, "unknown"), (4, 4), MESH) == P()
+    # Axes missing from the mesh are skipped (a pure-FSDP mesh).
+    assert spec(("embed", "mlp"), (32, 64), AbstractMesh((8,), ("fsdp",))) == P("fsdp")
+    custom = (("embed", None), ("mlp", "fsdp"))
+    assert spec(("embed", "mlp"), (32, 64), MESH, custom) == P(None, "fsdp")
 
 
 def test_param_specs_cover_every_param():
-  _, abstract = llama.abstract_init(CFG)
-  specs = sharding.param_specs(abstract, MESH)
-  assert jax.tree.structure(specs) == jax.tree.structure(abstract)
-  pure = {"/".join(map(str, k)): v.get_value() for k, v in
-          __import__("flax").nnx.to_flat_state(specs)}
-  assert pure["layers/q_proj"] == P(None, "fsdp", "tp")
-  assert pure["layers/o_proj"] == P(None, "tp", None, "fsdp")
-  assert pure["layers/down_proj"] == P(None, "tp", "fsdp")
-  assert pure["lm_head"] == P("fsdp")
-  assert pure["final_norm"] == P()
+    _, abstract = llama.abstract_init(CFG)
+    specs = sharding.param_specs(abstract, MESH)
+    assert jax.tree.structure(specs) == jax.tree.structure(abstract)
+    pure = {
+        "/".join(map(str, k)): v.get_value() for k, v in __import__("flax").nnx.to_flat_state(specs)
+    }
+    assert pure["layers/q_proj"] == P(None, "fsdp", "tp")
+    assert pure["layers/o_proj"] == P(None, "tp", None, "fsdp")
+    assert pure["layers/down_proj"] == P(None, "tp", "fsdp")
+    assert pure["lm_head"] == P("fsdp")
+    assert pure["final_norm"] == P()
 
 
 SCRIPT = textwrap.dedent("""
@@ -89,11 +106,15 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_load_and_forward_on_8_devices(tmp_path):
-  env = dict(os.environ)
-  root = Path(__file__).resolve().parents[1]
-  env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-  result = subprocess.run(
-      [sys.executable, "-c", SCRIPT, str(tmp_path / "m"), str(Path(__file__).parent)],
-      capture_output=True, text=True, env=env, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "OK" in result.stdout
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "m"), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout

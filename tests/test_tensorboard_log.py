@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from pipelinerl_jax.metrics import (METRICS_FILE, TENSORBOARD_DIR, MetricsWriter, read_records,
-                                    run_history)
+from pipelinerl_jax.metrics import (
+    METRICS_FILE,
+    TENSORBOARD_DIR,
+    MetricsWriter,
+    read_records,
+    run_history,
+)
 from pipelinerl_jax.tensorboard_log import scalars
 
 
@@ -16,7 +21,8 @@ def read_events(logdir) -> dict[str, dict[int, float]]:
     """{tag: {step: value}} as TensorBoard would show it (orphaned events purged; a tag whose
     every event was purged has nothing to show)."""
     acc = event_accumulator.EventAccumulator(
-        str(logdir), size_guidance={event_accumulator.SCALARS: 0})
+        str(logdir), size_guidance={event_accumulator.SCALARS: 0}
+    )
     acc.Reload()
     events = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
     return {tag: by_step for tag, by_step in events.items() if by_step}
@@ -41,17 +47,39 @@ def assert_events_match_records(events, records):
 
 
 def train_record(step, scale=1.0):
-    return {"step": step, "reward/mean": 0.1 * step * scale, "loss": float("nan") if step == 1
-            else -0.01 * step, "lag/hist": {"0": 3 * step, "1": 2}, "ok": True,
-            "prompts": ["a", "b"], "note": "text"}
+    return {
+        "step": step,
+        "reward/mean": 0.1 * step * scale,
+        "loss": float("nan") if step == 1 else -0.01 * step,
+        "lag/hist": {"0": 3 * step, "1": 2},
+        "ok": True,
+        "prompts": ["a", "b"],
+        "note": "text",
+    }
 
 
 def test_scalars_flatten_nested_numbers_and_skip_the_rest():
-    got = scalars({"kind": "train", "step": 3, "a": 1, "b": {"c": 2.5, "d": {"e": False}},
-                   "s": "x", "l": [1, 2], "n": np.float32(0.5), "avg@k": 0.25,
-                   "hist": {"32+": 4}})
-    assert got == {"a": 1.0, "b/c": 2.5, "b/d/e": 0.0, "n": 0.5, "avg_at_k": 0.25,
-                   "hist/32_plus": 4.0}
+    got = scalars(
+        {
+            "kind": "train",
+            "step": 3,
+            "a": 1,
+            "b": {"c": 2.5, "d": {"e": False}},
+            "s": "x",
+            "l": [1, 2],
+            "n": np.float32(0.5),
+            "avg@k": 0.25,
+            "hist": {"32+": 4},
+        }
+    )
+    assert got == {
+        "a": 1.0,
+        "b/c": 2.5,
+        "b/d/e": 0.0,
+        "n": 0.5,
+        "avg_at_k": 0.25,
+        "hist/32_plus": 4.0,
+    }
 
 
 def test_every_scalar_of_train_and_eval_records_is_an_event(tmp_path):
@@ -80,7 +108,11 @@ def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path):
     second = MetricsWriter(tmp_path, echo_every=0)
     second.start(resumed_from=3)
     assert [(r["kind"], r["step"]) for r in second.history] == [
-        ("train", 0), ("train", 1), ("train", 2), ("eval", 3)]
+        ("train", 0),
+        ("train", 1),
+        ("train", 2),
+        ("eval", 3),
+    ]
     for step in (3, 4, 5):  # trained again (different values) and one more
         second.write("train", train_record(step, scale=-1.0))
     second.close()
@@ -89,7 +121,7 @@ def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path):
 
     events = read_events(tmp_path / TENSORBOARD_DIR)
     assert events["train/reward/mean"][4] == pytest.approx(-0.4)  # the killed run's is gone
-    assert events["eval/avg_at_k"] == {3: 0.5}                         # the checkpoint's eval stays
+    assert events["eval/avg_at_k"] == {3: 0.5}  # the checkpoint's eval stays
     records = read_records(tmp_path / METRICS_FILE)
     assert_events_match_records(events, run_history(records))
     # metrics.jsonl keeps every line ever written (the killed run's steps 3 and 4 too), after
@@ -97,10 +129,17 @@ def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path):
     assert sum(r["kind"] == "train" for r in records) == 8
     assert [r for r in records if r["kind"] == "start"] == [
         {"kind": "start", "time": pytest.approx(0.0, abs=0.1), "step": 0, "resumed": False},
-        {"kind": "start", "time": pytest.approx(last_time, abs=0.1), "step": 3, "resumed": True}]
+        {"kind": "start", "time": pytest.approx(last_time, abs=0.1), "step": 3, "resumed": True},
+    ]
     assert [(r["kind"], r["step"]) for r in run_history(records)] == [
-        ("train", 0), ("train", 1), ("train", 2), ("eval", 3), ("train", 3), ("train", 4),
-        ("train", 5)]
+        ("train", 0),
+        ("train", 1),
+        ("train", 2),
+        ("eval", 3),
+        ("train", 3),
+        ("train", 4),
+        ("train", 5),
+    ]
 
 
 def test_a_fresh_start_in_a_used_workdir_drops_the_old_run(tmp_path):

@@ -38,10 +38,12 @@ TEMPLATE = (
 )
 MESSAGES = [
     [{"role": "user", "content": "What is 12 + 30?"}],
-    [{"role": "system", "content": "Please reason step by step."},
-     {"role": "user", "content": "naïve café 🙂", "meta": {"k": "<b>&'x", "n": [1, 2]}},
-     {"role": "assistant", "content": "The answer is 42."},
-     {"role": "user", "content": "and\ttabs\nnewlines", "name": None}],
+    [
+        {"role": "system", "content": "Please reason step by step."},
+        {"role": "user", "content": "naïve café 🙂", "meta": {"k": "<b>&'x", "n": [1, 2]}},
+        {"role": "assistant", "content": "The answer is 42."},
+        {"role": "user", "content": "and\ttabs\nnewlines", "name": None},
+    ],
 ]
 
 
@@ -51,20 +53,39 @@ def tok_dir(tmp_path_factory):
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
-        "eos_token": {"__type": "AddedToken", "content": "<|im_end|>", "special": True,
-                      "lstrip": False, "rstrip": False, "normalized": False, "single_word": False},
-        "pad_token": "<pad>",
-        "chat_template": TEMPLATE, "clean_up_tokenization_spaces": False}))
-    (path / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [tok.token_to_id("</s>"), tok.token_to_id("<|im_end|>")]}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": {
+                    "__type": "AddedToken",
+                    "content": "<|im_end|>",
+                    "special": True,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "single_word": False,
+                },
+                "pad_token": "<pad>",
+                "chat_template": TEMPLATE,
+                "clean_up_tokenization_spaces": False,
+            }
+        )
+    )
+    (path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [tok.token_to_id("</s>"), tok.token_to_id("<|im_end|>")]})
+    )
     return path
 
 
@@ -80,10 +101,17 @@ def test_encode_decode_match_transformers(both):
         ids = ours.encode(text)
         assert ids == ref(text)["input_ids"]
         assert ids[0] == ours.token_to_id("<s>")
-        assert ours.encode(text, add_special_tokens=False) == ref(text, add_special_tokens=False)["input_ids"]
+        assert (
+            ours.encode(text, add_special_tokens=False)
+            == ref(text, add_special_tokens=False)["input_ids"]
+        )
         assert ours.decode(ids) == ref.decode(ids)
-        assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
-        assert ours.decode(ids, skip_special_tokens=True) == text.replace("<|im_start|>", "").replace("<|im_end|>", "")
+        assert ours.decode(ids, skip_special_tokens=True) == ref.decode(
+            ids, skip_special_tokens=True
+        )
+        assert ours.decode(ids, skip_special_tokens=True) == text.replace(
+            "<|im_start|>", ""
+        ).replace("<|im_end|>", "")
 
 
 @pytest.mark.parametrize("messages", MESSAGES)
@@ -91,13 +119,17 @@ def test_encode_decode_match_transformers(both):
 def test_chat_template_matches_transformers(both, messages, add_generation_prompt):
     ours, ref = both
     text = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    ref_text = ref.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                       tokenize=False)
+    ref_text = ref.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=False
+    )
     assert text == ref_text
     assert "You are helpful" in text or messages[0]["role"] == "system"
-    ids = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-    assert ids == ref.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                          tokenize=True, return_dict=False)
+    ids = ours.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True
+    )
+    assert ids == ref.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+    )
 
 
 def test_template_raise_exception_and_tojson(both):
@@ -131,7 +163,9 @@ def test_pad_falls_back_to_eos(tmp_path, tok_dir):
 def test_chat_template_jinja_file_takes_precedence(tmp_path, tok_dir):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_text((tok_dir / name).read_text())
-    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    )
     tok = tok_lib.Tokenizer.from_dir(tmp_path)
     assert tok.apply_chat_template(MESSAGES[0]) == "[What is 12 + 30?]"
 
@@ -140,10 +174,22 @@ def test_missing_tokenizer_and_vocab_too_large(tmp_path, both):
     with pytest.raises(ConfigError, match="tokenizer.json: missing"):
         tok_lib.Tokenizer.from_dir(tmp_path)
     ours, _ = both
-    cfg = ModelConfig(model_type="llama", vocab_size=ours.vocab_size - 1, hidden_size=8,
-                      intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
-                      rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
-                      max_position_embeddings=64, tie_word_embeddings=True, attention_bias=False,
-                      qk_norm=False)
+    cfg = ModelConfig(
+        model_type="llama",
+        vocab_size=ours.vocab_size - 1,
+        hidden_size=8,
+        intermediate_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        rope_scaling=None,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        qk_norm=False,
+    )
     with pytest.raises(ConfigError, match=r"tokenizer has \d+ token ids but .* embedding has"):
         tok_lib.check_vocab(ours, cfg)

@@ -18,10 +18,23 @@ VOCAB = 64
 
 
 def tiny_model(**overrides) -> ModelConfig:
-    fields = dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4, rms_norm_eps=1e-6,
-                  rope_theta=1e4, rope_scaling=None, max_position_embeddings=64,
-                  tie_word_embeddings=False, attention_bias=True, qk_norm=False)
+    fields = dict(
+        model_type="qwen2",
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=4,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        rope_scaling=None,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        qk_norm=False,
+    )
     fields.update(overrides)
     return ModelConfig(**fields)
 
@@ -30,22 +43,39 @@ def samples(lengths, seed=0):
     rng = np.random.default_rng(seed)
     out = []
     for i, (p, c) in enumerate(lengths):
-        out.append(Sample(rng.integers(0, VOCAB, p).tolist(), rng.integers(0, VOCAB, c).tolist(),
-                          (-rng.random(c) * 2 - 3).tolist(), rng.integers(0, 3, c).tolist(),
-                          float(rng.random()), i // 2))
+        out.append(
+            Sample(
+                rng.integers(0, VOCAB, p).tolist(),
+                rng.integers(0, VOCAB, c).tolist(),
+                (-rng.random(c) * 2 - 3).tolist(),
+                rng.integers(0, 3, c).tolist(),
+                float(rng.random()),
+                i // 2,
+            )
+        )
     return out
 
 
 def two_losses_and_grads(graphdef, params, batch_a, block_a, batch_b, block_b):
     """((loss, stats), grads) of the trainer's loss on two batches, in one jit; block_* is the
-  trainer's attention_block (0: the model's plain segment attention)."""
+    trainer's attention_block (0: the model's plain segment attention)."""
+
     def value_and_grad(batch, block):
-        fn = lambda p: tr._loss_fn(p, None, batch, graphdef=graphdef, loss_cfg=LossConfig(),
-                                   kl_coef=0.0, entropy_coef=0.0, attention_block=block)
+        fn = lambda p: tr._loss_fn(
+            p,
+            None,
+            batch,
+            graphdef=graphdef,
+            loss_cfg=LossConfig(),
+            kl_coef=0.0,
+            entropy_coef=0.0,
+            attention_block=block,
+        )
         return jax.value_and_grad(fn, has_aux=True)(params)
 
     return jax.jit(lambda a, b: (value_and_grad(a, block_a), value_and_grad(b, block_b)))(
-        batch_a, batch_b)
+        batch_a, batch_b
+    )
 
 
 def test_blocked_attention_matches_model_attention():
@@ -54,9 +84,12 @@ def test_blocked_attention_matches_model_attention():
     kv = jax.random.normal(k[1], (2, 15, 2, 8))
     v = jax.random.normal(k[2], (2, 15, 2, 8))
     seg = jnp.array([[1] * 6 + [2] * 7 + [0] * 2, [1] * 15])
-    blocked, plain = jax.jit(lambda q, kv, v, seg: (
-        tr.blocked_causal_attention(seg, 4)(q, kv, v, None)[0],
-        llama.segment_causal_attention(seg)(q, kv, v, None)[0]))(q, kv, v, seg)
+    blocked, plain = jax.jit(
+        lambda q, kv, v, seg: (
+            tr.blocked_causal_attention(seg, 4)(q, kv, v, None)[0],
+            llama.segment_causal_attention(seg)(q, kv, v, None)[0],
+        )
+    )(q, kv, v, seg)
     np.testing.assert_allclose(blocked, plain, rtol=1e-5, atol=1e-6)
 
 
@@ -65,14 +98,15 @@ def test_packed_rows_equal_unpacked_loss_and_grads():
     graphdef, params = llama.init(cfg, jax.random.key(1))
     data = samples([(3, 7), (5, 5), (4, 8), (2, 9)])  # 10-12 tokens each
     # Rows of 12: one sample per row. Rows of 24: two per row, attention in blocks of 5.
-    unpacked, _ = build_batch(data, BatchConfig(seq_len=12, num_rows=4, max_sequences=4,
-                                                max_sequence_len=12))
-    packed, _ = build_batch(data, BatchConfig(seq_len=24, num_rows=2, max_sequences=4,
-                                              max_sequence_len=12))
+    unpacked, _ = build_batch(
+        data, BatchConfig(seq_len=12, num_rows=4, max_sequences=4, max_sequence_len=12)
+    )
+    packed, _ = build_batch(
+        data, BatchConfig(seq_len=24, num_rows=2, max_sequences=4, max_sequence_len=12)
+    )
     assert (packed.segment_ids.max(axis=1) == 2).all()
 
-    ((l1, s1), g1), ((l2, s2), g2) = two_losses_and_grads(graphdef, params, unpacked, 0,
-                                                           packed, 5)
+    ((l1, s1), g1), ((l2, s2), g2) = two_losses_and_grads(graphdef, params, unpacked, 0, packed, 5)
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     assert float(s1["tokens"]) == float(s2["tokens"]) == 29
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
@@ -83,12 +117,19 @@ def test_packed_rows_equal_unpacked_loss_and_grads():
 def f32_trainer():
     cfg = tiny_model()
     graphdef, params = llama.init(cfg, jax.random.key(2))
-    tcfg = tr.TrainerConfig(learning_rate=1e-2, lr_schedule="constant", warmup_steps=0,
-                            grad_clip_norm=1.0, weight_decay=0.0, max_consecutive_skips=2)
+    tcfg = tr.TrainerConfig(
+        learning_rate=1e-2,
+        lr_schedule="constant",
+        warmup_steps=0,
+        grad_clip_norm=1.0,
+        weight_decay=0.0,
+        max_consecutive_skips=2,
+    )
     trainer = tr.Trainer(tcfg, graphdef, llama.abstract_init(cfg)[1], tr.trainer_mesh())
     data = samples([(3, 6), (4, 5), (2, 7), (3, 4)], seed=3)
-    batch, _ = build_batch(data, BatchConfig(seq_len=24, num_rows=2, max_sequences=4,
-                                             max_sequence_len=12))
+    batch, _ = build_batch(
+        data, BatchConfig(seq_len=24, num_rows=2, max_sequences=4, max_sequence_len=12)
+    )
     # Supervised-like signal: advantage 1 on every completion token of fixed targets.
     batch = batch.replace(advantages=batch.loss_mask.copy())
     return trainer, graphdef, params, batch
@@ -139,14 +180,21 @@ def test_non_finite_loss_is_skipped_and_counted(f32_trainer):
 def test_bf16_params_f32_moments_kl_entropy_micro_batches():
     cfg = tiny_model(param_dtype="bfloat16", compute_dtype="bfloat16")
     graphdef, params = llama.init(cfg, jax.random.key(4))
-    loss = LossConfig(objective="ppo", kl_coef=0.1, entropy_coef=0.02, entropy_coef_end=0.0,
-                      entropy_schedule_steps=2)
-    tcfg = tr.TrainerConfig(learning_rate=1e-2, warmup_steps=1, total_steps=10,
-                            micro_batches=2, loss=loss)
+    loss = LossConfig(
+        objective="ppo",
+        kl_coef=0.1,
+        entropy_coef=0.02,
+        entropy_coef_end=0.0,
+        entropy_schedule_steps=2,
+    )
+    tcfg = tr.TrainerConfig(
+        learning_rate=1e-2, warmup_steps=1, total_steps=10, micro_batches=2, loss=loss
+    )
     trainer = tr.Trainer(tcfg, graphdef, llama.abstract_init(cfg)[1], tr.trainer_mesh())
-    batch, _ = build_batch(samples([(3, 6), (4, 5), (2, 7), (3, 4)]),
-                           BatchConfig(seq_len=16, num_rows=4, max_sequences=4,
-                                       max_sequence_len=12))
+    batch, _ = build_batch(
+        samples([(3, 6), (4, 5), (2, 7), (3, 4)]),
+        BatchConfig(seq_len=16, num_rows=4, max_sequences=4, max_sequence_len=12),
+    )
     state = trainer.init_state(params)
     history = []
     for _ in range(3):
@@ -172,8 +220,10 @@ def test_optimizer_pieces():
     const = tr.learning_rate_schedule(dataclasses.replace(cfg, lr_schedule="constant"))
     assert float(const(3)) == pytest.approx(0.3) and float(const(500)) == 1.0
     _, params = llama.abstract_init(tiny_model())
-    mask = {jax.tree_util.keystr(p): v for p, v in
-            jax.tree_util.tree_leaves_with_path(tr.decay_mask(params))}
+    mask = {
+        jax.tree_util.keystr(p): v
+        for p, v in jax.tree_util.tree_leaves_with_path(tr.decay_mask(params))
+    }
     assert not any(v for k, v in mask.items() if "norm" in k or "bias" in k)
     assert mask["['layers']['q_proj'].value"] and mask["['lm_head'].value"]
     assert sum(mask.values()) == 9

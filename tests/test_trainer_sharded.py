@@ -60,9 +60,15 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_fsdp4_tp2_step_equals_single_device_step():
-  # LLVM optimisation off: halves compile time here, and run time is negligible at this size.
-  flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-4000:]
+    # LLVM optimisation off: halves compile time here, and run time is negligible at this size.
+    flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-4000:]

@@ -18,7 +18,8 @@ import hashlib
 import json
 import logging
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grain
 
@@ -33,16 +34,18 @@ _READERS = (".jsonl", ".json", ".parquet")
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
     """One dataset in the config: where it is, its format and optional field remapping."""
-    path: str                         # a file, a directory of files, or a glob pattern
-    format: str = "fields"            # a name in formats.FORMATS
-    name: str | None = None           # source name in uids and metrics; default: file stem
+
+    path: str  # a file, a directory of files, or a glob pattern
+    format: str = "fields"  # a name in formats.FORMATS
+    name: str | None = None  # source name in uids and metrics; default: file stem
     question_field: str | None = None  # dotted path overriding the format's question field
-    answer_field: str | None = None    # dotted path overriding the format's answer field
+    answer_field: str | None = None  # dotted path overriding the format's answer field
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadedDataset:
     """Problems of a dataset and what had to be skipped to get them."""
+
     name: str
     problems: tuple[Problem, ...]
     num_records: int
@@ -62,15 +65,18 @@ def resolve_files(path: str) -> list[str]:
     elif os.path.exists(path):
         files = [path]
     else:
-        raise ConfigError(f"dataset file not found: {path} (check the dataset path in the "
-                          f"config; paths are relative to the working directory {os.getcwd()})")
+        raise ConfigError(
+            f"dataset file not found: {path} (check the dataset path in the "
+            f"config; paths are relative to the working directory {os.getcwd()})"
+        )
     files = [f for f in files if os.path.isfile(f)]
     if not files:
         raise ConfigError(f"no dataset files ({', '.join(_READERS)}) match {path}")
     for f in files:
         if not f.endswith(_READERS):
-            raise ConfigError(f"dataset file {f} has an unsupported extension; "
-                              f"use one of {', '.join(_READERS)}")
+            raise ConfigError(
+                f"dataset file {f} has an unsupported extension; use one of {', '.join(_READERS)}"
+            )
     return files
 
 
@@ -78,6 +84,7 @@ def read_records(path: str) -> list[Any]:
     """Raw records of one file. An unreadable JSONL line becomes None (a bad record)."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq  # pyarrow is heavy; only Parquet users pay for it
+
         try:
             return pq.read_table(path).to_pylist()
         except Exception as e:  # pyarrow raises several types for corrupt files
@@ -87,11 +94,14 @@ def read_records(path: str) -> list[Any]:
             try:
                 data = json.load(f)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} is not valid JSON ({e}); JSON datasets hold one "
-                                  "list of records (use .jsonl for one record per line)") from None
+                raise ConfigError(
+                    f"{path} is not valid JSON ({e}); JSON datasets hold one "
+                    "list of records (use .jsonl for one record per line)"
+                ) from None
             if not isinstance(data, list):
-                raise ConfigError(f"{path} holds a JSON {type(data).__name__}, expected a list "
-                                  "of records")
+                raise ConfigError(
+                    f"{path} holds a JSON {type(data).__name__}, expected a list of records"
+                )
             return data
         records = []
         for line in f:
@@ -117,8 +127,14 @@ def load_dataset(spec: DatasetSpec) -> LoadedDataset:
             if record is None:
                 result = "invalid JSON line"
             else:
-                result = to_problem(record, fmt, source=name, row=row,
-                                    question_fields=q_fields, answer_fields=a_fields)
+                result = to_problem(
+                    record,
+                    fmt,
+                    source=name,
+                    row=row,
+                    question_fields=q_fields,
+                    answer_fields=a_fields,
+                )
             if isinstance(result, Problem):
                 problems.append(result)
             else:
@@ -131,12 +147,19 @@ def load_dataset(spec: DatasetSpec) -> LoadedDataset:
         raise ConfigError(
             f"dataset {spec.path}: none of its {row} records is usable as format "
             f"{fmt.name!r} ({first_bad or 'the file is empty'}); set format= or "
-            "question_field=/answer_field= to match the records")
+            "question_field=/answer_field= to match the records"
+        )
     if skipped:
-        log.warning("dataset %s: skipped %d of %d records: %s", spec.path, sum(skipped.values()),
-                    row, dict(skipped))
-    return LoadedDataset(name=name, problems=tuple(problems), num_records=row,
-                         skipped=dict(skipped))
+        log.warning(
+            "dataset %s: skipped %d of %d records: %s",
+            spec.path,
+            sum(skipped.values()),
+            row,
+            dict(skipped),
+        )
+    return LoadedDataset(
+        name=name, problems=tuple(problems), num_records=row, skipped=dict(skipped)
+    )
 
 
 def source_fingerprint(source: Sequence[Problem]) -> str:
@@ -161,11 +184,21 @@ def _stamp(index: int, problem: Problem, epoch_size: int) -> Problem:
 class PromptStream:
     """Sharded, per-epoch shuffled, repeated, checkpointable stream of Problems (grain)."""
 
-    def __init__(self, source: Sequence[Problem], *, seed: int = 0, shuffle: bool = True,
-                 shard_index: int = 0, shard_count: int = 1, num_epochs: int | None = None):
+    def __init__(
+        self,
+        source: Sequence[Problem],
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        shard_index: int = 0,
+        shard_count: int = 1,
+        num_epochs: int | None = None,
+    ):
         if shard_count < 1 or not 0 <= shard_index < shard_count:
-            raise ConfigError(f"data shard {shard_index} of {shard_count} is invalid: need "
-                              "shard_count >= 1 and 0 <= shard_index < shard_count")
+            raise ConfigError(
+                f"data shard {shard_index} of {shard_count} is invalid: need "
+                "shard_count >= 1 and 0 <= shard_index < shard_count"
+            )
         if num_epochs is not None and num_epochs < 1:
             raise ConfigError(f"num_epochs={num_epochs} must be >= 1 (or None for endless)")
         if not 0 <= seed < 2**32:
@@ -173,15 +206,21 @@ class PromptStream:
         ds = grain.MapDataset.source(source)[shard_index::shard_count]
         self.epoch_size = len(ds)
         if self.epoch_size == 0:
-            raise ConfigError(f"data shard {shard_index} of {shard_count} is empty: the "
-                              f"dataset has only {len(source)} problems")
+            raise ConfigError(
+                f"data shard {shard_index} of {shard_count} is empty: the "
+                f"dataset has only {len(source)} problems"
+            )
         if shuffle:
             ds = ds.shuffle(seed=seed)  # grain reseeds with seed + epoch: a new order per epoch
         epoch_size = self.epoch_size
         ds = ds.repeat(num_epochs).map_with_index(lambda i, p: _stamp(i, p, epoch_size))
-        self._fingerprint = {"source": source_fingerprint(source), "seed": seed,
-                             "shuffle": shuffle, "shard_index": shard_index,
-                             "shard_count": shard_count}
+        self._fingerprint = {
+            "source": source_fingerprint(source),
+            "seed": seed,
+            "shuffle": shuffle,
+            "shard_index": shard_index,
+            "shard_count": shard_count,
+        }
         # No prefetch threads: drawing a prompt is microseconds, and a state without
         # read-ahead is exactly the number of prompts handed out.
         options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
@@ -208,8 +247,11 @@ class PromptStream:
 
     def get_state(self) -> dict:
         """JSON-serialisable state; `set_state` of it continues with the very next problem."""
-        return {"next_index": self._next_index, "grain": self._iter.get_state(),
-                **self._fingerprint}
+        return {
+            "next_index": self._next_index,
+            "grain": self._iter.get_state(),
+            **self._fingerprint,
+        }
 
     def set_state(self, state: dict) -> None:
         for key, value in self._fingerprint.items():
@@ -217,6 +259,7 @@ class PromptStream:
                 raise ConfigError(
                     f"data iterator state was saved for different data ({key}={state.get(key)!r}"
                     f", now {value!r}); resuming would break the data order: restore the "
-                    "original dataset/seed/sharding or start a new workdir")
+                    "original dataset/seed/sharding or start a new workdir"
+                )
         self._iter.set_state(state["grain"])
         self._next_index = int(state["next_index"])

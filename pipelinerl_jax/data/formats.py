@@ -13,7 +13,8 @@ extraction are one function: a gold answer and a completion are read the same wa
 
 import dataclasses
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
 
@@ -21,10 +22,11 @@ from pipelinerl_jax.errors import ConfigError
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """One prompt of a dataset; what the data iterator yields and reward functions receive."""
-    uid: str        # stable id, "<source>/<row>": the same problem has the same uid on resume
-    question: str   # the problem statement (the user message; prompts.py adds the template)
-    answer: str     # the gold answer as text, e.g. "72" or "\\frac{1}{2}"
-    source: str     # dataset or task name, for per-dataset metrics and reward dispatch
+
+    uid: str  # stable id, "<source>/<row>": the same problem has the same uid on resume
+    question: str  # the problem statement (the user message; prompts.py adds the template)
+    answer: str  # the gold answer as text, e.g. "72" or "\\frac{1}{2}"
+    source: str  # dataset or task name, for per-dataset metrics and reward dispatch
     epoch: int = 0  # set by the iterator: the pass over the data this draw belongs to
     index: int = -1  # set by the iterator: position in this shard's stream (0, 1, 2, ...)
 
@@ -46,7 +48,7 @@ def _braced(text: str, open_at: int) -> str | None:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return text[open_at + 1:i]
+                return text[open_at + 1 : i]
         i += 1
     return None
 
@@ -150,6 +152,7 @@ def numeric_answer(value: Any) -> str | None:
 @dataclasses.dataclass(frozen=True)
 class Format:
     """Where a record keeps its question and answer, and how to read the gold from the answer."""
+
     name: str
     question_fields: tuple[str, ...]
     answer_fields: tuple[str, ...]
@@ -157,21 +160,54 @@ class Format:
     description: str
 
 
-FORMATS: dict[str, Format] = {f.name: f for f in (
-    Format("fields", ("question",), ("answer",), answer_as_is,
-           "generic: question/answer fields (remap them with question_field/answer_field)"),
-    Format("gsm8k", ("question",), ("answer",), gsm8k_answer,
-           "GSM8K: the gold follows '####' in the answer"),
-    Format("math", ("problem",), ("solution",), boxed_answer,
-           "MATH (Hendrycks): the gold is the last \\boxed{} of the solution"),
-    Format("math500", ("problem",), ("answer", "solution"), answer_as_is,
-           "MATH-500: the 'answer' field (LaTeX, no \\boxed)"),
-    Format("orz", ("0.value",), ("1.ground_truth.value",), answer_as_is,
-           "Open-Reasoner-Zero: [{'from': 'human', 'value': Q}, "
-           "{'from': 'assistant', 'ground_truth': {'value': A}}]"),
-    Format("aime", ("problem", "Problem", "question"), ("answer", "Answer"), numeric_answer,
-           "AIME/AMC: problem + numeric answer (zero padding and '.0' removed)"),
-)}
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format(
+            "fields",
+            ("question",),
+            ("answer",),
+            answer_as_is,
+            "generic: question/answer fields (remap them with question_field/answer_field)",
+        ),
+        Format(
+            "gsm8k",
+            ("question",),
+            ("answer",),
+            gsm8k_answer,
+            "GSM8K: the gold follows '####' in the answer",
+        ),
+        Format(
+            "math",
+            ("problem",),
+            ("solution",),
+            boxed_answer,
+            "MATH (Hendrycks): the gold is the last \\boxed{} of the solution",
+        ),
+        Format(
+            "math500",
+            ("problem",),
+            ("answer", "solution"),
+            answer_as_is,
+            "MATH-500: the 'answer' field (LaTeX, no \\boxed)",
+        ),
+        Format(
+            "orz",
+            ("0.value",),
+            ("1.ground_truth.value",),
+            answer_as_is,
+            "Open-Reasoner-Zero: [{'from': 'human', 'value': Q}, "
+            "{'from': 'assistant', 'ground_truth': {'value': A}}]",
+        ),
+        Format(
+            "aime",
+            ("problem", "Problem", "question"),
+            ("answer", "Answer"),
+            numeric_answer,
+            "AIME/AMC: problem + numeric answer (zero padding and '.0' removed)",
+        ),
+    )
+}
 FORMATS["amc"] = dataclasses.replace(FORMATS["aime"], name="amc")
 
 
@@ -181,9 +217,15 @@ def get_format(name: str) -> Format:
     return FORMATS[name]
 
 
-def to_problem(record: Any, fmt: Format, *, source: str, row: int,
-               question_fields: tuple[str, ...] | None = None,
-               answer_fields: tuple[str, ...] | None = None) -> Problem | str:
+def to_problem(
+    record: Any,
+    fmt: Format,
+    *,
+    source: str,
+    row: int,
+    question_fields: tuple[str, ...] | None = None,
+    answer_fields: tuple[str, ...] | None = None,
+) -> Problem | str:
     """The record as a Problem, or a short reason why it must be skipped."""
     q_paths = question_fields or fmt.question_fields
     a_paths = answer_fields or fmt.answer_fields

@@ -28,46 +28,59 @@ def _placeholders(fmt: str, what: str) -> set[str]:
     try:
         return {name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None}
     except ValueError as e:
-        raise ConfigError(f"prompt {what} {fmt!r} is not a valid format string ({e}); "
-                          "write literal braces as {{ and }}") from None
+        raise ConfigError(
+            f"prompt {what} {fmt!r} is not a valid format string ({e}); "
+            "write literal braces as {{ and }}"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
     """How a question becomes a prompt."""
-    template: str = "chat"                    # "chat" or "plain"
+
+    template: str = "chat"  # "chat" or "plain"
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT  # None or "": no system message
-    user_template: str = "{question}"         # the user message; {question} is the problem
-    plain_template: str | None = None         # plain only; default: system, blank line, question
-    system_in_user: bool = False              # chat only: for templates without a system role
-    few_shot: tuple = ()                      # ((question, answer), ...) shown before the question
+    user_template: str = "{question}"  # the user message; {question} is the problem
+    plain_template: str | None = None  # plain only; default: system, blank line, question
+    system_in_user: bool = False  # chat only: for templates without a system role
+    few_shot: tuple = ()  # ((question, answer), ...) shown before the question
 
     def __post_init__(self):
         for i, pair in enumerate(self.few_shot):
-            if (not isinstance(pair, (tuple, list)) or len(pair) != 2
-                    or not all(isinstance(x, str) and x.strip() for x in pair)):
-                raise ConfigError(f"prompt few_shot[{i}] must be a (question, answer) pair of "
-                                  f"non-empty strings, got {pair!r}")
+            if (
+                not isinstance(pair, (tuple, list))
+                or len(pair) != 2
+                or not all(isinstance(x, str) and x.strip() for x in pair)
+            ):
+                raise ConfigError(
+                    f"prompt few_shot[{i}] must be a (question, answer) pair of "
+                    f"non-empty strings, got {pair!r}"
+                )
         if self.template not in TEMPLATES:
-            raise ConfigError(f"unknown prompt template {self.template!r}; use one of "
-                              f"{TEMPLATES}")
+            raise ConfigError(f"unknown prompt template {self.template!r}; use one of {TEMPLATES}")
         names = _placeholders(self.user_template, "user_template")
         if names != {"question"}:
-            raise ConfigError(f"prompt user_template {self.user_template!r} must use exactly "
-                              f"the placeholder {{question}} (found {sorted(names)})")
+            raise ConfigError(
+                f"prompt user_template {self.user_template!r} must use exactly "
+                f"the placeholder {{question}} (found {sorted(names)})"
+            )
         if self.plain_template is not None:
             names = _placeholders(self.plain_template, "plain_template")
             if "question" not in names or not names <= {"question", "system"}:
-                raise ConfigError(f"prompt plain_template {self.plain_template!r} must use "
-                                  f"{{question}} and may use {{system}} (found {sorted(names)})")
+                raise ConfigError(
+                    f"prompt plain_template {self.plain_template!r} must use "
+                    f"{{question}} and may use {{system}} (found {sorted(names)})"
+                )
 
 
 def build_messages(question: str, config: PromptConfig = PromptConfig()) -> list[dict]:
     """Chat messages for one question: [system,] (user, assistant) per example, user."""
     turns = []
     for q, a in config.few_shot:
-        turns += [{"role": "user", "content": config.user_template.format(question=q)},
-                  {"role": "assistant", "content": a}]
+        turns += [
+            {"role": "user", "content": config.user_template.format(question=q)},
+            {"role": "assistant", "content": a},
+        ]
     turns.append({"role": "user", "content": config.user_template.format(question=question)})
     if not config.system_prompt:
         return turns
@@ -81,26 +94,34 @@ def build_prompt(question: str, tokenizer=None, config: PromptConfig = PromptCon
     """The prompt text for one question (tokenize it with the same tokenizer afterwards)."""
     if config.template == "plain":
         system = config.system_prompt or ""
-        shots = "".join(f"{config.user_template.format(question=q)}\n{a}\n\n"
-                        for q, a in config.few_shot)
+        shots = "".join(
+            f"{config.user_template.format(question=q)}\n{a}\n\n" for q, a in config.few_shot
+        )
         if config.plain_template is not None:
             return config.plain_template.format(system=system, question=shots + question)
         user = shots + config.user_template.format(question=question)
         return f"{system}\n\n{user}" if system else user
     if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
-        raise ConfigError("prompt template 'chat' needs a tokenizer with apply_chat_template; "
-                          "use template='plain' for tokenizers without a chat template")
+        raise ConfigError(
+            "prompt template 'chat' needs a tokenizer with apply_chat_template; "
+            "use template='plain' for tokenizers without a chat template"
+        )
     try:
-        text = tokenizer.apply_chat_template(build_messages(question, config),
-                                             add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            build_messages(question, config), add_generation_prompt=True, tokenize=False
+        )
     except ConfigError:
         raise
     except Exception as e:  # HF raises ValueError (no template) or jinja2 errors (no system role)
-        raise ConfigError(f"the tokenizer's chat template failed ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); set "
-                          "system_in_user=True if it has no system role, or "
-                          "template='plain'") from e
+        raise ConfigError(
+            f"the tokenizer's chat template failed ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); set "
+            "system_in_user=True if it has no system role, or "
+            "template='plain'"
+        ) from e
     if not isinstance(text, str):
-        raise ConfigError(f"tokenizer.apply_chat_template(..., tokenize=False) returned "
-                          f"{type(text).__name__}, expected str")
+        raise ConfigError(
+            f"tokenizer.apply_chat_template(..., tokenize=False) returned "
+            f"{type(text).__name__}, expected str"
+        )
     return text

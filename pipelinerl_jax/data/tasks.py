@@ -19,6 +19,7 @@ import random
 from typing import ClassVar
 
 from pipelinerl_jax.data.formats import Problem
+
 # word_problems imports ProceduralSource from here only inside a call: no import cycle.
 from pipelinerl_jax.data.word_problems import WordProblems
 from pipelinerl_jax.errors import ConfigError
@@ -63,8 +64,10 @@ class CharTokenizer:
         try:
             ids = [self._ids[ch] for ch in text]
         except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} of {text[:40]!r} is not in the task "
-                             f"vocabulary {''.join(self._ids)!r}") from None
+            raise ValueError(
+                f"character {e.args[0]!r} of {text[:40]!r} is not in the task "
+                f"vocabulary {''.join(self._ids)!r}"
+            ) from None
         return [self.bos_token_id] + ids if add_special_tokens else ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
@@ -79,8 +82,9 @@ class CharTokenizer:
             out.append(self.tokens[i])
         return "".join(out)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True,
-                            tokenize: bool = False):
+    def apply_chat_template(
+        self, messages, add_generation_prompt: bool = True, tokenize: bool = False
+    ):
         """The messages' contents concatenated: task prompts already end with their separator.
 
         A tiny model has no roles, so there is no markup; use the plain prompt template with
@@ -102,18 +106,21 @@ def partial_credit(completion: str, answer: str) -> float:
 @dataclasses.dataclass(frozen=True)
 class DigitTask(abc.ABC):
     """A procedurally generated task over digit strings; subclasses define `make`."""
+
     name: ClassVar[str] = ""
     separator: ClassVar[str] = "="
     text_task: ClassVar[bool] = False  # False: its own character tokenizer, plain prompts
-    min_digits: int = 1          # digits per problem, at least ...
-    max_digits: int = 5          # ... and at most
+    min_digits: int = 1  # digits per problem, at least ...
+    max_digits: int = 5  # ... and at most
     num_problems: int = 100_000  # the epoch size of the stream
-    seed: int = 0                # what the problems are; the stream's seed is their order
+    seed: int = 0  # what the problems are; the stream's seed is their order
 
     def __post_init__(self):
         if not 1 <= self.min_digits <= self.max_digits <= 32:
-            raise ConfigError(f"task {self.name}: need 1 <= min_digits ({self.min_digits}) <= "
-                              f"max_digits ({self.max_digits}) <= 32")
+            raise ConfigError(
+                f"task {self.name}: need 1 <= min_digits ({self.min_digits}) <= "
+                f"max_digits ({self.max_digits}) <= 32"
+            )
         if self.num_problems < 1:
             raise ConfigError(f"task {self.name}: num_problems={self.num_problems} must be >= 1")
         if not 0 <= self.seed < 2**32:
@@ -136,8 +143,7 @@ class DigitTask(abc.ABC):
             raise IndexError(f"problem {i} outside [0, {self.num_problems})")
         # An int seed makes random.Random reproducible across processes and Python versions.
         question, answer = self.make(random.Random((self.seed << 40) | i))
-        return Problem(uid=f"{self.name}/{i}", question=question, answer=answer,
-                       source=self.name)
+        return Problem(uid=f"{self.name}/{i}", question=question, answer=answer, source=self.name)
 
     def source(self) -> "ProceduralSource":
         return ProceduralSource(self)
@@ -165,6 +171,7 @@ class DigitTask(abc.ABC):
 @dataclasses.dataclass(frozen=True)
 class ReverseDigits(DigitTask):
     """'12345=' -> '54321'. The default run's task."""
+
     name: ClassVar[str] = "reverse_digits"
 
     def make(self, rng):
@@ -175,6 +182,7 @@ class ReverseDigits(DigitTask):
 @dataclasses.dataclass(frozen=True)
 class CopyDigits(DigitTask):
     """'12345:' -> '12345'. A sanity task: learnable by attending one offset back."""
+
     name: ClassVar[str] = "copy_digits"
     separator: ClassVar[str] = ":"
 
@@ -186,6 +194,7 @@ class CopyDigits(DigitTask):
 @dataclasses.dataclass(frozen=True)
 class AddNumbers(DigitTask):
     """'123+45=' -> '168'. Numbers of min..max digits each, no leading zeros."""
+
     name: ClassVar[str] = "add_numbers"
     max_digits: int = 3
 
@@ -220,7 +229,8 @@ class ProceduralSource:
 _TOKENIZER = CharTokenizer()
 # WordProblems is a text task (text_task = True): the run uses the model's own tokenizer.
 TASKS: dict[str, type[DigitTask] | type[WordProblems]] = {
-    t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers, WordProblems)}
+    t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers, WordProblems)
+}
 
 
 def make_task(name: str, **kwargs) -> DigitTask | WordProblems:

@@ -7,7 +7,9 @@ arithmetic step goes through `Draw.step`, which computes the value and writes on
 from __future__ import annotations
 
 import random
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
+
 
 class _Person(NamedTuple):
     name: str
@@ -25,28 +27,88 @@ class _Person(NamedTuple):
 
 
 _NAMES = (
-    ("Tom", "m"), ("Maya", "f"), ("Liam", "m"), ("Sofia", "f"), ("Noah", "m"), ("Emma", "f"),
-    ("Ravi", "m"), ("Aisha", "f"), ("Carlos", "m"), ("Mei", "f"), ("Omar", "m"), ("Hana", "f"),
-    ("Ben", "m"), ("Lucy", "f"), ("Diego", "m"), ("Priya", "f"), ("Jack", "m"), ("Zoe", "f"),
-    ("Samir", "m"), ("Nora", "f"), ("Kenji", "m"), ("Fatima", "f"), ("Leo", "m"),
-    ("Grace", "f"), ("Mateo", "m"), ("Ella", "f"), ("Yusuf", "m"), ("Chloe", "f"),
-    ("Ivan", "m"), ("Amara", "f"), ("Owen", "m"), ("Lena", "f"),
+    ("Tom", "m"),
+    ("Maya", "f"),
+    ("Liam", "m"),
+    ("Sofia", "f"),
+    ("Noah", "m"),
+    ("Emma", "f"),
+    ("Ravi", "m"),
+    ("Aisha", "f"),
+    ("Carlos", "m"),
+    ("Mei", "f"),
+    ("Omar", "m"),
+    ("Hana", "f"),
+    ("Ben", "m"),
+    ("Lucy", "f"),
+    ("Diego", "m"),
+    ("Priya", "f"),
+    ("Jack", "m"),
+    ("Zoe", "f"),
+    ("Samir", "m"),
+    ("Nora", "f"),
+    ("Kenji", "m"),
+    ("Fatima", "f"),
+    ("Leo", "m"),
+    ("Grace", "f"),
+    ("Mateo", "m"),
+    ("Ella", "f"),
+    ("Yusuf", "m"),
+    ("Chloe", "f"),
+    ("Ivan", "m"),
+    ("Amara", "f"),
+    ("Owen", "m"),
+    ("Lena", "f"),
 )
 # Things a person collects, shares or compares (plural nouns).
-_THINGS = ("apples", "marbles", "stickers", "seashells", "cookies", "baseball cards", "stamps",
-           "toy cars", "crayons", "balloons", "pencils", "beads", "strawberries", "books",
-           "coins", "candies")
+_THINGS = (
+    "apples",
+    "marbles",
+    "stickers",
+    "seashells",
+    "cookies",
+    "baseball cards",
+    "stamps",
+    "toy cars",
+    "crayons",
+    "balloons",
+    "pencils",
+    "beads",
+    "strawberries",
+    "books",
+    "coins",
+    "candies",
+)
 # (singular, plural) goods for shopping.
-_GOODS = (("notebook", "notebooks"), ("pen", "pens"), ("sandwich", "sandwiches"),
-          ("toy car", "toy cars"), ("book", "books"), ("ticket", "tickets"),
-          ("plant", "plants"), ("kite", "kites"), ("T-shirt", "T-shirts"), ("mug", "mugs"),
-          ("ball", "balls"), ("puzzle", "puzzles"), ("pie", "pies"), ("hat", "hats"))
+_GOODS = (
+    ("notebook", "notebooks"),
+    ("pen", "pens"),
+    ("sandwich", "sandwiches"),
+    ("toy car", "toy cars"),
+    ("book", "books"),
+    ("ticket", "tickets"),
+    ("plant", "plants"),
+    ("kite", "kites"),
+    ("T-shirt", "T-shirts"),
+    ("mug", "mugs"),
+    ("ball", "balls"),
+    ("puzzle", "puzzles"),
+    ("pie", "pies"),
+    ("hat", "hats"),
+)
 # (container, containers, what it holds) for equal groups.
-_CONTAINERS = (("box", "boxes", "crayons"), ("bag", "bags", "marbles"),
-               ("basket", "baskets", "apples"), ("shelf", "shelves", "books"),
-               ("pack", "packs", "stickers"), ("row", "rows", "chairs"),
-               ("tray", "trays", "cupcakes"), ("jar", "jars", "cookies"),
-               ("carton", "cartons", "eggs"), ("vase", "vases", "flowers"))
+_CONTAINERS = (
+    ("box", "boxes", "crayons"),
+    ("bag", "bags", "marbles"),
+    ("basket", "baskets", "apples"),
+    ("shelf", "shelves", "books"),
+    ("pack", "packs", "stickers"),
+    ("row", "rows", "chairs"),
+    ("tray", "trays", "cupcakes"),
+    ("jar", "jars", "cookies"),
+    ("carton", "cartons", "eggs"),
+    ("vase", "vases", "flowers"),
+)
 _COLORS = ("red", "blue", "green", "yellow", "white", "purple")
 # (subject or None for a person, subjects, verb, verb with -s, noun, money, period)
 _RATES = (
@@ -64,10 +126,22 @@ _RATES = (
 # (denominator, words): fractions with numerator 1.
 _FRACTIONS = ((2, "half"), (3, "a third"), (4, "a quarter"), (5, "a fifth"), (10, "a tenth"))
 # (people, place) and what some of them do, for fractions of a group.
-_CROWDS = (("students", "a school"), ("players", "a sports club"), ("campers", "a summer camp"),
-           ("children", "a park"), ("guests", "a party"), ("dancers", "a dance class"))
-_ACTIVITIES = ("wear glasses", "have a pet", "play chess", "ride bikes", "like pizza",
-               "wear red shirts")
+_CROWDS = (
+    ("students", "a school"),
+    ("players", "a sports club"),
+    ("campers", "a summer camp"),
+    ("children", "a park"),
+    ("guests", "a party"),
+    ("dancers", "a dance class"),
+)
+_ACTIVITIES = (
+    "wear glasses",
+    "have a pet",
+    "play chess",
+    "ride bikes",
+    "like pizza",
+    "wear red shirts",
+)
 _NUMERATORS = {3: (2,), 4: (3,), 5: (2, 3, 4)}  # proper fractions in lowest terms, not 1/n
 _ONE_PART = {3: "One third", 4: "One quarter", 5: "One fifth"}
 _PERCENTS = (5, 10, 15, 20, 25, 30, 40, 50, 60, 75)
@@ -77,7 +151,9 @@ _TWO_LEGS = ("chickens", "ducks", "geese", "turkeys")
 _FOUR_LEGS = ("cows", "goats", "sheep", "horses", "pigs")
 
 _OPS: dict[str, Callable[[int, int], int]] = {
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
     "/": lambda a, b: a // b,
 }
 

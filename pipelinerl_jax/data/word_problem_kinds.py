@@ -7,11 +7,26 @@ problem i, the CLI) is word_problems.py.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from pipelinerl_jax.data.word_problem_draw import (
-    Draw, _ACTIVITIES, _COLORS, _CONTAINERS, _CROWDS, _FOUR_LEGS, _FRACTIONS, _GOODS,
-    _NUMERATORS, _ONE_PART, _PARENTS, _PERCENTS, _RATES, _SIBLINGS, _THINGS, _TWO_LEGS)
+    _ACTIVITIES,
+    _COLORS,
+    _CONTAINERS,
+    _CROWDS,
+    _FOUR_LEGS,
+    _FRACTIONS,
+    _GOODS,
+    _NUMERATORS,
+    _ONE_PART,
+    _PARENTS,
+    _PERCENTS,
+    _RATES,
+    _SIBLINGS,
+    _THINGS,
+    _TWO_LEGS,
+    Draw,
+)
 
 
 def _inventory(d: Draw) -> str:
@@ -21,19 +36,25 @@ def _inventory(d: Draw) -> str:
             a, b = d.n(), d.n()
             d.step(a, "+", b, f"{p.name} has # {items} now.")
             verb = d.pick(("buys", "finds", "gets", "wins", "collects"))
-            return d.pick((
-                f"{p.name} has {a} {items} and {verb} {b} more. "
-                f"How many {items} does {p.name} have now?",
-                f"{p.name} had {a} {items}. {p.His} friend gave {p.him} {b} more. "
-                f"How many {items} does {p.name} have now?"))
+            return d.pick(
+                (
+                    f"{p.name} has {a} {items} and {verb} {b} more. "
+                    f"How many {items} does {p.name} have now?",
+                    f"{p.name} had {a} {items}. {p.His} friend gave {p.him} {b} more. "
+                    f"How many {items} does {p.name} have now?",
+                )
+            )
         a = d.n(3)
         b = d.n(1, a - 1)
         d.step(a, "-", b, f"{p.name} has # {items} left.")
-        return d.pick((
-            f"{p.name} has {a} {items} and gives {b} of them to {p.his} friend. "
-            f"How many {items} does {p.name} have left?",
-            f"{p.name} had {a} {items}. {p.He} lost {b} of them. "
-            f"How many {items} does {p.he} have left?"))
+        return d.pick(
+            (
+                f"{p.name} has {a} {items} and gives {b} of them to {p.his} friend. "
+                f"How many {items} does {p.name} have left?",
+                f"{p.name} had {a} {items}. {p.He} lost {b} of them. "
+                f"How many {items} does {p.he} have left?",
+            )
+        )
     if d.level == 2:
         a = d.n()
         if d.coin():
@@ -41,13 +62,17 @@ def _inventory(d: Draw) -> str:
             c = d.n(1, a + b - 1)
             s = d.step(a, "+", b, f"After buying more, {p.name} has # {items}.")
             d.step(s, "-", c, f"After giving some away, {p.he} has # {items} left.")
-            return (f"{p.name} has {a} {items}. {p.He} buys {b} more and then gives {c} to "
-                    f"{p.his} sister. How many {items} does {p.name} have now?")
+            return (
+                f"{p.name} has {a} {items}. {p.He} buys {b} more and then gives {c} to "
+                f"{p.his} sister. How many {items} does {p.name} have now?"
+            )
         bags, per = d.k(), d.n()
         got = d.step(bags, "*", per, f"The bags hold # {items}.")
         d.step(a, "+", got, f"{p.name} has # {items} in all.")
-        return (f"{p.name} has {a} {items}. {p.He} buys {bags} bags with {per} {items} in "
-                f"each bag. How many {items} does {p.name} have now?")
+        return (
+            f"{p.name} has {a} {items}. {p.He} buys {bags} bags with {per} {items} in "
+            f"each bag. How many {items} does {p.name} have now?"
+        )
     a, bags, per = d.n(), d.k(), d.n()
     if d.coin():
         each, friends = d.n(1, 5), d.n(2, 5)
@@ -56,16 +81,20 @@ def _inventory(d: Draw) -> str:
         have = d.step(a, "+", got, f"{p.name} then has # {items}.")
         gave = d.step(each, "*", friends, f"{p.He} gives away # {items}.")
         d.step(have, "-", gave, f"{p.He} has # {items} left.")
-        return (f"{p.name} has {a} {items}. {p.He} buys {bags} bags with {per} {items} in each "
-                f"bag, and then gives {each} {items} to each of {p.his} {friends} friends. "
-                f"How many {items} does {p.name} have left?")
+        return (
+            f"{p.name} has {a} {items}. {p.He} buys {bags} bags with {per} {items} in each "
+            f"bag, and then gives {each} {items} to each of {p.his} {friends} friends. "
+            f"How many {items} does {p.name} have left?"
+        )
     a += (a + bags * per) % 2  # an even total halves exactly
     got = d.step(bags, "*", per, f"The packs hold # {items}.")
     have = d.step(a, "+", got, f"{p.name} then has # {items}.")
     d.step(have, "/", 2, f"{p.He} gives away half and keeps # {items}.")
-    return (f"{p.name} has {a} {items}. {p.He} buys {bags} packs of {per} {items}, then gives "
-            f"half of all {p.his} {items} to {p.his} brother. "
-            f"How many {items} does {p.name} have left?")
+    return (
+        f"{p.name} has {a} {items}. {p.He} buys {bags} packs of {per} {items}, then gives "
+        f"half of all {p.his} {items} to {p.his} brother. "
+        f"How many {items} does {p.name} have left?"
+    )
 
 
 def _bill(cost: int) -> int:
@@ -84,18 +113,24 @@ def _shopping(d: Draw) -> str:
         if form == 0:
             k, price = d.k(), d.n()
             d.step(k, "*", price, f"{p.name} spends # dollars.")
-            return (f"{p.name} buys {k} {many} that cost ${price} each. "
-                    f"How much money does {p.he} spend?")
+            return (
+                f"{p.name} buys {k} {many} that cost ${price} each. "
+                f"How much money does {p.he} spend?"
+            )
         if form == 1:
             a, b = d.n(), d.n()
             d.step(a, "+", b, "Together they cost # dollars.")
-            return (f"A {one} costs ${a} and a {one2} costs ${b}. "
-                    f"How much do the {one} and the {one2} cost together?")
+            return (
+                f"A {one} costs ${a} and a {one2} costs ${b}. "
+                f"How much do the {one} and the {one2} cost together?"
+            )
         price = d.n()
         money = d.n(price + 1, max(2 * d.top, price + 1))
         d.step(money, "-", price, f"{p.name} has # dollars left.")
-        return (f"{p.name} has ${money} and buys a {one} for ${price}. "
-                f"How much money does {p.he} have left?")
+        return (
+            f"{p.name} has ${money} and buys a {one} for ${price}. "
+            f"How much money does {p.he} have left?"
+        )
     if d.level == 2:
         k, price = d.k(), d.n()
         if d.coin():
@@ -103,13 +138,17 @@ def _shopping(d: Draw) -> str:
             note = _bill(cost)
             d.step(k, "*", price, f"The {many} cost # dollars.")
             d.step(note, "-", cost, f"{p.name} gets # dollars in change.")
-            return (f"{p.name} buys {k} {many} for ${price} each and pays with ${note}. "
-                    f"How much change does {p.he} get?")
+            return (
+                f"{p.name} buys {k} {many} for ${price} each and pays with ${note}. "
+                f"How much change does {p.he} get?"
+            )
         extra = d.n()
         cost = d.step(k, "*", price, f"The {many} cost # dollars.")
         d.step(cost, "+", extra, f"{p.name} spends # dollars in total.")
-        return (f"{p.name} buys {k} {many} at ${price} each and a {one2} for ${extra}. "
-                f"How much does {p.he} spend in total?")
+        return (
+            f"{p.name} buys {k} {many} at ${price} each and a {one2} for ${extra}. "
+            f"How much does {p.he} spend in total?"
+        )
     if d.coin():
         k1, p1, k2, p2 = d.k(), d.n(), d.k(), d.n()
         c1 = d.step(k1, "*", p1, f"The {many} cost # dollars.")
@@ -117,14 +156,18 @@ def _shopping(d: Draw) -> str:
         cost = d.step(c1, "+", c2, f"{p.name} spends # dollars.")
         note = _bill(cost)
         d.step(note, "-", cost, f"{p.He} gets # dollars in change.")
-        return (f"At the market, {p.name} buys {k1} {many} for ${p1} each and {k2} {many2} "
-                f"for ${p2} each. {p.He} pays with ${note}. How much change does {p.he} get?")
+        return (
+            f"At the market, {p.name} buys {k1} {many} for ${p1} each and {k2} {many2} "
+            f"for ${p2} each. {p.He} pays with ${note}. How much change does {p.he} get?"
+        )
     friends, k, price = d.n(2, 6), d.k(), d.n()
     people = d.step(1, "+", friends, "There are # people.")
     bought = d.step(people, "*", k, f"They buy # {many}.")
     d.step(bought, "*", price, "They spend # dollars.")
-    return (f"{p.name} and {friends} friends each buy {k} {many} that cost ${price} each. "
-            f"How much money do they spend in total?")
+    return (
+        f"{p.name} and {friends} friends each buy {k} {many} that cost ${price} each. "
+        f"How much money do they spend in total?"
+    )
 
 
 def _sharing(d: Draw) -> str:
@@ -135,17 +178,23 @@ def _sharing(d: Draw) -> str:
         form = d.rng.randrange(3)
         if form == 0:
             d.step(total, "/", k, f"Each friend gets # {items}.")
-            return (f"{p.name} has {total} {items} and shares them equally among {k} friends. "
-                    f"How many {items} does each friend get?")
+            return (
+                f"{p.name} has {total} {items} and shares them equally among {k} friends. "
+                f"How many {items} does each friend get?"
+            )
         if form == 1:
             people, place = d.pick(_CROWDS)
             d.step(total, "/", k, "There are # groups.")
-            return (f"There are {total} {people} at {place}. They split into groups of {k}. "
-                    f"How many groups are there?")
+            return (
+                f"There are {total} {people} at {place}. They split into groups of {k}. "
+                f"How many groups are there?"
+            )
         one, many, what = d.pick(_CONTAINERS)
         d.step(total, "/", k, f"Each {one} gets # {what}.")
-        return (f"{p.name} puts {total} {what} equally into {k} {many}. "
-                f"How many {what} go in each {one}?")
+        return (
+            f"{p.name} puts {total} {what} equally into {k} {many}. "
+            f"How many {what} go in each {one}?"
+        )
     if d.level == 2:
         if d.coin():
             one, many, what = d.pick(_CONTAINERS)
@@ -154,14 +203,18 @@ def _sharing(d: Draw) -> str:
             k = d.pick(divisors)
             total = d.step(a, "*", b, f"{p.name} has # {what}.")
             d.step(total, "/", k, f"Each friend gets # {what}.")
-            return (f"{p.name} has {a} {many} with {b} {what} in each {one}. {p.He} shares all "
-                    f"the {what} equally among {k} friends. How many {what} does each friend get?")
+            return (
+                f"{p.name} has {a} {many} with {b} {what} in each {one}. {p.He} shares all "
+                f"the {what} equally among {k} friends. How many {what} does each friend get?"
+            )
         q, k, keep = d.n(), d.k(), d.n(1)
         total = q * k + keep
         rest = d.step(total, "-", keep, f"{p.name} shares # {items}.")
         d.step(rest, "/", k, f"Each friend gets # {items}.")
-        return (f"{p.name} has {total} {items}. {p.He} keeps {keep} for {p.him}self and shares "
-                f"the rest equally among {k} friends. How many {items} does each friend get?")
+        return (
+            f"{p.name} has {total} {items}. {p.He} keeps {keep} for {p.him}self and shares "
+            f"the rest equally among {k} friends. How many {items} does each friend get?"
+        )
     trays, per, k = d.k(), d.n(), d.n(2, 6)
     total = trays * per
     keep = total % k or k  # leaves a multiple of k to share (and a non-zero number to keep)
@@ -173,14 +226,18 @@ def _sharing(d: Draw) -> str:
     rest = d.step(made, "-", keep, f"{p.He} shares # cookies.")
     each = d.step(rest, "/", k, "Each friend gets # cookies.")
     if d.coin():
-        return (f"{p.name} bakes {trays} trays of {per} cookies. {p.He} keeps {keep} cookies and "
-                f"shares the rest equally among {k} friends. How many cookies does each friend "
-                f"get?")
+        return (
+            f"{p.name} bakes {trays} trays of {per} cookies. {p.He} keeps {keep} cookies and "
+            f"shares the rest equally among {k} friends. How many cookies does each friend "
+            f"get?"
+        )
     eaten = d.n(1, each - 1)
     d.step(each, "-", eaten, "Each friend has # cookies left.")
-    return (f"{p.name} bakes {trays} trays of {per} cookies. {p.He} keeps {keep} cookies and "
-            f"shares the rest equally among {k} friends. Each friend eats {eaten} of "
-            f"their cookies. How many cookies does each friend have left?")
+    return (
+        f"{p.name} bakes {trays} trays of {per} cookies. {p.He} keeps {keep} cookies and "
+        f"shares the rest equally among {k} friends. Each friend eats {eaten} of "
+        f"their cookies. How many cookies does each friend have left?"
+    )
 
 
 def _rates(d: Draw) -> str:
@@ -199,8 +256,7 @@ def _rates(d: Draw) -> str:
     if d.level == 1:
         r, t = d.n(), d.k()
         d.step(r, "*", t, f"In {t} {period}s, that is # {noun}.")
-        return (f"{who} {verbs} {amount(r)} every {period}. "
-                f"{how} does {it} {verb} in {t} {period}s?")
+        return f"{who} {verbs} {amount(r)} every {period}. {how} does {it} {verb} in {t} {period}s?"
     if d.level == 2:
         r = d.n()
         if d.coin():
@@ -208,16 +264,23 @@ def _rates(d: Draw) -> str:
             got = r * t1
             rate = d.step(got, "/", t1, f"{the} {verbs} # {noun} every {period}.")
             d.step(rate, "*", t2, f"In {t2} {period}s, that is # {noun}.")
-            return (f"{who} {verbs} {amount(got)} in {t1} {period}s, the same amount every "
-                    f"{period}. {how} does {it} {verb} in {t2} {period}s?")
+            return (
+                f"{who} {verbs} {amount(got)} in {t1} {period}s, the same amount every "
+                f"{period}. {how} does {it} {verb} in {t2} {period}s?"
+            )
         r2, t = d.n(), d.k()
         if p is None:
-            pair, they = f"One {subject[2:]} {verbs} {amount(r)} and another {verbs} " \
-                         f"{amount(r2)} every {period}.", f"the two {subjects}"
+            pair, they = (
+                f"One {subject[2:]} {verbs} {amount(r)} and another {verbs} "
+                f"{amount(r2)} every {period}.",
+                f"the two {subjects}",
+            )
         else:
             q = d.person(p.name)
-            pair, they = (f"{p.name} {verbs} {amount(r)} and {q.name} {verbs} {amount(r2)} "
-                          f"every {period}."), "they"
+            pair, they = (
+                (f"{p.name} {verbs} {amount(r)} and {q.name} {verbs} {amount(r2)} every {period}."),
+                "they",
+            )
         both = d.step(r, "+", r2, f"Together they {verb} # {noun} every {period}.")
         d.step(both, "*", t, f"In {t} {period}s, that is # {noun}.")
         return f"{pair} {how} do {they} {verb} together in {t} {period}s?"
@@ -225,9 +288,11 @@ def _rates(d: Draw) -> str:
     a = d.step(r1, "*", t1, f"In the first {t1} {period}s, {it} {verbs} # {noun}.")
     b = d.step(r2, "*", t2, f"In the next {t2} {period}s, {it} {verbs} # {noun}.")
     goal_first = d.coin()  # after the goal sentence, the subject is a pronoun
-    story = (f"For the first {t1} {period}s, {it if goal_first else mid} {verbs} {amount(r1)} "
-             f"every {period}. For the next {t2} {period}s, {it} {verbs} {amount(r2)} every "
-             f"{period}.")
+    story = (
+        f"For the first {t1} {period}s, {it if goal_first else mid} {verbs} {amount(r1)} "
+        f"every {period}. For the next {t2} {period}s, {it} {verbs} {amount(r2)} every "
+        f"{period}."
+    )
     if not goal_first:
         d.step(a, "+", b, f"In all, {it} {verbs} # {noun}.")
         return f"{story} {how} does {it} {verb} in all?"
@@ -235,8 +300,10 @@ def _rates(d: Draw) -> str:
     done = d.step(a, "+", b, f"So far, {it} {verbs} # {noun}.")
     d.step(goal, "-", done, f"{it.capitalize()} still needs to {verb} # {noun}.")
     wants = "wants" if p is not None else "needs"
-    return (f"{who} {wants} to {verb} {amount(goal)} in all. {story} "
-            f"{how} does {it} still need to {verb} to reach {p.his if p else 'its'} goal?")
+    return (
+        f"{who} {wants} to {verb} {amount(goal)} in all. {story} "
+        f"{how} does {it} still need to {verb} to reach {p.his if p else 'its'} goal?"
+    )
 
 
 def _groups(d: Draw) -> str:
@@ -245,11 +312,14 @@ def _groups(d: Draw) -> str:
     if d.level == 1:
         g, k = d.k(), d.n()
         d.step(g, "*", k, f"There are # {what}.")
-        return d.pick((
-            f"There are {g} {many} with {k} {what} in each {one}. "
-            f"How many {what} are there in total?",
-            f"{p.name} has {g} {many}. Each {one} holds {k} {what}. "
-            f"How many {what} does {p.he} have?"))
+        return d.pick(
+            (
+                f"There are {g} {many} with {k} {what} in each {one}. "
+                f"How many {what} are there in total?",
+                f"{p.name} has {g} {many}. Each {one} holds {k} {what}. "
+                f"How many {what} does {p.he} have?",
+            )
+        )
     if d.level == 2:
         g = d.k()
         if d.coin():
@@ -257,35 +327,45 @@ def _groups(d: Draw) -> str:
             a, b = d.n(1), d.n(1)
             per = d.step(a, "+", b, f"Each {one} has # {what}.")
             d.step(g, "*", per, f"There are # {what} in all.")
-            return (f"{p.name} has {g} {many}. Each {one} has {a} {c1} {what} and {b} {c2} "
-                    f"{what}. How many {what} does {p.name} have in all?")
+            return (
+                f"{p.name} has {g} {many}. Each {one} has {a} {c1} {what} and {b} {c2} "
+                f"{what}. How many {what} does {p.name} have in all?"
+            )
         k = d.n()
         total = d.step(g, "*", k, f"There are # {what}.")
         used = d.n(1, total - 1)
         d.step(total, "-", used, f"# {what} are left.")
-        return (f"There are {g} {many} with {k} {what} in each {one}. {p.name} takes {used} "
-                f"{what}. How many {what} are left?")
+        return (
+            f"There are {g} {many} with {k} {what} in each {one}. {p.name} takes {used} "
+            f"{what}. How many {what} are left?"
+        )
     if d.coin():
         two, four = d.pick(_TWO_LEGS), d.pick(_FOUR_LEGS)
         a, b = d.n(), d.n()
         x = d.step(a, "*", 2, f"The {two} have # legs.")
         y = d.step(b, "*", 4, f"The {four} have # legs.")
         d.step(x, "+", y, "All the animals have # legs.")
-        return (f"A farm has {a} {two} and {b} {four}. Each of the {two} has 2 legs and each "
-                f"of the {four} has 4 legs. How many legs do the animals have in all?")
+        return (
+            f"A farm has {a} {two} and {b} {four}. Each of the {two} has 2 legs and each "
+            f"of the {four} has 4 legs. How many legs do the animals have in all?"
+        )
     shelves, per_shelf, k = d.k(), d.k(), d.n()
     boxes = d.step(shelves, "*", per_shelf, f"There are # {many}.")
     total = d.step(boxes, "*", k, f"The {many} hold # {what}.")
     sold = d.n(1, total - 1)
-    story = (f"A store has {shelves} shelves. Each shelf has {per_shelf} {many}, and each "
-             f"{one} holds {k} {what}. The store sells {sold} {what}.")
+    story = (
+        f"A store has {shelves} shelves. Each shelf has {per_shelf} {many}, and each "
+        f"{one} holds {k} {what}. The store sells {sold} {what}."
+    )
     left = d.step(total, "-", sold, f"# {what} are left.")
     if d.coin():
         return f"{story} How many {what} are left?"
     new = d.n()
     d.step(left, "+", new, f"After the delivery there are # {what}.")
-    return (f"{story} Then a delivery brings {new} more {what}. "
-            f"How many {what} does the store have now?")
+    return (
+        f"{story} Then a delivery brings {new} more {what}. "
+        f"How many {what} does the store have now?"
+    )
 
 
 def _comparison(d: Draw) -> str:
@@ -298,21 +378,29 @@ def _comparison(d: Draw) -> str:
         if form == 0:
             b = d.n(1)
             d.step(a, "+", b, f"{B} has # {items}.")
-            return (f"{A} has {a} {items}. {B} has {b} more {items} than {A}. "
-                    f"How many {items} does {B} have?")
+            return (
+                f"{A} has {a} {items}. {B} has {b} more {items} than {A}. "
+                f"How many {items} does {B} have?"
+            )
         b = d.n(1, a - 1)
         if form == 1:
             d.step(a, "-", b, f"{B} has # {items}.")
-            return (f"{A} has {a} {items}. {B} has {b} fewer {items} than {A}. "
-                    f"How many {items} does {B} have?")
+            return (
+                f"{A} has {a} {items}. {B} has {b} fewer {items} than {A}. "
+                f"How many {items} does {B} have?"
+            )
         if form == 2:
             d.step(a, "-", b, f"{A} has # more {items}.")
-            return (f"{A} has {a} {items} and {B} has {b} {items}. "
-                    f"How many more {items} does {A} have than {B}?")
+            return (
+                f"{A} has {a} {items} and {B} has {b} {items}. "
+                f"How many more {items} does {A} have than {B}?"
+            )
         k = d.n(2, 5)
         d.step(a, "*", k, f"{B} has # {items}.")
-        return (f"{A} has {a} {items}. {B} has {k} times as many {items} as {A}. "
-                f"How many {items} does {B} have?")
+        return (
+            f"{A} has {a} {items}. {B} has {k} times as many {items} as {A}. "
+            f"How many {items} does {B} have?"
+        )
     if d.level == 2:
         a = d.n(3)
         form = d.rng.randrange(3)
@@ -329,8 +417,7 @@ def _comparison(d: Draw) -> str:
             other = d.step(a, "*", k, f"{B} has # {items}.")
             rel = f"{k} times as many {items} as {A}"
         d.step(a, "+", other, f"Together they have # {items}.")
-        return (f"{A} has {a} {items}. {B} has {rel}. "
-                f"How many {items} do {A} and {B} have together?")
+        return f"{A} has {a} {items}. {B} has {rel}. How many {items} do {A} and {B} have together?"
     C = d.person(A, B).name
     a, k = d.n(3), d.n(2, 5)
     other = d.step(a, "*", k, f"{B} has # {items}.")
@@ -339,14 +426,18 @@ def _comparison(d: Draw) -> str:
         third = d.step(other, "-", c, f"{C} has # {items}.")
         two = d.step(a, "+", other, f"{A} and {B} have # {items}.")
         d.step(two, "+", third, f"All three have # {items}.")
-        return (f"{A} has {a} {items}. {B} has {k} times as many {items} as {A}, and {C} has "
-                f"{c} fewer {items} than {B}. How many {items} do the three of them have "
-                f"together?")
+        return (
+            f"{A} has {a} {items}. {B} has {k} times as many {items} as {A}, and {C} has "
+            f"{c} fewer {items} than {B}. How many {items} do the three of them have "
+            f"together?"
+        )
     c = d.n(1)
     third = d.step(other, "+", c, f"{C} has # {items}.")
     d.step(third, "-", a, f"{C} has # more {items} than {A}.")
-    return (f"{A} has {a} {items}. {B} has {k} times as many {items} as {A}, and {C} has "
-            f"{c} more {items} than {B}. How many more {items} does {C} have than {A}?")
+    return (
+        f"{A} has {a} {items}. {B} has {k} times as many {items} as {A}, and {C} has "
+        f"{c} more {items} than {B}. How many more {items} does {C} have than {A}?"
+    )
 
 
 def _fractions(d: Draw) -> str:
@@ -358,12 +449,16 @@ def _fractions(d: Draw) -> str:
         if d.coin():
             items = d.pick(_THINGS)
             d.step(total, "/", den, f"{p.name} gives away # {items}.")
-            return (f"{p.name} has {total} {items}. {p.He} gives {words} of them to "
-                    f"{p.his} friend. How many {items} does {p.he} give away?")
+            return (
+                f"{p.name} has {total} {items}. {p.He} gives {words} of them to "
+                f"{p.his} friend. How many {items} does {p.he} give away?"
+            )
         (people, place), doing = d.pick(_CROWDS), d.pick(_ACTIVITIES)
         d.step(total, "/", den, f"# {people} {doing}.")
-        return (f"There are {total} {people} at {place}. {words.capitalize()} of them "
-                f"{doing}. How many {people} {doing}?")
+        return (
+            f"There are {total} {people} at {place}. {words.capitalize()} of them "
+            f"{doing}. How many {people} {doing}?"
+        )
     pcts = [x for x in _PERCENTS if 100 // math.gcd(x, 100) <= d.top]
     pct = d.pick(pcts)
     unit = 100 // math.gcd(pct, 100)  # the smallest price whose pct% is a whole number
@@ -377,13 +472,17 @@ def _fractions(d: Draw) -> str:
             (people, place), doing = d.pick(_CROWDS), d.pick(_ACTIVITIES)
             some = d.step(total, "/", den, f"# {people} {doing}.")
             d.step(total, "-", some, f"# {people} do not.")
-            return (f"There are {total} {people} at {place}. {words.capitalize()} of them "
-                    f"{doing}. How many of the {people} do not {doing}?")
+            return (
+                f"There are {total} {people} at {place}. {words.capitalize()} of them "
+                f"{doing}. How many of the {people} do not {doing}?"
+            )
         if form == 1:
             x = d.step(price, "*", pct, f"{price} times {pct} is #.")
             d.step(x, "/", 100, f"{p.name} saves # dollars.")
-            return (f"A {one} costs ${price}. It is on sale for {pct}% off. "
-                    f"How much money does {p.name} save by buying it on sale?")
+            return (
+                f"A {one} costs ${price}. It is on sale for {pct}% off. "
+                f"How much money does {p.name} save by buying it on sale?"
+            )
         den = d.pick((3, 4, 5))
         num = d.pick(_NUMERATORS[den])
         items, q = d.pick(_THINGS), d.n(1)
@@ -393,16 +492,20 @@ def _fractions(d: Draw) -> str:
         verb, ask = ("eats", "eat") if eats else ("gives away", "give away")
         part = d.step(total, "/", den, f"{_ONE_PART[den]} of the {items} is # {items}.")
         d.step(part, "*", num, f"{p.name} {verb} # {items}.")
-        return (f"{p.name} has {total} {items}. {p.He} {verb} {num}/{den} of them. "
-                f"How many {items} does {p.he} {ask}?")
+        return (
+            f"{p.name} has {total} {items}. {p.He} {verb} {num}/{den} of them. "
+            f"How many {items} does {p.he} {ask}?"
+        )
     if d.coin():
         k = d.k()
         x = d.step(price, "*", pct, f"{price} times {pct} is #.")
         off = d.step(x, "/", 100, "The discount is # dollars.")
         sale = d.step(price, "-", off, f"Each {one} costs # dollars on sale.")
         d.step(sale, "*", k, f"{p.name} pays # dollars.")
-        return (f"A {one} costs ${price}. This week it is on sale for {pct}% off. {p.name} buys "
-                f"{k} of them on sale. How much does {p.he} pay?")
+        return (
+            f"A {one} costs ${price}. This week it is on sale for {pct}% off. {p.name} buys "
+            f"{k} of them on sale. How much does {p.he} pay?"
+        )
     den = d.pick((3, 4, 5))
     num = d.pick(_NUMERATORS[den])
     u = 2 * d.n(1, max(1, d.top // 2))  # even, so half of the girls is whole
@@ -411,8 +514,10 @@ def _fractions(d: Draw) -> str:
     girls = d.step(part, "*", num, "# students are girls.")
     play = d.step(girls, "/", 2, "# girls play soccer.")
     d.step(girls, "-", play, "# girls do not play soccer.")
-    return (f"A school has {total} students, and {num}/{den} of them are girls. Half of the "
-            f"girls play soccer. How many girls do not play soccer?")
+    return (
+        f"A school has {total} students, and {num}/{den} of them are girls. Half of the "
+        f"girls play soccer. How many girls do not play soccer?"
+    )
 
 
 def _ages(d: Draw) -> str:
@@ -425,13 +530,17 @@ def _ages(d: Draw) -> str:
         if form == 0:
             b = d.n(1, 9)
             d.step(a, "+", b, f"{p.His} {sib} is # years old.")
-            return (f"{p.name} is {a} years old. {p.His} {sib} is {b} years older. "
-                    f"How old is {p.his} {sib}?")
+            return (
+                f"{p.name} is {a} years old. {p.His} {sib} is {b} years older. "
+                f"How old is {p.his} {sib}?"
+            )
         if form == 1:
             b = d.n(1, a - 1)
             d.step(a, "-", b, f"{p.His} {sib} is # years old.")
-            return (f"{p.name} is {a} years old. {p.His} {sib} is {b} years younger. "
-                    f"How old is {p.his} {sib}?")
+            return (
+                f"{p.name} is {a} years old. {p.His} {sib} is {b} years younger. "
+                f"How old is {p.his} {sib}?"
+            )
         if form == 2:
             t = d.n(1, 10)
             d.step(a, "+", t, f"{p.name} will be # years old.")
@@ -439,8 +548,10 @@ def _ages(d: Draw) -> str:
         k = d.n(3, 5)
         a = d.n(max(4, -(-22 // k)), 60 // k)  # a parent between 22 and 60
         d.step(a, "*", k, f"{p.His} {par} is # years old.")
-        return (f"{p.name} is {a} years old. {p.His} {par} is {k} times as old as {p.him}. "
-                f"How old is {p.his} {par}?")
+        return (
+            f"{p.name} is {a} years old. {p.His} {par} is {k} times as old as {p.him}. "
+            f"How old is {p.his} {par}?"
+        )
     if d.level == 2:
         if d.coin():
             k = d.n(3, 5)
@@ -448,13 +559,17 @@ def _ages(d: Draw) -> str:
             t = d.n(2, 10)
             now = d.step(a, "*", k, f"{p.His} {par} is # years old.")
             d.step(now, "+", t, f"In {t} years, {p.his} {par} will be # years old.")
-            return (f"{p.name} is {a} years old. {p.His} {par} is {k} times as old as "
-                    f"{p.him}. How old will {p.his} {par} be in {t} years?")
+            return (
+                f"{p.name} is {a} years old. {p.His} {par} is {k} times as old as "
+                f"{p.him}. How old will {p.his} {par} be in {t} years?"
+            )
         a, b = d.n(4, 15), d.n(1, 9)
         s = d.step(a, "+", b, f"{p.His} {sib} is # years old.")
         d.step(a, "+", s, "Together they are # years old.")
-        return (f"{p.name} is {a} years old. {p.His} {sib} is {b} years older than {p.him}. "
-                f"What is the sum of their ages?")
+        return (
+            f"{p.name} is {a} years old. {p.His} {sib} is {b} years older than {p.him}. "
+            f"What is the sum of their ages?"
+        )
     a, b = d.n(4, 12), d.n(1, 8)
     if d.coin():
         k = d.n(3, 4)
@@ -462,20 +577,30 @@ def _ages(d: Draw) -> str:
         f = d.step(a, "*", k, f"{p.His} {par} is # years old.")
         two = d.step(a, "+", s, f"{p.name} and {p.his} {sib} are # years old together.")
         d.step(two, "+", f, "All three together are # years old.")
-        return (f"{p.name} is {a} years old. {p.His} {sib} is {b} years older than {p.him}, "
-                f"and {p.his} {par} is {k} times as old as {p.name}. What is the sum of the "
-                f"ages of all three?")
+        return (
+            f"{p.name} is {a} years old. {p.His} {sib} is {b} years older than {p.him}, "
+            f"and {p.his} {par} is {k} times as old as {p.name}. What is the sum of the "
+            f"ages of all three?"
+        )
     k = 4 if a + b <= 23 else 3  # a grandparent of at most 92
     t = d.n(2, 10)
     s = d.step(a, "+", b, f"{p.His} {sib} is # years old.")
     g = d.step(s, "*", k, "Their grandmother is # years old.")
     d.step(g, "+", t, f"In {t} years, she will be # years old.")
-    return (f"{p.name} is {a} years old. {p.His} {sib} is {b} years older than {p.him}. Their "
-            f"grandmother is {k} times as old as {p.his} {sib}. How old will their "
-            f"grandmother be in {t} years?")
+    return (
+        f"{p.name} is {a} years old. {p.His} {sib} is {b} years older than {p.him}. Their "
+        f"grandmother is {k} times as old as {p.his} {sib}. How old will their "
+        f"grandmother be in {t} years?"
+    )
 
 
 KINDS: dict[str, Callable[[Draw], str]] = {
-    "inventory": _inventory, "shopping": _shopping, "sharing": _sharing, "rates": _rates,
-    "groups": _groups, "comparison": _comparison, "fractions": _fractions, "ages": _ages,
+    "inventory": _inventory,
+    "shopping": _shopping,
+    "sharing": _sharing,
+    "rates": _rates,
+    "groups": _groups,
+    "comparison": _comparison,
+    "fractions": _fractions,
+    "ages": _ages,
 }

@@ -47,12 +47,9 @@ from pipelinerl_jax.errors import ConfigError
 
 SPLITS = ("train", "test")
 DEFAULT_MAX_VALUE = {1: 10, 2: 20, 3: 100}  # difficulty -> largest base quantity drawn
-_TEST_SHARE = 8          # 1 in 8 question texts belongs to the test split
-_MAX_DRAWS = 10_000      # draws to find a question of the wanted split before giving up
-_MAX_PROBLEMS = 2**40    # problem indices share the generator seed with (seed, split)
-
-
-
+_TEST_SHARE = 8  # 1 in 8 question texts belongs to the test split
+_MAX_DRAWS = 10_000  # draws to find a question of the wanted split before giving up
+_MAX_PROBLEMS = 2**40  # problem indices share the generator seed with (seed, split)
 
 
 def _in_test_split(question: str) -> bool:
@@ -68,15 +65,16 @@ def _in_test_split(question: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class WordProblems:
     """Procedural GSM8K-style word problems with integer answers; see the module docstring."""
+
     name: ClassVar[str] = "word_problems"
-    text_task: ClassVar[bool] = True     # no tokenizer of its own: the model's and its chat
-    reward_fn: ClassVar[str] = "math"    # math-verify on the last \boxed{} (rewards/math.py)
-    difficulty: int = 1                  # 1: one operation, 2: two, 3: three or four
+    text_task: ClassVar[bool] = True  # no tokenizer of its own: the model's and its chat
+    reward_fn: ClassVar[str] = "math"  # math-verify on the last \boxed{} (rewards/math.py)
+    difficulty: int = 1  # 1: one operation, 2: two, 3: three or four
     kinds: tuple[str, ...] = tuple(KINDS)  # kinds to draw from (names in KINDS)
-    max_value: int = 0                   # largest base quantity; 0: DEFAULT_MAX_VALUE[difficulty]
-    num_problems: int = 100_000          # the epoch size of the stream
-    seed: int = 0                        # what the problems are; the stream's seed is their order
-    split: str = "train"                 # "train" or "test": disjoint question texts
+    max_value: int = 0  # largest base quantity; 0: DEFAULT_MAX_VALUE[difficulty]
+    num_problems: int = 100_000  # the epoch size of the stream
+    seed: int = 0  # what the problems are; the stream's seed is their order
+    split: str = "train"  # "train" or "test": disjoint question texts
 
     def __post_init__(self):
         kinds = self.kinds
@@ -86,8 +84,10 @@ class WordProblems:
         object.__setattr__(self, "kinds", kinds)  # frozen: normalise lists to a hashable tuple
         where = f"task {self.name}"
         if isinstance(self.difficulty, bool) or self.difficulty not in (1, 2, 3):
-            raise ConfigError(f"{where}: difficulty={self.difficulty!r} must be 1 (one "
-                              "operation), 2 (two) or 3 (three or four)")
+            raise ConfigError(
+                f"{where}: difficulty={self.difficulty!r} must be 1 (one "
+                "operation), 2 (two) or 3 (three or four)"
+            )
         if not kinds:
             raise ConfigError(f"{where}: kinds is empty; name at least one of {list(KINDS)}")
         unknown = [k for k in kinds if k not in KINDS]
@@ -96,11 +96,12 @@ class WordProblems:
         if len(set(kinds)) != len(kinds):
             raise ConfigError(f"{where}: kinds {list(kinds)} repeat a name; list each once")
         if not (self.max_value == 0 or 5 <= self.max_value <= 1_000_000):
-            raise ConfigError(f"{where}: max_value={self.max_value} must be 0 (the "
-                              "difficulty's default) or in [5, 1000000]")
+            raise ConfigError(
+                f"{where}: max_value={self.max_value} must be 0 (the "
+                "difficulty's default) or in [5, 1000000]"
+            )
         if not 1 <= self.num_problems <= _MAX_PROBLEMS:
-            raise ConfigError(f"{where}: num_problems={self.num_problems} must be in "
-                              f"[1, 2**40]")
+            raise ConfigError(f"{where}: num_problems={self.num_problems} must be in [1, 2**40]")
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"{where}: seed {self.seed} must be in [0, 2**32)")
         if self.split not in SPLITS:
@@ -125,14 +126,20 @@ class WordProblems:
             question = KINDS[kind](draw)
             if _in_test_split(question) == want_test:
                 return question, draw.lines, draw.value, kind
-        raise ConfigError(f"task {self.name}: no {self.split} question in {_MAX_DRAWS} draws "
-                          f"(kinds {list(self.kinds)} are too narrow); add kinds or raise "
-                          "max_value")
+        raise ConfigError(
+            f"task {self.name}: no {self.split} question in {_MAX_DRAWS} draws "
+            f"(kinds {list(self.kinds)} are too narrow); add kinds or raise "
+            "max_value"
+        )
 
     def problem(self, i: int) -> Problem:
         question, _, answer, _ = self._generate(i)
-        return Problem(uid=f"word_problems/{self.split}/{i}", question=question,
-                       answer=str(answer), source=self.name)
+        return Problem(
+            uid=f"word_problems/{self.split}/{i}",
+            question=question,
+            answer=str(answer),
+            source=self.name,
+        )
 
     def solution(self, i: int) -> str:
         """GSM8K-style worked solution of problem i: one calculation a line, then `#### N`."""
@@ -146,18 +153,19 @@ class WordProblems:
     def to_gsm8k_records(self, n: int) -> list[dict]:
         """The first n problems as GSM8K JSONL records: {"question", "answer": solution}."""
         if not 1 <= n <= self.num_problems:
-            raise ConfigError(f"task {self.name}: n={n} must be in [1, num_problems="
-                              f"{self.num_problems}]")
+            raise ConfigError(
+                f"task {self.name}: n={n} must be in [1, num_problems={self.num_problems}]"
+            )
         records = []
         for i in range(n):
             question, lines, answer, _ = self._generate(i)
-            records.append({"question": question,
-                            "answer": "\n".join(lines) + f"\n#### {answer}"})
+            records.append({"question": question, "answer": "\n".join(lines) + f"\n#### {answer}"})
         return records
 
     def source(self):
         """Random-access view of the problems (len, [i], fingerprint) for PromptStream."""
         from pipelinerl_jax.data.tasks import ProceduralSource  # tasks.py imports this module
+
         return ProceduralSource(self)
 
     def longest_question_chars(self, n: int = 2000) -> int:
@@ -167,10 +175,12 @@ class WordProblems:
     def score(self, problem: Problem, completion: str) -> float:
         """1 when the completion's last \\boxed{} equals the gold (math-verify), else 0."""
         from pipelinerl_jax.rewards.math import verify_math  # math-verify is slow to import
+
         return verify_math(completion, problem.answer).score
 
 
 # --- command line ----------------------------------------------------------------------------
+
 
 def define_flags(fv: flags.FlagValues) -> None:
     def d(define, *args, **kwargs):
@@ -181,8 +191,12 @@ def define_flags(fv: flags.FlagValues) -> None:
     d(flags.DEFINE_integer, "n", 1000, "Problems to write: the split's first n.")
     d(flags.DEFINE_integer, "difficulty", 1, "1: one operation, 2: two, 3: three or four.")
     d(flags.DEFINE_list, "kinds", list(KINDS), "Kinds to draw from, comma-separated.")
-    d(flags.DEFINE_integer, "max_value", 0, "Largest base quantity; 0: the difficulty's "
-      f"default {DEFAULT_MAX_VALUE}.")
+    d(
+        flags.DEFINE_integer,
+        "max_value",
+        0,
+        f"Largest base quantity; 0: the difficulty's default {DEFAULT_MAX_VALUE}.",
+    )
     d(flags.DEFINE_integer, "seed", 0, "Task seed: what the problems are.")
 
 
@@ -193,8 +207,9 @@ def write_records(records: list[dict], out: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        raise ConfigError(f"--out={out}: cannot write there ({e.strerror}); choose a path in "
-                          "a writable directory") from None
+        raise ConfigError(
+            f"--out={out}: cannot write there ({e.strerror}); choose a path in a writable directory"
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for record in records:
@@ -202,8 +217,10 @@ def write_records(records: list[dict], out: str) -> None:
         os.replace(tmp, path)
     except OSError as e:
         os.unlink(tmp)
-        raise ConfigError(f"--out={out}: cannot write ({e.strerror}); choose another path "
-                          "(not a directory, in a writable directory)") from None
+        raise ConfigError(
+            f"--out={out}: cannot write ({e.strerror}); choose another path "
+            "(not a directory, in a writable directory)"
+        ) from None
     except BaseException:
         os.unlink(tmp)
         raise
@@ -215,19 +232,27 @@ def write_file(fv: flags.FlagValues) -> int:
         raise ConfigError("--out is required: the JSONL file to write")
     if fv.n < 1:
         raise ConfigError(f"--n={fv.n} must be >= 1")
-    task = WordProblems(difficulty=fv.difficulty, kinds=tuple(fv.kinds or ()),
-                        max_value=fv.max_value, num_problems=max(fv.n, 1), seed=fv.seed,
-                        split=fv.split)
+    task = WordProblems(
+        difficulty=fv.difficulty,
+        kinds=tuple(fv.kinds or ()),
+        max_value=fv.max_value,
+        num_problems=max(fv.n, 1),
+        seed=fv.seed,
+        split=fv.split,
+    )
     write_records(task.to_gsm8k_records(fv.n), fv.out)
     return fv.n
 
 
 def run_cli(argv: list[str]) -> int:
     """Parses argv (argv[0] is the program name) with fresh flags; returns the exit code."""
+
     def body(fv):
         n = write_file(fv)
-        print(f"wrote {n} {fv.split} problems (difficulty {fv.difficulty}) to {fv.out}",
-              file=sys.stderr)
+        print(
+            f"wrote {n} {fv.split} problems (difficulty {fv.difficulty}) to {fv.out}",
+            file=sys.stderr,
+        )
 
     return cli.run(argv, define_flags, body)
 

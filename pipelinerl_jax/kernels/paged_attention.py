@@ -21,11 +21,18 @@ import jax
 import jax.numpy as jnp
 
 from pipelinerl_jax.kernels.paged_attention_ref import (
-    PagedAttentionShapeError, check_paged_inputs, paged_decode_attention_ref,
-    paged_prefill_attention_ref)
+    PagedAttentionShapeError,
+    check_paged_inputs,
+    paged_decode_attention_ref,
+    paged_prefill_attention_ref,
+)
 
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "triton_available",
-           "PagedAttentionShapeError"]
+__all__ = [
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "triton_available",
+    "PagedAttentionShapeError",
+]
 
 IMPLS = ("auto", "ref", "triton")
 
@@ -34,8 +41,9 @@ class PagedAttentionImplError(ValueError):
     """Raised when the requested implementation cannot run here."""
 
 
-def paged_decode_attention(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B, *, scale,
-                           impl: str = "auto"):
+def paged_decode_attention(
+    q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B, *, scale, impl: str = "auto"
+):
     """Decode attention of one query token per sequence over its paged KV cache.
 
     q_BxHxD: [B, H, D]; k_pages, v_pages: [P, K, S, D]; block_tables_BxM: int [B, M] page indices
@@ -46,21 +54,24 @@ def paged_decode_attention(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_
     """
     if impl not in IMPLS:
         raise PagedAttentionImplError(
-            f"paged_decode_attention: impl={impl!r} is not one of {IMPLS}")
+            f"paged_decode_attention: impl={impl!r} is not one of {IMPLS}"
+        )
     if impl == "auto":
         impl = "triton" if triton_available() else "ref"
     if impl == "ref":
-        return paged_decode_attention_ref(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B,
-                                          scale=scale)
-    return _paged_decode_triton(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B,
-                                scale=scale)
+        return paged_decode_attention_ref(
+            q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B, scale=scale
+        )
+    return _paged_decode_triton(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B, scale=scale)
 
 
-def paged_prefill_attention(q_BxTxHxD, k_pages, v_pages, block_tables_BxM, q_positions_BxT, *,
-                            scale):
+def paged_prefill_attention(
+    q_BxTxHxD, k_pages, v_pages, block_tables_BxM, q_positions_BxT, *, scale
+):
     """Causal chunked prefill over the paged cache (the jnp reference on every backend)."""
-    return paged_prefill_attention_ref(q_BxTxHxD, k_pages, v_pages, block_tables_BxM,
-                                       q_positions_BxT, scale=scale)
+    return paged_prefill_attention_ref(
+        q_BxTxHxD, k_pages, v_pages, block_tables_BxM, q_positions_BxT, scale=scale
+    )
 
 
 @functools.cache
@@ -74,9 +85,11 @@ def triton_available() -> bool:
     try:
         import jax_triton  # noqa: F401  (only importable with a GPU on jax-triton 0.3.x)
     except ImportError as err:
-        logging.warning("paged attention: NVIDIA GPU found but jax_triton does not import (%s); "
-                        "using the jnp reference. Install the gpu extras for the Triton kernel.",
-                        err)
+        logging.warning(
+            "paged attention: NVIDIA GPU found but jax_triton does not import (%s); "
+            "using the jnp reference. Install the gpu extras for the Triton kernel.",
+            err,
+        )
         return False
     return True
 
@@ -94,15 +107,25 @@ def _paged_decode_triton(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B,
     if q_BxHxD.ndim != 3 or lengths_B.shape != (q_BxHxD.shape[0],):
         raise PagedAttentionShapeError(
             f"paged_decode_attention: q {tuple(q_BxHxD.shape)} must be [batch, heads, head_dim] "
-            f"and lengths {tuple(lengths_B.shape)} [batch]")
-    check_paged_inputs(q_BxHxD.shape, k_pages, v_pages, block_tables_BxM,
-                       where="paged_decode_attention")
+            f"and lengths {tuple(lengths_B.shape)} [batch]"
+        )
+    check_paged_inputs(
+        q_BxHxD.shape, k_pages, v_pages, block_tables_BxM, where="paged_decode_attention"
+    )
     cache_dtype = jnp.dtype(k_pages.dtype)
-    params = pt.contiguous_launch_params(q_BxHxD.shape, k_pages.shape, block_tables_BxM.shape,
-                                         dtype=cache_dtype.name, scale=float(scale))
+    params = pt.contiguous_launch_params(
+        q_BxHxD.shape,
+        k_pages.shape,
+        block_tables_BxM.shape,
+        dtype=cache_dtype.name,
+        scale=float(scale),
+    )
     # The kernel's dots need q in the cache dtype; the output comes back in q's dtype.
     out_BxHxD = jt.triton_call(
-        q_BxHxD.astype(cache_dtype), k_pages, v_pages, block_tables_BxM.astype(jnp.int32),
+        q_BxHxD.astype(cache_dtype),
+        k_pages,
+        v_pages,
+        block_tables_BxM.astype(jnp.int32),
         lengths_B.astype(jnp.int32),
         kernel=pt.paged_decode_kernel,
         grid=params.grid,

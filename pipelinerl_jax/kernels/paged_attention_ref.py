@@ -41,27 +41,33 @@ def check_paged_inputs(q_shape, k_pages, v_pages, block_tables, *, where: str) -
     if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
         raise PagedAttentionShapeError(
             f"{where}: k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} must both "
-            "be [pages, kv_heads, page_size, head_dim] with equal shapes")
+            "be [pages, kv_heads, page_size, head_dim] with equal shapes"
+        )
     if k_pages.dtype != v_pages.dtype:
         raise PagedAttentionShapeError(
             f"{where}: k_pages dtype {k_pages.dtype} != v_pages dtype {v_pages.dtype}; store K and V "
-            "in one dtype")
+            "in one dtype"
+        )
     _, kv_heads, page_size, head_dim = k_pages.shape
     num_heads, q_head_dim = q_shape[-2], q_shape[-1]
     if q_head_dim != head_dim:
         raise PagedAttentionShapeError(
-            f"{where}: query head_dim {q_head_dim} != cache head_dim {head_dim}")
+            f"{where}: query head_dim {q_head_dim} != cache head_dim {head_dim}"
+        )
     if num_heads % kv_heads:
         raise PagedAttentionShapeError(
             f"{where}: {num_heads} query heads is not a multiple of {kv_heads} kv heads (GQA "
-            "needs H = G * K)")
+            "needs H = G * K)"
+        )
     if block_tables.ndim != 2 or block_tables.shape[0] != q_shape[0]:
         raise PagedAttentionShapeError(
             f"{where}: block_tables {tuple(block_tables.shape)} must be [batch={q_shape[0]}, "
-            "pages_per_sequence]")
+            "pages_per_sequence]"
+        )
     if not jnp.issubdtype(block_tables.dtype, jnp.integer):
         raise PagedAttentionShapeError(
-            f"{where}: block_tables dtype {block_tables.dtype} must be an integer type")
+            f"{where}: block_tables dtype {block_tables.dtype} must be an integer type"
+        )
     return kv_heads, num_heads // kv_heads, page_size, head_dim
 
 
@@ -85,7 +91,7 @@ MIN_STEP_TOKENS = 32
 
 def decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads, head_dim, itemsize) -> int:
     """Pages gathered per online-softmax step of the decode reference (static)."""
-    page_bytes = 2 * batch * page_size * kv_heads * head_dim * itemsize   # K and V, all rows
+    page_bytes = 2 * batch * page_size * kv_heads * head_dim * itemsize  # K and V, all rows
     if page_bytes * pages_per_seq <= SINGLE_BLOCK_BYTES:
         return int(pages_per_seq)
     pages = max(-(-MIN_STEP_TOKENS // page_size), STEP_BYTES // page_bytes)
@@ -93,8 +99,17 @@ def decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads, head_dim, i
 
 
 @jax.named_call
-def paged_decode_attention_ref(q_BxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
-                               lengths_B, *, scale, pages_per_step=None, round_probs_dtype=None):
+def paged_decode_attention_ref(
+    q_BxHxD,
+    k_pages_PxKxSxD,
+    v_pages_PxKxSxD,
+    block_tables_BxM,
+    lengths_B,
+    *,
+    scale,
+    pages_per_step=None,
+    round_probs_dtype=None,
+):
     """One query token per sequence attending to its first lengths_B cached positions.
 
     Returns [B, H, D] in q's dtype; a length of 0 gives zeros. Positions past the table's
@@ -111,50 +126,84 @@ def paged_decode_attention_ref(q_BxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_
     """
     if q_BxHxD.ndim != 3:
         raise PagedAttentionShapeError(
-            f"paged_decode_attention: q {tuple(q_BxHxD.shape)} must be [batch, heads, head_dim]")
+            f"paged_decode_attention: q {tuple(q_BxHxD.shape)} must be [batch, heads, head_dim]"
+        )
     if lengths_B.shape != (q_BxHxD.shape[0],):
         raise PagedAttentionShapeError(
             f"paged_decode_attention: lengths {tuple(lengths_B.shape)} must be [batch="
-            f"{q_BxHxD.shape[0]}]")
+            f"{q_BxHxD.shape[0]}]"
+        )
     kv_heads, group, page_size, head_dim = check_paged_inputs(
-        q_BxHxD.shape, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
-        where="paged_decode_attention")
+        q_BxHxD.shape,
+        k_pages_PxKxSxD,
+        v_pages_PxKxSxD,
+        block_tables_BxM,
+        where="paged_decode_attention",
+    )
     batch, pages_per_seq = block_tables_BxM.shape
     if pages_per_step is None:
-        pages_per_step = decode_pages_per_step(batch, page_size, pages_per_seq, kv_heads,
-                                               head_dim, jnp.dtype(k_pages_PxKxSxD.dtype).itemsize)
+        pages_per_step = decode_pages_per_step(
+            batch,
+            page_size,
+            pages_per_seq,
+            kv_heads,
+            head_dim,
+            jnp.dtype(k_pages_PxKxSxD.dtype).itemsize,
+        )
     pages_per_step = max(1, min(int(pages_per_step), pages_per_seq))
     num_steps = -(-pages_per_seq // pages_per_step)
     lengths_B = jnp.minimum(lengths_B, pages_per_seq * page_size)
 
     q_BxKxGxD = q_BxHxD.reshape(batch, kv_heads, group, head_dim)
-    carry = (jnp.full((batch, kv_heads, group), -jnp.inf, jnp.float32),
-             jnp.zeros((batch, kv_heads, group), jnp.float32),
-             jnp.zeros((batch, kv_heads, group, head_dim), jnp.float32))
+    carry = (
+        jnp.full((batch, kv_heads, group), -jnp.inf, jnp.float32),
+        jnp.zeros((batch, kv_heads, group), jnp.float32),
+        jnp.zeros((batch, kv_heads, group, head_dim), jnp.float32),
+    )
 
     def step(carry, xs):
         tables_BxC, first_pos = xs
-        return _decode_step(carry, q_BxKxGxD, k_pages_PxKxSxD, v_pages_PxKxSxD, tables_BxC,
-                            first_pos, lengths_B, scale, round_probs_dtype), None
+        return _decode_step(
+            carry,
+            q_BxKxGxD,
+            k_pages_PxKxSxD,
+            v_pages_PxKxSxD,
+            tables_BxC,
+            first_pos,
+            lengths_B,
+            scale,
+            round_probs_dtype,
+        ), None
 
     if num_steps == 1:
         carry, _ = step(carry, (block_tables_BxM, 0))
     else:
         # Pad the table to whole steps; padded positions lie past every length (masked).
-        padded_BxM = jnp.pad(block_tables_BxM, ((0, 0), (0, num_steps * pages_per_step
-                                                         - pages_per_seq)))
+        padded_BxM = jnp.pad(
+            block_tables_BxM, ((0, 0), (0, num_steps * pages_per_step - pages_per_seq))
+        )
         tables_NxBxC = padded_BxM.reshape(batch, num_steps, pages_per_step).transpose(1, 0, 2)
         first_pos_N = jnp.arange(num_steps) * pages_per_step * page_size
         carry, _ = jax.lax.scan(step, carry, (tables_NxBxC, first_pos_N))
     _, denom_BxKxG, acc_BxKxGxD = carry
     denom_BxKxGx1 = denom_BxKxG[..., None]
-    out_BxKxGxD = jnp.where(denom_BxKxGx1 > 0,
-                            acc_BxKxGxD / jnp.where(denom_BxKxGx1 > 0, denom_BxKxGx1, 1.0), 0.0)
+    out_BxKxGxD = jnp.where(
+        denom_BxKxGx1 > 0, acc_BxKxGxD / jnp.where(denom_BxKxGx1 > 0, denom_BxKxGx1, 1.0), 0.0
+    )
     return out_BxKxGxD.reshape(batch, kv_heads * group, head_dim).astype(q_BxHxD.dtype)
 
 
-def _decode_step(carry, q_BxKxGxD, k_pages, v_pages, tables_BxC, first_pos, lengths_B, scale,
-                 round_probs_dtype=None):
+def _decode_step(
+    carry,
+    q_BxKxGxD,
+    k_pages,
+    v_pages,
+    tables_BxC,
+    first_pos,
+    lengths_B,
+    scale,
+    round_probs_dtype=None,
+):
     """One online-softmax step over the C pages in tables_BxC (positions first_pos onwards)."""
     max_BxKxG, denom_BxKxG, acc_BxKxGxD = carry
     k_BxCxKxSxD = _gather_pages(k_pages, tables_BxC)
@@ -167,30 +216,39 @@ def _decode_step(carry, q_BxKxGxD, k_pages, v_pages, tables_BxC, first_pos, leng
     valid_Bx1x1xCxS = valid_BxCxS[:, None, None]
     # f32 operands: exact for bf16/f16 inputs, and XLA's CPU f32 dots beat its 16-bit ones
     # (the convert fuses into the gather).
-    s_BxKxGxCxS = jnp.einsum("bkgd,bcksd->bkgcs", q_BxKxGxD.astype(jnp.float32),
-                             k_BxCxKxSxD.astype(jnp.float32),
-                             preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s_BxKxGxCxS = jnp.einsum(
+        "bkgd,bcksd->bkgcs",
+        q_BxKxGxD.astype(jnp.float32),
+        k_BxCxKxSxD.astype(jnp.float32),
+        preferred_element_type=jnp.float32,
+    ) * jnp.float32(scale)
     s_BxKxGxCxS = jnp.where(valid_Bx1x1xCxS, s_BxKxGxCxS, -jnp.inf)
     new_max_BxKxG = jnp.maximum(max_BxKxG, jnp.max(s_BxKxGxCxS, axis=(-2, -1)))
     # While nothing is valid yet the max is -inf; shift by 0 instead (every term is masked).
     shift_BxKxG = jnp.where(jnp.isfinite(new_max_BxKxG), new_max_BxKxG, 0.0)
     alpha_BxKxG = jnp.exp(max_BxKxG - shift_BxKxG)  # exp(-inf) = 0 on the first valid step
-    p_BxKxGxCxS = jnp.where(valid_Bx1x1xCxS,
-                            jnp.exp(s_BxKxGxCxS - shift_BxKxG[..., None, None]), 0.0)
+    p_BxKxGxCxS = jnp.where(
+        valid_Bx1x1xCxS, jnp.exp(s_BxKxGxCxS - shift_BxKxG[..., None, None]), 0.0
+    )
     denom_BxKxG = denom_BxKxG * alpha_BxKxG + jnp.sum(p_BxKxGxCxS, axis=(-2, -1))
     # Probabilities stay f32 (the oracle should not round them) unless asked to reproduce the
     # kernel's 16-bit rounding; V is promoted.
     if round_probs_dtype is not None:
         p_BxKxGxCxS = p_BxKxGxCxS.astype(round_probs_dtype).astype(jnp.float32)
-    pv_BxKxGxD = jnp.einsum("bkgcs,bcksd->bkgd", p_BxKxGxCxS, v_BxCxKxSxD.astype(jnp.float32),
-                            preferred_element_type=jnp.float32)
+    pv_BxKxGxD = jnp.einsum(
+        "bkgcs,bcksd->bkgd",
+        p_BxKxGxCxS,
+        v_BxCxKxSxD.astype(jnp.float32),
+        preferred_element_type=jnp.float32,
+    )
     acc_BxKxGxD = acc_BxKxGxD * alpha_BxKxG[..., None] + pv_BxKxGxD
     return new_max_BxKxG, denom_BxKxG, acc_BxKxGxD
 
 
 @jax.named_call
-def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
-                                q_positions_BxT, *, scale):
+def paged_prefill_attention_ref(
+    q_BxTxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM, q_positions_BxT, *, scale
+):
     """Causal chunked prefill: the query at absolute position p sees cached positions 0..p.
 
     The chunk's own K/V must already be written into the pages. Padding queries carry position
@@ -199,14 +257,20 @@ def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, blo
     if q_BxTxHxD.ndim != 4:
         raise PagedAttentionShapeError(
             f"paged_prefill_attention: q {tuple(q_BxTxHxD.shape)} must be [batch, tokens, heads, "
-            "head_dim]")
+            "head_dim]"
+        )
     if q_positions_BxT.shape != q_BxTxHxD.shape[:2]:
         raise PagedAttentionShapeError(
             f"paged_prefill_attention: q_positions {tuple(q_positions_BxT.shape)} must be "
-            f"[batch, tokens]={tuple(q_BxTxHxD.shape[:2])}")
+            f"[batch, tokens]={tuple(q_BxTxHxD.shape[:2])}"
+        )
     kv_heads, group, page_size, head_dim = check_paged_inputs(
-        q_BxTxHxD.shape, k_pages_PxKxSxD, v_pages_PxKxSxD, block_tables_BxM,
-        where="paged_prefill_attention")
+        q_BxTxHxD.shape,
+        k_pages_PxKxSxD,
+        v_pages_PxKxSxD,
+        block_tables_BxM,
+        where="paged_prefill_attention",
+    )
     batch, tokens = q_BxTxHxD.shape[:2]
     pages = block_tables_BxM.shape[1]
 
@@ -220,8 +284,9 @@ def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, blo
     v_BxMxKxSxD = jnp.where(seen_BxMxS[:, :, None, :, None], v_BxMxKxSxD, 0)
 
     q_BxTxKxGxD = q_BxTxHxD.reshape(batch, tokens, kv_heads, group, head_dim)
-    s_BxKxGxTxMxS = jnp.einsum("btkgd,bmksd->bkgtms", q_BxTxKxGxD, k_BxMxKxSxD,
-                               preferred_element_type=jnp.float32) * jnp.float32(scale)
+    s_BxKxGxTxMxS = jnp.einsum(
+        "btkgd,bmksd->bkgtms", q_BxTxKxGxD, k_BxMxKxSxD, preferred_element_type=jnp.float32
+    ) * jnp.float32(scale)
     # jnp.where (not multiplication) keeps NaN scores of garbage slots out of max, exp and sum.
     valid_Bx1x1xTxMxS = valid_BxTxMxS[:, None, None]
     s_BxKxGxTxMxS = jnp.where(valid_Bx1x1xTxMxS, s_BxKxGxTxMxS, -jnp.inf)
@@ -229,11 +294,16 @@ def paged_prefill_attention_ref(q_BxTxHxD, k_pages_PxKxSxD, v_pages_PxKxSxD, blo
     max_BxKxGxTx1x1 = jnp.where(jnp.isfinite(max_BxKxGxTx1x1), max_BxKxGxTx1x1, 0.0)
     p_BxKxGxTxMxS = jnp.where(valid_Bx1x1xTxMxS, jnp.exp(s_BxKxGxTxMxS - max_BxKxGxTx1x1), 0.0)
     denom_BxTxKxGx1 = jnp.moveaxis(jnp.sum(p_BxKxGxTxMxS, axis=(-2, -1)), 3, 1)[..., None]
-    out_BxTxKxGxD = jnp.einsum("bkgtms,bmksd->btkgd", p_BxKxGxTxMxS,
-                               v_BxMxKxSxD.astype(jnp.float32),
-                               preferred_element_type=jnp.float32)
+    out_BxTxKxGxD = jnp.einsum(
+        "bkgtms,bmksd->btkgd",
+        p_BxKxGxTxMxS,
+        v_BxMxKxSxD.astype(jnp.float32),
+        preferred_element_type=jnp.float32,
+    )
     # Padding queries (nothing valid) have a zero denominator and give zeros.
-    out_BxTxKxGxD = jnp.where(denom_BxTxKxGx1 > 0, out_BxTxKxGxD / jnp.where(
-        denom_BxTxKxGx1 > 0, denom_BxTxKxGx1, 1.0), 0.0)
-    return out_BxTxKxGxD.reshape(batch, tokens, kv_heads * group, head_dim).astype(
-        q_BxTxHxD.dtype)
+    out_BxTxKxGxD = jnp.where(
+        denom_BxTxKxGx1 > 0,
+        out_BxTxKxGxD / jnp.where(denom_BxTxKxGx1 > 0, denom_BxTxKxGx1, 1.0),
+        0.0,
+    )
+    return out_BxTxKxGxD.reshape(batch, tokens, kv_heads * group, head_dim).astype(q_BxTxHxD.dtype)

@@ -50,15 +50,29 @@ def round_to_bf16_rne(x):
 
 @triton.jit
 def paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, lengths_ptr, out_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    block_tables_ptr,
+    lengths_ptr,
+    out_ptr,
     SCALE_LOG2E: tl.constexpr,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    M: tl.constexpr, BLOCK_N: tl.constexpr,
-    Q_SB: tl.constexpr, Q_SH: tl.constexpr,
-    KV_SP: tl.constexpr, KV_SS: tl.constexpr, KV_SK: tl.constexpr,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    Q_SB: tl.constexpr,
+    Q_SH: tl.constexpr,
+    KV_SP: tl.constexpr,
+    KV_SS: tl.constexpr,
+    KV_SK: tl.constexpr,
     BT_SB: tl.constexpr,
-    O_SB: tl.constexpr, O_SH: tl.constexpr,
-    IEEE_DOT: tl.constexpr, UPCAST_DOTS: tl.constexpr,
+    O_SB: tl.constexpr,
+    O_SH: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+    UPCAST_DOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -89,8 +103,9 @@ def paged_decode_kernel(
         valid_N = pos_N < length
         # One table read per token (cache-resident): garbage entries past the end stay masked.
         page_N = tl.load(bt_row_ptr + pos_N // PAGE, mask=valid_N, other=0).to(tl.int64)
-        kv_off_NxD = (page_N[:, None] * KV_SP + (pos_N % PAGE)[:, None] * KV_SS + head_off
-                      + d_D[None, :])
+        kv_off_NxD = (
+            page_N[:, None] * KV_SP + (pos_N % PAGE)[:, None] * KV_SS + head_off + d_D[None, :]
+        )
         k_NxD = tl.load(k_ptr + kv_off_NxD, mask=valid_N[:, None], other=0.0)
         v_NxD = tl.load(v_ptr + kv_off_NxD, mask=valid_N[:, None], other=0.0)
         if UPCAST_DOTS:
@@ -125,17 +140,17 @@ def paged_decode_kernel(
             # the cast below is then exact.
             out_GPxD = round_to_bf16_rne(out_GPxD)
     o_off_GPxD = b.to(tl.int64) * O_SB + head_GP[:, None] * O_SH + d_D[None, :]
-    tl.store(out_ptr + o_off_GPxD, out_GPxD.to(out_ptr.dtype.element_ty),
-             mask=g_valid_GP[:, None])
+    tl.store(out_ptr + o_off_GPxD, out_GPxD.to(out_ptr.dtype.element_ty), mask=g_valid_GP[:, None])
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchParams:
     """Everything a launcher needs besides the tensors: grid, compiler options, constexprs."""
-    grid: tuple            # (B, K, 1): one program per (sequence, kv head)
+
+    grid: tuple  # (B, K, 1): one program per (sequence, kv head)
     num_warps: int
     num_stages: int
-    constexprs: dict       # kernel constexpr name -> value, passed as keyword arguments
+    constexprs: dict  # kernel constexpr name -> value, passed as keyword arguments
 
 
 def row_major_strides(shape) -> tuple:
@@ -147,9 +162,20 @@ def row_major_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
-def launch_params(*, q_shape, q_strides, cache_shape, cache_strides, cache_layout="PSKD",
-                  block_tables_shape, block_tables_strides, out_strides, dtype: str, scale: float,
-                  interpret: bool = False) -> LaunchParams:
+def launch_params(
+    *,
+    q_shape,
+    q_strides,
+    cache_shape,
+    cache_strides,
+    cache_layout="PSKD",
+    block_tables_shape,
+    block_tables_strides,
+    out_strides,
+    dtype: str,
+    scale: float,
+    interpret: bool = False,
+) -> LaunchParams:
     """Grid, block sizes, warps, stages and constexprs for paged_decode_kernel.
 
     q is [B, H, D]; the cache is [P, S, K, D] ("PSKD") or [P, K, S, D] ("PKSD"); strides are in
@@ -161,7 +187,8 @@ def launch_params(*, q_shape, q_strides, cache_shape, cache_strides, cache_layou
     """
     if dtype not in SUPPORTED_DTYPES:
         raise PagedKernelConfigError(
-            f"paged_decode_kernel: dtype {dtype} unsupported; use one of {SUPPORTED_DTYPES}")
+            f"paged_decode_kernel: dtype {dtype} unsupported; use one of {SUPPORTED_DTYPES}"
+        )
     batch, num_heads, head_dim = q_shape
     if cache_layout == "PSKD":
         _, page_size, kv_heads, cache_d = cache_shape
@@ -171,21 +198,26 @@ def launch_params(*, q_shape, q_strides, cache_shape, cache_strides, cache_layou
         sp, sk, ss, sd = cache_strides
     else:
         raise PagedKernelConfigError(
-            f"paged_decode_kernel: cache_layout {cache_layout!r} must be 'PSKD' or 'PKSD'")
+            f"paged_decode_kernel: cache_layout {cache_layout!r} must be 'PSKD' or 'PKSD'"
+        )
     if cache_d != head_dim or num_heads % kv_heads:
         raise PagedKernelConfigError(
             f"paged_decode_kernel: q {tuple(q_shape)} does not fit cache {tuple(cache_shape)} "
-            f"({cache_layout}); need equal head_dim and heads divisible by kv_heads")
+            f"({cache_layout}); need equal head_dim and heads divisible by kv_heads"
+        )
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise PagedKernelConfigError(
-            f"paged_decode_kernel: head_dim {head_dim} must be a power of two >= 16 (tl.dot)")
+            f"paged_decode_kernel: head_dim {head_dim} must be a power of two >= 16 (tl.dot)"
+        )
     if page_size % 16:
         raise PagedKernelConfigError(
-            f"paged_decode_kernel: page_size {page_size} must be a multiple of 16")
+            f"paged_decode_kernel: page_size {page_size} must be a multiple of 16"
+        )
     if sd != 1 or q_strides[2] != 1 or out_strides[2] != 1 or block_tables_strides[1] != 1:
         raise PagedKernelConfigError(
             "paged_decode_kernel: the head_dim axis of q/cache/out and the page axis of "
-            "block_tables must be contiguous (stride 1)")
+            "block_tables must be contiguous (stride 1)"
+        )
     group = num_heads // kv_heads
     # tl.dot needs M >= 16; padded query rows are masked on load and store.
     group_pad = max(16, triton.next_power_of_2(group))
@@ -194,27 +226,42 @@ def launch_params(*, q_shape, q_strides, cache_shape, cache_strides, cache_layou
     block_n = 32 if is_f32 else 64
     constexprs = dict(
         SCALE_LOG2E=float(scale) * LOG2E,
-        G=group, GP=group_pad, D=head_dim, PAGE=page_size, M=block_tables_shape[1],
+        G=group,
+        GP=group_pad,
+        D=head_dim,
+        PAGE=page_size,
+        M=block_tables_shape[1],
         BLOCK_N=block_n,
-        Q_SB=q_strides[0], Q_SH=q_strides[1],
-        KV_SP=sp, KV_SS=ss, KV_SK=sk,
+        Q_SB=q_strides[0],
+        Q_SH=q_strides[1],
+        KV_SP=sp,
+        KV_SS=ss,
+        KV_SK=sk,
         BT_SB=block_tables_strides[0],
-        O_SB=out_strides[0], O_SH=out_strides[1],
+        O_SB=out_strides[0],
+        O_SH=out_strides[1],
         IEEE_DOT=is_f32,
         UPCAST_DOTS=bool(interpret and dtype == "bfloat16"),
     )
-    return LaunchParams(grid=(batch, kv_heads, 1), num_warps=4, num_stages=2,
-                        constexprs=constexprs)
+    return LaunchParams(grid=(batch, kv_heads, 1), num_warps=4, num_stages=2, constexprs=constexprs)
 
 
-def contiguous_launch_params(q_shape, cache_shape, block_tables_shape, *, dtype: str, scale: float,
-                             interpret: bool = False) -> LaunchParams:
+def contiguous_launch_params(
+    q_shape, cache_shape, block_tables_shape, *, dtype: str, scale: float, interpret: bool = False
+) -> LaunchParams:
     """launch_params for contiguous row-major [B,H,D] q/out, [P,K,S,D] cache: the JAX path."""
     if not math.isfinite(scale):
         raise PagedKernelConfigError(f"paged_decode_kernel: scale {scale} must be finite")
     return launch_params(
-        q_shape=q_shape, q_strides=row_major_strides(q_shape),
-        cache_shape=cache_shape, cache_strides=row_major_strides(cache_shape),
-        cache_layout="PKSD", block_tables_shape=block_tables_shape,
+        q_shape=q_shape,
+        q_strides=row_major_strides(q_shape),
+        cache_shape=cache_shape,
+        cache_strides=row_major_strides(cache_shape),
+        cache_layout="PKSD",
+        block_tables_shape=block_tables_shape,
         block_tables_strides=row_major_strides(block_tables_shape),
-        out_strides=row_major_strides(q_shape), dtype=dtype, scale=scale, interpret=interpret)
+        out_strides=row_major_strides(q_shape),
+        dtype=dtype,
+        scale=scale,
+        interpret=interpret,
+    )

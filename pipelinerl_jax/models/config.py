@@ -15,200 +15,213 @@ from pipelinerl_jax.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
 }
 _DTYPES = ("float32", "bfloat16")
 
 
 def _hashable(value: Any) -> Any:
-  if isinstance(value, dict):
-    return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-  if isinstance(value, list):
-    return tuple(_hashable(v) for v in value)
-  return value
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture plus dtype/remat choices. Letters: E hidden, F mlp, H q heads, K kv heads, D head."""
-  model_type: str                 # "llama" | "qwen2" | "qwen3" | "mistral"
-  vocab_size: int                 # V
-  hidden_size: int                # E
-  intermediate_size: int          # F
-  num_layers: int                 # L
-  num_heads: int                  # H (query heads)
-  num_kv_heads: int               # K
-  head_dim: int                   # D
-  rms_norm_eps: float             # RMSNorm epsilon
-  rope_theta: float               # RoPE base frequency
-  rope_scaling: tuple | None      # sorted ((key, value), ...) of HF rope_scaling, or None
-  max_position_embeddings: int    # longest position the model was built for
-  tie_word_embeddings: bool       # the LM head reuses the token embedding
-  attention_bias: bool            # bias on q/k/v projections (Qwen2)
-  qk_norm: bool                   # per-head RMSNorm on q and k before RoPE (Qwen3)
-  param_dtype: str = "float32"    # "float32" | "bfloat16"
-  compute_dtype: str = "float32"  # "float32" | "bfloat16"; logits and log-softmax always f32
-  remat: bool = False             # rematerialise each layer in the backward pass
-  bos_token_id: int | None = None  # from the HF config; None: none
-  eos_token_id: int | tuple[int, ...] | None = None  # one id or several (HF config)
+    """Architecture plus dtype/remat choices. Letters: E hidden, F mlp, H q heads, K kv heads, D head."""
 
-  def __post_init__(self):
-    if self.model_type not in SUPPORTED_MODEL_TYPES:
-      raise ConfigError(
-          f"config.json: model_type {self.model_type!r} is not supported; "
-          f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}")
-    for name in ("param_dtype", "compute_dtype"):
-      if getattr(self, name) not in _DTYPES:
-        raise ConfigError(f"{name}={getattr(self, name)!r} is not supported; use one of {_DTYPES}")
-    if self.num_heads % self.num_kv_heads:
-      raise ConfigError(
-          f"config.json: num_attention_heads={self.num_heads} is not a multiple of "
-          f"num_key_value_heads={self.num_kv_heads}; fix the config")
-    if self.head_dim % 2:
-      raise ConfigError(f"config.json: head_dim={self.head_dim} must be even for RoPE")
-    # Validates the rope type early (one-line error for yarn, dynamic, ...).
-    from pipelinerl_jax.models import rope
-    rope.check_rope_scaling(self.rope_scaling)
+    model_type: str  # "llama" | "qwen2" | "qwen3" | "mistral"
+    vocab_size: int  # V
+    hidden_size: int  # E
+    intermediate_size: int  # F
+    num_layers: int  # L
+    num_heads: int  # H (query heads)
+    num_kv_heads: int  # K
+    head_dim: int  # D
+    rms_norm_eps: float  # RMSNorm epsilon
+    rope_theta: float  # RoPE base frequency
+    rope_scaling: tuple | None  # sorted ((key, value), ...) of HF rope_scaling, or None
+    max_position_embeddings: int  # longest position the model was built for
+    tie_word_embeddings: bool  # the LM head reuses the token embedding
+    attention_bias: bool  # bias on q/k/v projections (Qwen2)
+    qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    param_dtype: str = "float32"  # "float32" | "bfloat16"
+    compute_dtype: str = "float32"  # "float32" | "bfloat16"; logits and log-softmax always f32
+    remat: bool = False  # rematerialise each layer in the backward pass
+    bos_token_id: int | None = None  # from the HF config; None: none
+    eos_token_id: int | tuple[int, ...] | None = None  # one id or several (HF config)
 
-  @property
-  def rope_scaling_dict(self) -> dict | None:
-    return None if self.rope_scaling is None else dict(self.rope_scaling)
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"config.json: model_type {self.model_type!r} is not supported; "
+                f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        for name in ("param_dtype", "compute_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} is not supported; use one of {_DTYPES}"
+                )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"config.json: num_attention_heads={self.num_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_kv_heads}; fix the config"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"config.json: head_dim={self.head_dim} must be even for RoPE")
+        # Validates the rope type early (one-line error for yarn, dynamic, ...).
+        from pipelinerl_jax.models import rope
 
-  @classmethod
-  def from_hf(cls, hf_config: dict, **overrides) -> "ModelConfig":
-    """Parses a Hugging Face config.json dict; `overrides` replace any field afterwards."""
-    c = dict(hf_config)
-    model_type = c.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-      raise ConfigError(
-          f"config.json: model_type {model_type!r} is not supported; "
-          f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}")
-    act = c.get("hidden_act", "silu")
-    if act != "silu":
-      raise ConfigError(f"config.json: hidden_act={act!r} is not supported; only 'silu'")
-    if c.get("mlp_bias"):
-      raise ConfigError("config.json: mlp_bias=true is not supported; only bias-free MLPs")
-    if model_type == "qwen2":
-      attention_bias = True  # Qwen2 always has q/k/v bias and no o_proj bias.
-    else:
-      attention_bias = bool(c.get("attention_bias", False))
-      if attention_bias:
-        raise ConfigError(
-            f"config.json: attention_bias=true for model_type {model_type!r} (bias on o_proj too) "
-            "is not supported; only Qwen2-style q/k/v bias is")
-    try:
-      hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-      cfg_fields = dict(
-          model_type=model_type,
-          vocab_size=int(c["vocab_size"]),
-          hidden_size=hidden,
-          intermediate_size=int(c["intermediate_size"]),
-          num_layers=int(c["num_hidden_layers"]),
-          num_heads=heads,
-          num_kv_heads=int(c.get("num_key_value_heads") or heads),
-          head_dim=int(c.get("head_dim") or hidden // heads),
-          rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-          max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
-          tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-          attention_bias=attention_bias,
-          qk_norm=model_type == "qwen3",
-          bos_token_id=c.get("bos_token_id"),
-          eos_token_id=_hashable(c.get("eos_token_id")),
-      )
-    except KeyError as e:
-      raise ConfigError(f"config.json: missing key {e.args[0]!r}; is this a decoder config?") from None
-    cfg_fields["rope_theta"], cfg_fields["rope_scaling"] = _parse_rope(c)
-    cfg_fields.update(overrides)
-    _check_sliding_window(c, cfg_fields["max_position_embeddings"])
-    return cls(**cfg_fields)
+        rope.check_rope_scaling(self.rope_scaling)
 
-  def to_hf(self) -> dict:
-    """A config.json dict that transformers (4.x and 5.x) and vLLM load as the same model."""
-    rope_scaling = self.rope_scaling_dict
-    out = {
-        "architectures": [_ARCHITECTURES[self.model_type]],
-        "model_type": self.model_type,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": self.rms_norm_eps,
-        "rope_theta": self.rope_theta,
-        "rope_scaling": rope_scaling,
-        "max_position_embeddings": self.max_position_embeddings,
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "torch_dtype": self.param_dtype,  # transformers 4.x name
-        "dtype": self.param_dtype,        # transformers 5.x name
-        "use_cache": True,
-    }
-    params = {"rope_type": "default", **(rope_scaling or {}), "rope_theta": self.rope_theta}
-    out["rope_parameters"] = params
-    if self.model_type in ("llama", "qwen3"):
-      out["attention_bias"] = False
-    if self.model_type == "llama":
-      out["mlp_bias"] = False
-    if self.model_type in ("qwen2", "qwen3"):
-      out["use_sliding_window"] = False
-    if self.model_type in ("qwen2", "qwen3", "mistral"):
-      out["sliding_window"] = None
-    if self.bos_token_id is not None:
-      out["bos_token_id"] = self.bos_token_id
-    if self.eos_token_id is not None:
-      eos = self.eos_token_id
-      out["eos_token_id"] = list(eos) if isinstance(eos, tuple) else eos
-    return out
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
 
-  def num_params(self) -> int:
-    e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
-    h, k = self.num_heads, self.num_kv_heads
-    per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f + 2 * e
-    if self.attention_bias:
-      per_layer += h * d + 2 * k * d
-    if self.qk_norm:
-      per_layer += 2 * d
-    head = 0 if self.tie_word_embeddings else e * self.vocab_size
-    return self.vocab_size * e + self.num_layers * per_layer + e + head
+    @classmethod
+    def from_hf(cls, hf_config: dict, **overrides) -> ModelConfig:
+        """Parses a Hugging Face config.json dict; `overrides` replace any field afterwards."""
+        c = dict(hf_config)
+        model_type = c.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"config.json: model_type {model_type!r} is not supported; "
+                f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        act = c.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"config.json: hidden_act={act!r} is not supported; only 'silu'")
+        if c.get("mlp_bias"):
+            raise ConfigError("config.json: mlp_bias=true is not supported; only bias-free MLPs")
+        if model_type == "qwen2":
+            attention_bias = True  # Qwen2 always has q/k/v bias and no o_proj bias.
+        else:
+            attention_bias = bool(c.get("attention_bias", False))
+            if attention_bias:
+                raise ConfigError(
+                    f"config.json: attention_bias=true for model_type {model_type!r} (bias on o_proj too) "
+                    "is not supported; only Qwen2-style q/k/v bias is"
+                )
+        try:
+            hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+            cfg_fields = dict(
+                model_type=model_type,
+                vocab_size=int(c["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(c["intermediate_size"]),
+                num_layers=int(c["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(c.get("num_key_value_heads") or heads),
+                head_dim=int(c.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+                attention_bias=attention_bias,
+                qk_norm=model_type == "qwen3",
+                bos_token_id=c.get("bos_token_id"),
+                eos_token_id=_hashable(c.get("eos_token_id")),
+            )
+        except KeyError as e:
+            raise ConfigError(
+                f"config.json: missing key {e.args[0]!r}; is this a decoder config?"
+            ) from None
+        cfg_fields["rope_theta"], cfg_fields["rope_scaling"] = _parse_rope(c)
+        cfg_fields.update(overrides)
+        _check_sliding_window(c, cfg_fields["max_position_embeddings"])
+        return cls(**cfg_fields)
 
-  def matmul_params_per_token(self) -> int:
-    """Weights touched by matmuls for one token (excludes the embedding lookup): FLOPs = 2x this."""
-    e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
-    h, k = self.num_heads, self.num_kv_heads
-    per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f
-    return self.num_layers * per_layer + e * self.vocab_size
+    def to_hf(self) -> dict:
+        """A config.json dict that transformers (4.x and 5.x) and vLLM load as the same model."""
+        rope_scaling = self.rope_scaling_dict
+        out = {
+            "architectures": [_ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": self.param_dtype,  # transformers 4.x name
+            "dtype": self.param_dtype,  # transformers 5.x name
+            "use_cache": True,
+        }
+        params = {"rope_type": "default", **(rope_scaling or {}), "rope_theta": self.rope_theta}
+        out["rope_parameters"] = params
+        if self.model_type in ("llama", "qwen3"):
+            out["attention_bias"] = False
+        if self.model_type == "llama":
+            out["mlp_bias"] = False
+        if self.model_type in ("qwen2", "qwen3"):
+            out["use_sliding_window"] = False
+        if self.model_type in ("qwen2", "qwen3", "mistral"):
+            out["sliding_window"] = None
+        if self.bos_token_id is not None:
+            out["bos_token_id"] = self.bos_token_id
+        if self.eos_token_id is not None:
+            eos = self.eos_token_id
+            out["eos_token_id"] = list(eos) if isinstance(eos, tuple) else eos
+        return out
+
+    def num_params(self) -> int:
+        e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+        h, k = self.num_heads, self.num_kv_heads
+        per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f + 2 * e
+        if self.attention_bias:
+            per_layer += h * d + 2 * k * d
+        if self.qk_norm:
+            per_layer += 2 * d
+        head = 0 if self.tie_word_embeddings else e * self.vocab_size
+        return self.vocab_size * e + self.num_layers * per_layer + e + head
+
+    def matmul_params_per_token(self) -> int:
+        """Weights touched by matmuls for one token (excludes the embedding lookup): FLOPs = 2x this."""
+        e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+        h, k = self.num_heads, self.num_kv_heads
+        per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f
+        return self.num_layers * per_layer + e * self.vocab_size
 
 
 def _parse_rope(c: dict) -> tuple[float, tuple | None]:
-  """(rope_theta, hashable rope_scaling) from legacy keys or transformers 5 `rope_parameters`."""
-  params = c.get("rope_parameters")
-  if isinstance(params, dict) and params:
-    theta = float(params.get("rope_theta", c.get("rope_theta", 10000.0)))
-    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-  else:
-    theta = float(c.get("rope_theta", 10000.0))
-    scaling = dict(c.get("rope_scaling") or {})
-  if "type" in scaling and "rope_type" not in scaling:
-    scaling["rope_type"] = scaling.pop("type")
-  scaling.pop("type", None)
-  if not scaling or scaling.get("rope_type", "default") == "default":
-    return theta, None
-  return theta, _hashable(scaling)
+    """(rope_theta, hashable rope_scaling) from legacy keys or transformers 5 `rope_parameters`."""
+    params = c.get("rope_parameters")
+    if isinstance(params, dict) and params:
+        theta = float(params.get("rope_theta", c.get("rope_theta", 10000.0)))
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = float(c.get("rope_theta", 10000.0))
+        scaling = dict(c.get("rope_scaling") or {})
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    scaling.pop("type", None)
+    if not scaling or scaling.get("rope_type", "default") == "default":
+        return theta, None
+    return theta, _hashable(scaling)
 
 
 def _check_sliding_window(c: dict, max_positions: int) -> None:
-  """Sliding-window attention is not implemented: refuse only where it would change results."""
-  window = c.get("sliding_window")
-  layer_types = c.get("layer_types") or ()
-  if c.get("model_type") in ("qwen2", "qwen3"):
-    uses_window = bool(c.get("use_sliding_window")) or "sliding_attention" in layer_types
-  else:
-    uses_window = window is not None
-  if uses_window and window is not None and int(window) < max_positions:
-    raise ConfigError(
-        f"config.json: sliding_window={window} < max_position_embeddings={max_positions}; "
-        "sliding-window attention is not supported: load with "
-        f"max_position_embeddings={window} (an override) to use contexts up to the window")
+    """Sliding-window attention is not implemented: refuse only where it would change results."""
+    window = c.get("sliding_window")
+    layer_types = c.get("layer_types") or ()
+    if c.get("model_type") in ("qwen2", "qwen3"):
+        uses_window = bool(c.get("use_sliding_window")) or "sliding_attention" in layer_types
+    else:
+        uses_window = window is not None
+    if uses_window and window is not None and int(window) < max_positions:
+        raise ConfigError(
+            f"config.json: sliding_window={window} < max_position_embeddings={max_positions}; "
+            "sliding-window attention is not supported: load with "
+            f"max_position_embeddings={window} (an override) to use contexts up to the window"
+        )

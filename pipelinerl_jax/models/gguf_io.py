@@ -23,8 +23,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import ml_dtypes
 import numpy as np
@@ -45,9 +45,14 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 # llama.cpp stores Llama 3.1+ rope scaling as per-frequency divisors, not as metadata.
@@ -56,18 +61,25 @@ _NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bf
 
 # Split regexes of llama.cpp's pre-tokenizer types (the byte-level step then runs without its
 # own regex). None: GPT-2's regex, i.e. `ByteLevel(use_regex=True)`.
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _PRE_TOKENIZERS = {
-    "default": None, "gpt2": None, "gpt-2": None,
+    "default": None,
+    "gpt2": None,
+    "gpt-2": None,
     "smollm": "digits",  # GPT-2's regex after splitting every digit off (llama.cpp's SMOLLM)
-    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT,
 }
 _CONTROL, _USER_DEFINED = 3, 4  # gguf.TokenType values
 
 
 # --- reading ---------------------------------------------------------------------------------
+
 
 def open_gguf(path: str | os.PathLike):
     """(GGUFReader, metadata dict). Missing, non-GGUF or truncated files -> one-line ConfigError."""
@@ -80,22 +92,27 @@ def open_gguf(path: str | os.PathLike):
         reader = gguf.GGUFReader(path)
         meta = {key: field.contents() for key, field in reader.fields.items()}
     except Exception as e:  # the reader raises ValueError, IndexError, ... on damaged files.
-        raise ConfigError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); the file "
-                          "is truncated or not GGUF, download it again") from None
+        raise ConfigError(
+            f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); the file "
+            "is truncated or not GGUF, download it again"
+        ) from None
     return reader, meta
 
 
 def _check_supported(path: Path, reader, meta: dict) -> str:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
-        raise ConfigError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
-                          f"{', '.join(SUPPORTED_ARCHS)}")
+        raise ConfigError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ARCHS)}"
+        )
     for t in reader.tensors:
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise ConfigError(
                 f"{path.name}: tensor {t.name!r} has type {t.tensor_type.name}, which is not "
                 f"supported; supported: {', '.join(SUPPORTED_TYPES)} (use a file quantized "
-                "to one of these, e.g. Q8_0 or Q4_1)")
+                "to one of these, e.g. Q8_0 or Q4_1)"
+            )
     return arch
 
 
@@ -106,15 +123,24 @@ def _llama3_rope_scaling(factors_P: np.ndarray, head_dim: int, theta: float) -> 
     the ones every Llama 3.x release uses, accepted only if they reproduce the tensor.
     """
     from pipelinerl_jax.models import rope
-    scaling = {"rope_type": "llama3", "factor": float(factors_P.max()), "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+    scaling = {
+        "rope_type": "llama3",
+        "factor": float(factors_P.max()),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     plain_P = rope.inv_frequencies(head_dim, theta, None)
     scaled_P = rope.inv_frequencies(head_dim, theta, scaling)
-    matches = factors_P.shape == plain_P.shape and np.allclose(plain_P / scaled_P, factors_P,
-                                                                rtol=1e-4)
+    matches = factors_P.shape == plain_P.shape and np.allclose(
+        plain_P / scaled_P, factors_P, rtol=1e-4
+    )
     if not matches:
-        raise ConfigError(f"{_ROPE_FREQS}: rope frequency factors that are not Llama 3 rope "
-                          f"scaling ({scaling}) are not supported")
+        raise ConfigError(
+            f"{_ROPE_FREQS}: rope frequency factors that are not Llama 3 rope "
+            f"scaling ({scaling}) are not supported"
+        )
     return scaling
 
 
@@ -146,24 +172,33 @@ def hf_config(meta: dict, reader, *, dtype: str = "float32") -> tuple[ModelConfi
             "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         }
     except (KeyError, StopIteration) as e:
-        raise ConfigError(f"GGUF metadata: missing {e.args[0] if e.args else 'token_embd.weight'!r}"
-                          "; the file is not a complete llama model") from None
+        raise ConfigError(
+            f"GGUF metadata: missing {e.args[0] if e.args else 'token_embd.weight'!r}"
+            "; the file is not a complete llama model"
+        ) from None
     rotary = meta.get(f"{a}.rope.dimension_count", config["head_dim"])
     if rotary != config["head_dim"]:
-        raise ConfigError(f"GGUF metadata: {a}.rope.dimension_count={rotary} != head_dim="
-                          f"{config['head_dim']}; partial rotary embeddings are not supported")
+        raise ConfigError(
+            f"GGUF metadata: {a}.rope.dimension_count={rotary} != head_dim="
+            f"{config['head_dim']}; partial rotary embeddings are not supported"
+        )
     scaling_type = meta.get(f"{a}.rope.scaling.type", "none")
     if scaling_type == "linear":
-        config["rope_scaling"] = {"rope_type": "linear",
-                                  "factor": float(meta[f"{a}.rope.scaling.factor"])}
+        config["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": float(meta[f"{a}.rope.scaling.factor"]),
+        }
     elif scaling_type != "none":
-        raise ConfigError(f"GGUF metadata: {a}.rope.scaling.type={scaling_type!r} is not "
-                          "supported; supported: none, linear, llama3 (rope_freqs tensor)")
+        raise ConfigError(
+            f"GGUF metadata: {a}.rope.scaling.type={scaling_type!r} is not "
+            "supported; supported: none, linear, llama3 (rope_freqs tensor)"
+        )
     if _ROPE_FREQS in names:
         tensor = next(t for t in reader.tensors if t.name == _ROPE_FREQS)
         factors_P = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1)
-        config["rope_scaling"] = _llama3_rope_scaling(factors_P, config["head_dim"],
-                                                      config["rope_theta"])
+        config["rope_scaling"] = _llama3_rope_scaling(
+            factors_P, config["head_dim"], config["rope_theta"]
+        )
     cfg = ModelConfig.from_hf(config, param_dtype=dtype, compute_dtype=dtype)
     out = cfg.to_hf()
     if meta.get("tokenizer.ggml.padding_token_id") is not None:
@@ -201,8 +236,10 @@ def hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, object]]:
             continue  # became config.json's rope_scaling
         name = hf_name(t.name)
         if name is None:
-            raise ConfigError(f"GGUF tensor {t.name!r} has no place in a {cfg.model_type} model "
-                              "(MoE, biases and other variants are not supported)")
+            raise ConfigError(
+                f"GGUF tensor {t.name!r} has no place in a {cfg.model_type} model "
+                "(MoE, biases and other variants are not supported)"
+            )
         yield name, t
 
 
@@ -221,19 +258,31 @@ def dequantize(tensor, cfg: ModelConfig) -> np.ndarray:
 
 # --- tokenizer -------------------------------------------------------------------------------
 
+
 def build_tokenizer(meta: dict):
     """(tokenizers.Tokenizer, tokenizer_config dict) from the GGUF vocabulary and merges."""
-    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
-                            processors)
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
 
     kind = meta.get("tokenizer.ggml.model")
     if kind not in SUPPORTED_TOKENIZERS:
-        raise ConfigError(f"GGUF tokenizer.ggml.model={kind!r} is not supported; supported: "
-                          f"{', '.join(SUPPORTED_TOKENIZERS)} (byte-level BPE)")
+        raise ConfigError(
+            f"GGUF tokenizer.ggml.model={kind!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_TOKENIZERS)} (byte-level BPE)"
+        )
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
-        raise ConfigError(f"GGUF tokenizer.ggml.pre={pre!r} is not supported; supported: "
-                          f"{', '.join(_PRE_TOKENIZERS)}")
+        raise ConfigError(
+            f"GGUF tokenizer.ggml.pre={pre!r} is not supported; supported: "
+            f"{', '.join(_PRE_TOKENIZERS)}"
+        )
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     vocab: dict[str, int] = {}
@@ -243,26 +292,40 @@ def build_tokenizer(meta: dict):
     try:
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     except Exception as e:  # tokenizers raises a bare Exception on inconsistent merges.
-        raise ConfigError(f"GGUF tokenizer: vocabulary and merges do not form a BPE ({e})"
-                          ) from None
+        raise ConfigError(
+            f"GGUF tokenizer: vocabulary and merges do not form a BPE ({e})"
+        ) from None
     split = _PRE_TOKENIZERS[pre]
     # GPT-2's regex inside ByteLevel, unless a Split in front already does the splitting.
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                          use_regex=split in (None, "digits"))
+    byte_level = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, use_regex=split in (None, "digits")
+    )
     if split == "digits":
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
     elif split is not None:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level])
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level]
+        )
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     # Control tokens stay whole and are special; user-defined ones stay whole, not special.
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, k in zip(tokens, types) if k == _CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, k in zip(tokens, types) if k == _USER_DEFINED])
+    tok.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == _CONTROL
+        ]
+    )
+    tok.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == _USER_DEFINED
+        ]
+    )
 
     def token(key):
         i = meta.get(f"tokenizer.ggml.{key}")
@@ -276,14 +339,24 @@ def build_tokenizer(meta: dict):
         last = [eos] if add_eos else []
         tok.post_processor = processors.TemplateProcessing(
             single=" ".join(first + ["$A"] + last),
-            pair=" ".join(first + ["$A"] + last + [f"{t}:1" for t in first] + ["$B:1"]
-                          + [f"{t}:1" for t in last]),
-            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(first + last)])
+            pair=" ".join(
+                first
+                + ["$A"]
+                + last
+                + [f"{t}:1" for t in first]
+                + ["$B:1"]
+                + [f"{t}:1" for t in last]
+            ),
+            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(first + last)],
+        )
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos, "eos_token": eos, "unk_token": token("unknown_token_id"),
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": token("unknown_token_id"),
         "pad_token": token("padding_token_id"),
-        "add_bos_token": add_bos, "add_eos_token": add_eos,
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
         "clean_up_tokenization_spaces": False,
     }
     tok_config = {k: v for k, v in tok_config.items() if v is not None}
@@ -293,6 +366,7 @@ def build_tokenizer(meta: dict):
 
 
 # --- writing ---------------------------------------------------------------------------------
+
 
 def _shard_plan(named, dtype: np.dtype, max_shard_bytes: int) -> list[list[tuple[str, object]]]:
     """Groups (HF name, GGUF tensor) into shards of at most max_shard_bytes (output dtype)."""
@@ -317,18 +391,27 @@ def _check_layout(named: list[tuple[str, object]], cfg: ModelConfig) -> None:
     present = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in named}
     missing = sorted(set(expected) - set(present))
     if missing:
-        raise ConfigError(f"GGUF file: no tensor for {missing[0]!r} ({len(missing)} missing); "
-                          "the file is incomplete")
+        raise ConfigError(
+            f"GGUF file: no tensor for {missing[0]!r} ({len(missing)} missing); "
+            "the file is incomplete"
+        )
     for name, shape in present.items():
         if name not in expected:
             raise ConfigError(f"GGUF file: unexpected tensor for {name!r}; not a llama layout")
         if shape != expected[name]:
-            raise ConfigError(f"GGUF file: tensor for {name!r} has shape {shape}, but the "
-                              f"metadata implies {expected[name]}; the file is inconsistent")
+            raise ConfigError(
+                f"GGUF file: tensor for {name!r} has shape {shape}, but the "
+                f"metadata implies {expected[name]}; the file is inconsistent"
+            )
 
 
-def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32",
-            max_shard_bytes: int = 4 * 2**30) -> dict:
+def convert(
+    gguf_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    max_shard_bytes: int = 4 * 2**30,
+) -> dict:
     """Writes the GGUF model as a Hugging Face directory at `out_dir`; returns what it did."""
     from safetensors.numpy import save_file
 
@@ -351,8 +434,11 @@ def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
         shards = _shard_plan(named, np_dtype, max_shard_bytes)
         weight_map, total = {}, 0
         for n, shard in enumerate(shards, start=1):
-            fname = (hf_io.SINGLE_FILE if len(shards) == 1
-                     else f"model-{n:05d}-of-{len(shards):05d}.safetensors")
+            fname = (
+                hf_io.SINGLE_FILE
+                if len(shards) == 1
+                else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+            )
             arrays = {name: dequantize(t, cfg).astype(np_dtype) for name, t in shard}
             save_file(arrays, str(tmp / fname), metadata={"format": "pt"})
             for name, array in arrays.items():
@@ -360,21 +446,32 @@ def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
                 total += array.nbytes
             del arrays
         if len(shards) > 1:
-            (tmp / hf_io.INDEX_FILE).write_text(json.dumps(
-                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+            (tmp / hf_io.INDEX_FILE).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         gen = hf_io.generation_config(cfg, config.get("pad_token_id"))
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         tokenizer.save(str(tmp / "tokenizer.json"))
         tok_config["model_max_length"] = cfg.max_position_embeddings
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-        source = {"gguf": gguf_path.name, "bytes": gguf_path.stat().st_size, "dtype": dtype,
-                  "architecture": arch}
+        source = {
+            "gguf": gguf_path.name,
+            "bytes": gguf_path.stat().st_size,
+            "dtype": dtype,
+            "architecture": arch,
+        }
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
         hf_io.replace_dir(tmp, out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     types = sorted({t.tensor_type.name for t in reader.tensors})
-    return {"out": str(out_dir), "model_type": cfg.model_type, "params": cfg.num_params(),
-            "dtype": dtype, "gguf_types": types, "name": meta.get("general.name")}
+    return {
+        "out": str(out_dir),
+        "model_type": cfg.model_type,
+        "params": cfg.num_params(),
+        "dtype": dtype,
+        "gguf_types": types,
+        "name": meta.get("general.name"),
+    }

@@ -15,8 +15,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import jax
 import ml_dtypes
@@ -32,8 +32,15 @@ from pipelinerl_jax.models.config import ModelConfig
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
 )
 # Buffers some exporters leave in checkpoints; recomputed here, safe to skip.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -43,9 +50,9 @@ _NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bf
 def _tensor_specs(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...], int]]:
     """(our key, HF name with {i} for the layer, our per-layer shape, n_in) for every tensor.
 
-  n_in > 0 marks a linear weight: HF stores [out, in]; ours is (in dims..., out dims...) with
-  the first n_in dims the input. n_in == 0: same data, maybe reshaped (norms, biases, embed).
-  """
+    n_in > 0 marks a linear weight: HF stores [out, in]; ours is (in dims..., out dims...) with
+    the first n_in dims the input. n_in == 0: same data, maybe reshaped (norms, biases, embed).
+    """
     e, f, d, v = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.vocab_size
     h, k = cfg.num_heads, cfg.num_kv_heads
     p = "model.layers.{i}."
@@ -63,12 +70,16 @@ def _tensor_specs(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...], int
         ("layers/down_proj", p + "mlp.down_proj.weight", (f, e), 1),
     ]
     if cfg.attention_bias:
-        specs += [("layers/q_bias", p + "self_attn.q_proj.bias", (h, d), 0),
-                  ("layers/k_bias", p + "self_attn.k_proj.bias", (k, d), 0),
-                  ("layers/v_bias", p + "self_attn.v_proj.bias", (k, d), 0)]
+        specs += [
+            ("layers/q_bias", p + "self_attn.q_proj.bias", (h, d), 0),
+            ("layers/k_bias", p + "self_attn.k_proj.bias", (k, d), 0),
+            ("layers/v_bias", p + "self_attn.v_proj.bias", (k, d), 0),
+        ]
     if cfg.qk_norm:
-        specs += [("layers/q_norm", p + "self_attn.q_norm.weight", (d,), 0),
-                  ("layers/k_norm", p + "self_attn.k_norm.weight", (d,), 0)]
+        specs += [
+            ("layers/q_norm", p + "self_attn.q_norm.weight", (d,), 0),
+            ("layers/k_norm", p + "self_attn.k_norm.weight", (d,), 0),
+        ]
     if not cfg.tie_word_embeddings:
         specs.append(("lm_head", "lm_head.weight", (e, v), 1))
     return specs
@@ -105,19 +116,26 @@ class _Reader:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (json.JSONDecodeError, KeyError) as e:
-                raise ConfigError(f"{index}: not a valid safetensors index ({e}); re-export the model") from None
+                raise ConfigError(
+                    f"{index}: not a valid safetensors index ({e}); re-export the model"
+                ) from None
             self.where = {name: model_dir / fname for name, fname in weight_map.items()}
             for path in sorted(set(self.where.values())):
                 if not path.exists():
-                    raise ConfigError(f"{path}: shard listed in {INDEX_FILE} is missing; copy it or re-download")
+                    raise ConfigError(
+                        f"{path}: shard listed in {INDEX_FILE} is missing; copy it or re-download"
+                    )
         elif single.exists():
             self.where = None
             self.single = single
         else:
-            found = sorted(p.name for p in model_dir.glob("*.bin")) or sorted(p.name for p in model_dir.iterdir())
+            found = sorted(p.name for p in model_dir.glob("*.bin")) or sorted(
+                p.name for p in model_dir.iterdir()
+            )
             raise ConfigError(
                 f"{model_dir}: no {SINGLE_FILE} or {INDEX_FILE} (found {found[:5]}); "
-                "save the model with save_pretrained(..., safe_serialization=True)")
+                "save the model with save_pretrained(..., safe_serialization=True)"
+            )
         self._handles: dict[Path, object] = {}
 
     def _handle(self, path: Path):
@@ -125,7 +143,9 @@ class _Reader:
             try:
                 self._handles[path] = safe_open(str(path), framework="numpy")
             except Exception as e:  # safetensors raises its own error types for corrupt files.
-                raise ConfigError(f"{path}: cannot read safetensors file ({e}); re-export it") from None
+                raise ConfigError(
+                    f"{path}: cannot read safetensors file ({e}); re-export it"
+                ) from None
         return self._handles[path]
 
     def names(self) -> set[str]:
@@ -143,7 +163,8 @@ class _Reader:
         if shape != tuple(expected):
             raise ConfigError(
                 f"{path.name}: tensor {name!r} has shape {shape} but config.json implies "
-                f"{tuple(expected)}; the weights do not match config.json")
+                f"{tuple(expected)}; the weights do not match config.json"
+            )
         return handle.get_tensor(name)
 
 
@@ -174,22 +195,33 @@ def _leaf_shardings(shardings, keys: list[str]) -> dict:
     return out
 
 
-def load_hf(model_dir: str | os.PathLike, *, param_dtype: str = "float32",
-            compute_dtype: str | None = None, shardings=None, remat: bool = False,
-            config_overrides: dict | None = None,
-            check_tokenizer: bool = True) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
+def load_hf(
+    model_dir: str | os.PathLike,
+    *,
+    param_dtype: str = "float32",
+    compute_dtype: str | None = None,
+    shardings=None,
+    remat: bool = False,
+    config_overrides: dict | None = None,
+    check_tokenizer: bool = True,
+) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
     """Loads a Hugging Face Llama/Qwen2/Qwen3/Mistral directory -> (cfg, graphdef, params).
 
-  `shardings`: None (default device), one Sharding for every leaf, or the pytree from
-  `pipelinerl_jax.sharding.param_shardings`; each leaf goes straight onto its sharding.
-  """
+    `shardings`: None (default device), one Sharding for every leaf, or the pytree from
+    `pipelinerl_jax.sharding.param_shardings`; each leaf goes straight onto its sharding.
+    """
     model_dir = Path(model_dir)
     hf_config = read_config(model_dir)
-    cfg = ModelConfig.from_hf(hf_config, param_dtype=param_dtype,
-                              compute_dtype=compute_dtype or param_dtype, remat=remat,
-                              **(config_overrides or {}))
+    cfg = ModelConfig.from_hf(
+        hf_config,
+        param_dtype=param_dtype,
+        compute_dtype=compute_dtype or param_dtype,
+        remat=remat,
+        **(config_overrides or {}),
+    )
     if check_tokenizer and (model_dir / "tokenizer.json").exists():
         from pipelinerl_jax.models import tokenizer as tok_lib
+
         tok_lib.check_vocab(tok_lib.Tokenizer.from_dir(model_dir), cfg)
     reader = _Reader(model_dir)
     specs = _tensor_specs(cfg)
@@ -199,15 +231,18 @@ def load_hf(model_dir: str | os.PathLike, *, param_dtype: str = "float32",
     if missing:
         raise ConfigError(
             f"{model_dir}: tensor {missing[0]!r} not found ({len(missing)} missing); the checkpoint "
-            f"is incomplete or its model_type {cfg.model_type!r} / tie_word_embeddings is wrong")
+            f"is incomplete or its model_type {cfg.model_type!r} / tie_word_embeddings is wrong"
+        )
     allowed_extra = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
-    unexpected = sorted(n for n in present - expected_names - allowed_extra
-                        if not n.endswith(_IGNORED_SUFFIXES))
+    unexpected = sorted(
+        n for n in present - expected_names - allowed_extra if not n.endswith(_IGNORED_SUFFIXES)
+    )
     if unexpected:
         raise ConfigError(
             f"{reader.path_of(unexpected[0]).name}: unexpected tensor {unexpected[0]!r} "
             f"({len(unexpected)} in all) for model_type {cfg.model_type!r}; this architecture "
-            "variant is not supported")
+            "variant is not supported"
+        )
 
     dtype = _NP_DTYPES[param_dtype]
     target = _leaf_shardings(shardings, [key for key, *_ in specs])
@@ -272,14 +307,19 @@ def generation_config(cfg: ModelConfig, pad_token_id: int | None = None) -> dict
     return out
 
 
-def save_hf(model_dir: str | os.PathLike, cfg: ModelConfig, params, *,
-            tokenizer_dir: str | os.PathLike | None = None,
-            max_shard_bytes: int = 4 * 2**30) -> None:
+def save_hf(
+    model_dir: str | os.PathLike,
+    cfg: ModelConfig,
+    params,
+    *,
+    tokenizer_dir: str | os.PathLike | None = None,
+    max_shard_bytes: int = 4 * 2**30,
+) -> None:
     """Writes a Hugging Face directory (config, generation config, weights, tokenizer files).
 
-  Weights keep the param dtype. The directory is assembled under a temporary name and renamed
-  into place, replacing an existing `model_dir` only once everything is written.
-  """
+    Weights keep the param dtype. The directory is assembled under a temporary name and renamed
+    into place, replacing an existing `model_dir` only once everything is written.
+    """
     model_dir = Path(model_dir)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
@@ -296,19 +336,24 @@ def save_hf(model_dir: str | os.PathLike, cfg: ModelConfig, params, *,
                 for name, array in shard.items():
                     weight_map[name] = fname
                     total += array.nbytes
-            (tmp / INDEX_FILE).write_text(json.dumps(
-                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+            (tmp / INDEX_FILE).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
         del shards
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
         gen_src = Path(tokenizer_dir) / "generation_config.json" if tokenizer_dir else None
         if gen_src is not None and gen_src.exists():
             shutil.copyfile(gen_src, tmp / "generation_config.json")
         else:
-            (tmp / "generation_config.json").write_text(json.dumps(generation_config(cfg), indent=2))
+            (tmp / "generation_config.json").write_text(
+                json.dumps(generation_config(cfg), indent=2)
+            )
         if tokenizer_dir is not None:
             tokenizer_dir = Path(tokenizer_dir)
             if not (tokenizer_dir / "tokenizer.json").exists():
-                raise ConfigError(f"{tokenizer_dir}: no tokenizer.json to copy; pass the model's own directory")
+                raise ConfigError(
+                    f"{tokenizer_dir}: no tokenizer.json to copy; pass the model's own directory"
+                )
             for fname in TOKENIZER_FILES:
                 if (tokenizer_dir / fname).exists():
                     shutil.copyfile(tokenizer_dir / fname, tmp / fname)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +48,16 @@ class Llama(nnx.Module):
         h, k, n = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
         # One normal draw sliced into every weight: each separate jax.random call costs about a
         # second of XLA compile time on CPU, which dominated test time with ~15 calls.
-        shapes = [(cfg.vocab_size, e), (n, e, h, d), (n, e, k, d), (n, e, k, d), (n, h, d, e),
-                  (n, e, f), (n, e, f), (n, f, e)]
+        shapes = [
+            (cfg.vocab_size, e),
+            (n, e, h, d),
+            (n, e, k, d),
+            (n, e, k, d),
+            (n, h, d, e),
+            (n, e, f),
+            (n, e, f),
+            (n, f, e),
+        ]
         if cfg.attention_bias:
             shapes += [(n, h, d), (n, k, d), (n, k, d)]
         if not cfg.tie_word_embeddings:
@@ -61,7 +70,7 @@ class Llama(nnx.Module):
         def normal(*shape):
             i = next(offsets)
             assert shapes[i] == shape, (shapes[i], shape)
-            return flat[starts[i]:starts[i] + sizes[i]].reshape(shape).astype(dtype)
+            return flat[starts[i] : starts[i] + sizes[i]].reshape(shape).astype(dtype)
 
         def ones(*shape):
             return jnp.ones(shape, dtype)
@@ -122,8 +131,11 @@ def arrays(params) -> dict:
     """Nested dict of raw arrays from an nnx.State (or a dict already holding arrays)."""
     if isinstance(params, nnx.State):
         return nnx.to_pure_dict(params)
-    return jax.tree.map(lambda v: v.get_value() if isinstance(v, nnx.Variable) else v, params,
-                        is_leaf=lambda v: isinstance(v, nnx.Variable))
+    return jax.tree.map(
+        lambda v: v.get_value() if isinstance(v, nnx.Variable) else v,
+        params,
+        is_leaf=lambda v: isinstance(v, nnx.Variable),
+    )
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -133,10 +145,11 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight.astype(x.dtype) * normed.astype(x.dtype)
 
 
-def segment_visible(segment_ids_BxT: jax.Array, prefix_ids_BxT: jax.Array | None,
-                    queries: slice, keys: slice) -> jax.Array:
+def segment_visible(
+    segment_ids_BxT: jax.Array, prefix_ids_BxT: jax.Array | None, queries: slice, keys: slice
+) -> jax.Array:
     """[B, Q, S] bool: key s is in the query's segment or in the shared prefix it continues
-  (`prefix_ids`, -1 for none; see rl/batch.py), and not after the query (causal)."""
+    (`prefix_ids`, -1 for none; see rl/batch.py), and not after the query (causal)."""
     seg_BxT = segment_ids_BxT
     q_BxQ, k_BxS = seg_BxT[:, queries], seg_BxT[:, keys]
     visible_BxQxS = q_BxQ[:, :, None] == k_BxS[:, None, :]
@@ -147,14 +160,15 @@ def segment_visible(segment_ids_BxT: jax.Array, prefix_ids_BxT: jax.Array | None
     return visible_BxQxS & (q_pos[:, None] >= k_pos[None, :])
 
 
-def segment_causal_attention(segment_ids_BxT: jax.Array,
-                             prefix_ids_BxT: jax.Array | None = None) -> AttentionFn:
+def segment_causal_attention(
+    segment_ids_BxT: jax.Array, prefix_ids_BxT: jax.Array | None = None
+) -> AttentionFn:
     """Causal attention within each segment of a packed row, none across segments, except that
-  a segment also sees the shared-prompt segment its `prefix_ids` name.
+    a segment also sees the shared-prompt segment its `prefix_ids` name.
 
-  Segments are contiguous runs of equal ids (padding can be its own segment: every query
-  attends at least to itself, so no row is fully masked). The layer cache passes through.
-  """
+    Segments are contiguous runs of equal ids (padding can be its own segment: every query
+    attends at least to itself, so no row is fully masked). The layer cache passes through.
+    """
     everything = slice(None)
     mask_BxTxS = segment_visible(segment_ids_BxT, prefix_ids_BxT, everything, everything)
 
@@ -169,8 +183,9 @@ def masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> jax.Array:
     B, T, H, D = q_BxTxHxD.shape
     K = k_BxSxKxD.shape[2]
     q_BxTxKxGxD = q_BxTxHxD.reshape(B, T, K, H // K, D)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD,
-                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(D))
+    scores = jnp.einsum(
+        "btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=jnp.float32
+    ) * (1.0 / math.sqrt(D))
     scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs_BxKxGxTxS = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxD.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs_BxKxGxTxS, v_BxSxKxD)
@@ -180,25 +195,27 @@ def masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> jax.Array:
 def _dense(x_BxTxI, w: jax.Array, n_in: int) -> jax.Array:
     """x @ w over the first `n_in` dims of w, as one 2-D matmul on free reshapes.
 
-  Spelling the projections as einsums over split head axes (e.g. "bthd,hde->bte") let XLA
-  CPU pick a contraction order that transposed the weight and the activations on every call.
-  Rows are flattened to one [B*T, I] matrix as well: with a 3-D left operand XLA CPU wrote
-  transposed [O, B*T] copies in every weight-gradient matmul of the backward pass.
+    Spelling the projections as einsums over split head axes (e.g. "bthd,hde->bte") let XLA
+    CPU pick a contraction order that transposed the weight and the activations on every call.
+    Rows are flattened to one [B*T, I] matrix as well: with a 3-D left operand XLA CPU wrote
+    transposed [O, B*T] copies in every weight-gradient matmul of the backward pass.
 
-  Accumulated in f32 and rounded once to x's dtype: for bf16 that is what lets XLA:CPU take
-  its fast matmul path (on a Xeon with AMX, [4096, 512] @ [512, 1536] ran at ~290 GFLOP/s
-  with a bf16 result and ~840 with f32 accumulation; f32 inputs are unaffected).
-  """
+    Accumulated in f32 and rounded once to x's dtype: for bf16 that is what lets XLA:CPU take
+    its fast matmul path (on a Xeon with AMX, [4096, 512] @ [512, 1536] ran at ~290 GFLOP/s
+    with a bf16 result and ~840 with f32 accumulation; f32 inputs are unaffected).
+    """
     ins, outs = w.shape[:n_in], w.shape[n_in:]
-    lead = x_BxTxI.shape[:x_BxTxI.ndim - n_in]
+    lead = x_BxTxI.shape[: x_BxTxI.ndim - n_in]
     x2 = x_BxTxI.reshape(math.prod(lead), math.prod(ins))
-    y2 = jnp.matmul(x2, w.reshape(math.prod(ins), math.prod(outs)),
-                    preferred_element_type=jnp.float32)
+    y2 = jnp.matmul(
+        x2, w.reshape(math.prod(ins), math.prod(outs)), preferred_element_type=jnp.float32
+    )
     return y2.astype(x_BxTxI.dtype).reshape(*lead, *outs)
 
 
-def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, layer_cache,
-           reduce=None):
+def _layer(
+    cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, layer_cache, reduce=None
+):
     """One pre-norm decoder block; `lp` holds this layer's params already in compute dtype.
 
     `reduce` (tensor parallelism inside shard_map, e.g. a psum over the tp axis) sums the
@@ -227,14 +244,20 @@ def _layer(cfg: ModelConfig, x_BxTxE, lp: dict, cos, sin, attend: AttentionFn, l
     return x_BxTxE + reduce(_dense(gated_BxTxF, lp["down_proj"], 1)), layer_cache
 
 
-def forward_hidden(graphdef: nnx.GraphDef, params, tokens_BxT: jax.Array,
-                   positions_BxT: jax.Array, *, attend: AttentionFn,
-                   cache=None) -> tuple[jax.Array, Any]:
+def forward_hidden(
+    graphdef: nnx.GraphDef,
+    params,
+    tokens_BxT: jax.Array,
+    positions_BxT: jax.Array,
+    *,
+    attend: AttentionFn,
+    cache=None,
+) -> tuple[jax.Array, Any]:
     """Hidden states after the final norm [B, T, E] (compute dtype), and the updated cache.
 
-  `cache` is None or a pytree whose leaves all have a leading L axis; each layer's slice is
-  handed to `attend` and the returned slices are stacked into the new cache.
-  """
+    `cache` is None or a pytree whose leaves all have a leading L axis; each layer's slice is
+    handed to `attend` and the returned slices are stacked into the new cache.
+    """
     cfg = config_of(graphdef)
     p = arrays(params)
     dtype = jnp.dtype(cfg.compute_dtype)
@@ -262,15 +285,21 @@ def lm_head_weight(params) -> jax.Array:
 def logits_from_hidden(params, hidden_BxTxE: jax.Array) -> jax.Array:
     """Logits [B, T, V] in float32 (the head always runs in f32, as in the trainer's logprobs)."""
     w_ExV = lm_head_weight(params).astype(jnp.float32)
-    return jnp.einsum("bte,ev->btv", hidden_BxTxE.astype(jnp.float32), w_ExV,
-                      preferred_element_type=jnp.float32)
+    return jnp.einsum(
+        "bte,ev->btv", hidden_BxTxE.astype(jnp.float32), w_ExV, preferred_element_type=jnp.float32
+    )
 
 
-def forward(graphdef: nnx.GraphDef, params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-            segment_ids_BxT: jax.Array | None = None,
-            prefix_ids_BxT: jax.Array | None = None) -> jax.Array:
+def forward(
+    graphdef: nnx.GraphDef,
+    params,
+    tokens_BxT: jax.Array,
+    positions_BxT: jax.Array,
+    segment_ids_BxT: jax.Array | None = None,
+    prefix_ids_BxT: jax.Array | None = None,
+) -> jax.Array:
     """Full-sequence logits [B, T, V] f32; packed rows when `segment_ids_BxT` is given (with
-  shared prompts when `prefix_ids_BxT` is too)."""
+    shared prompts when `prefix_ids_BxT` is too)."""
     if segment_ids_BxT is None:
         segment_ids_BxT = jnp.zeros(tokens_BxT.shape, jnp.int32)
     attend = segment_causal_attention(segment_ids_BxT, prefix_ids_BxT)
@@ -279,7 +308,8 @@ def forward(graphdef: nnx.GraphDef, params, tokens_BxT: jax.Array, positions_BxT
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def jit_forward(graphdef, params, tokens_BxT, positions_BxT, segment_ids_BxT=None,
-                prefix_ids_BxT=None):
+def jit_forward(
+    graphdef, params, tokens_BxT, positions_BxT, segment_ids_BxT=None, prefix_ids_BxT=None
+):
     """`forward` under jit (graphdef static)."""
     return forward(graphdef, params, tokens_BxT, positions_BxT, segment_ids_BxT, prefix_ids_BxT)

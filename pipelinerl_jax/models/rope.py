@@ -30,14 +30,21 @@ def check_rope_scaling(rope_scaling: tuple | dict | None) -> None:
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
             f"config.json: rope_scaling type {rope_type!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)} (remove rope_scaling or convert the model)")
+            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)} (remove rope_scaling or convert the model)"
+        )
     if rope_type == "linear" and "factor" not in scaling:
         raise ConfigError("config.json: rope_scaling type 'linear' needs a 'factor'")
     if rope_type == "llama3":
-        missing = {"factor", "low_freq_factor", "high_freq_factor",
-                   "original_max_position_embeddings"} - scaling.keys()
+        missing = {
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        } - scaling.keys()
         if missing:
-            raise ConfigError(f"config.json: rope_scaling type 'llama3' is missing {sorted(missing)}")
+            raise ConfigError(
+                f"config.json: rope_scaling type 'llama3' is missing {sorted(missing)}"
+            )
 
 
 def inv_frequencies(head_dim: int, theta: float, rope_scaling: tuple | dict | None) -> np.ndarray:

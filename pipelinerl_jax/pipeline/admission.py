@@ -28,8 +28,9 @@ from pipelinerl_jax.errors import ConfigError
 class Admission:
     """Thread-safe admission counter shared by the sampler thread and the trainer thread."""
 
-    def __init__(self, *, groups_per_step: int, max_lag: int, mode: str = "pipeline",
-                             round_steps: int = 1):
+    def __init__(
+        self, *, groups_per_step: int, max_lag: int, mode: str = "pipeline", round_steps: int = 1
+    ):
         if groups_per_step < 1:
             raise ConfigError(f"groups_per_step={groups_per_step} must be >= 1")
         if mode not in ("pipeline", "conventional"):

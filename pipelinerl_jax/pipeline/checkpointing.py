@@ -53,21 +53,27 @@ def interrupted(coord, ckpt: Checkpoints | None, echo) -> None:
     a relaunch with the same workdir resumes from."""
     step = coord.step
     if ckpt is None:
-        echo(f"interrupted at step {step}: no checkpoint saved (checkpoints need --workdir and "
-             "checkpoint_every > 0); a relaunch starts over from step 0")
+        echo(
+            f"interrupted at step {step}: no checkpoint saved (checkpoints need --workdir and "
+            "checkpoint_every > 0); a relaunch starts over from step 0"
+        )
         return
     every = ckpt.cfg.checkpoint_every
     due = (step // every + 1) * every
     if ckpt.last_saved == step:
-        echo(f"interrupted at step {step}: its checkpoint is saved; relaunching with the same "
-             f"--workdir resumes from step {step}")
+        echo(
+            f"interrupted at step {step}: its checkpoint is saved; relaunching with the same "
+            f"--workdir resumes from step {step}"
+        )
         return
     why = f"the next was due at step {due}"
     if due - step <= INTERRUPT_SAVE_WITHIN * every:
         if coord.stopped():
             ckpt.save(coord)
-            echo(f"interrupted at step {step}: saved a checkpoint ({why}); relaunching with the "
-                 f"same --workdir resumes from step {step}")
+            echo(
+                f"interrupted at step {step}: saved a checkpoint ({why}); relaunching with the "
+                f"same --workdir resumes from step {step}"
+            )
             return
         why = "the trainer did not stop in time to save one safely"
     last = ckpt.last_saved
@@ -76,8 +82,10 @@ def interrupted(coord, ckpt: Checkpoints | None, echo) -> None:
     else:
         again = f"step {last}" if step - last == 1 else f"steps {last}-{step - 1}"
         where = f"resumes from step {last} and trains {again} again"
-    echo(f"interrupted at step {step}: no checkpoint saved ({why}); relaunching with the same "
-         f"--workdir {where}")
+    echo(
+        f"interrupted at step {step}: no checkpoint saved ({why}); relaunching with the same "
+        f"--workdir {where}"
+    )
 
 
 def draw_curves(writer, workdir, echo) -> None:
@@ -87,8 +95,12 @@ def draw_curves(writer, workdir, echo) -> None:
     if not train:
         return
     try:
-        plot_run(train, writer.of_kind("eval"), Path(workdir) / PLOT_FILE,
-                 title=f"{workdir} ({train[-1]['step'] + 1} steps)")
+        plot_run(
+            train,
+            writer.of_kind("eval"),
+            Path(workdir) / PLOT_FILE,
+            title=f"{workdir} ({train[-1]['step'] + 1} steps)",
+        )
     except Exception as e:  # noqa: BLE001 - matplotlib or the disk; the run matters more
         echo(f"warning: could not draw {Path(workdir) / PLOT_FILE}: {type(e).__name__}: {e}")
 
@@ -127,7 +139,9 @@ def resume(coord, ckpt, cfg, c, echo) -> int | None:
             check_compatible(saved, config_lib.as_dict(cfg))
     abstract = jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-        c.state, c.trainer.state_shardings)
+        c.state,
+        c.trainer.state_shardings,
+    )
     restored = ckpt.restore_latest(abstract)
     if restored is None:
         return None

@@ -41,9 +41,27 @@ class PipelineError(RuntimeError):
 class Coordinator:
     """Runs sampler and trainer concurrently for `cfg.steps` optimizer steps."""
 
-    def __init__(self, cfg, *, sampler, trainer, state, stream, encode_prompt, detokenize,
-                 reward_pool, reward_table, publisher, admission, writer, start_step=0,
-                 on_step_end=None, evaluator=None, compile_watch=None, diagnostics=None):
+    def __init__(
+        self,
+        cfg,
+        *,
+        sampler,
+        trainer,
+        state,
+        stream,
+        encode_prompt,
+        detokenize,
+        reward_pool,
+        reward_table,
+        publisher,
+        admission,
+        writer,
+        start_step=0,
+        on_step_end=None,
+        evaluator=None,
+        compile_watch=None,
+        diagnostics=None,
+    ):
         self.cfg = cfg
         self.sampler, self.trainer, self.state = sampler, trainer, state
         self.stream, self.encode_prompt, self.detokenize = stream, encode_prompt, detokenize
@@ -53,24 +71,27 @@ class Coordinator:
         self.on_step_end = on_step_end
         self.evaluator = evaluator
         self.compile_watch = compile_watch  # compile_watch.CompileWatch: compilations per step
-        self.diagnostics = diagnostics      # diagnostics.RewardDiagnostics: statuses, samples
+        self.diagnostics = diagnostics  # diagnostics.RewardDiagnostics: statuses, samples
         self.board = ReadyBoard()
         self.stop = threading.Event()
         self._errors: list[tuple[str, BaseException, str]] = []
         self._errors_lock = threading.Lock()
-        self.open_groups: dict[int, Group] = {}   # started, not yet fully generated
-        self.pending: dict[int, Group] = {}       # started, not yet trained (what resume keeps)
-        self.requeue: list[Group] = []            # resumed groups to regenerate first
-        self._draw_lock = threading.Lock()        # stream draw + registration are one step
+        self.open_groups: dict[int, Group] = {}  # started, not yet fully generated
+        self.pending: dict[int, Group] = {}  # started, not yet trained (what resume keeps)
+        self.requeue: list[Group] = []  # resumed groups to regenerate first
+        self._draw_lock = threading.Lock()  # stream draw + registration are one step
         self.sampling = SamplingParams(
-            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens)
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+        )
         # Timing, for busy fractions and the swap pause.
         self.t_start = None
         self.sampler_busy_s = 0.0
         self.trainer_busy_s = 0.0
         self.trainer_wait_s = 0.0
-        self.swap_pause_s: list[float] = []    # time the sampler spent swapping, per swap
+        self.swap_pause_s: list[float] = []  # time the sampler spent swapping, per swap
         self.swap_latency_s: list[float] = []  # staged -> first chunk with them done
         self.samples_generated = 0
         self._pending_swap_t: float | None = None
@@ -92,13 +113,16 @@ class Coordinator:
                 self.stop.set()
             finally:
                 done.set()
+
         return threading.Thread(target=target, name=name, daemon=True)
 
     def run(self) -> None:
         """Runs to completion; raises PipelineError (or KeyboardInterrupt) on failure."""
         self.t_start = time.perf_counter()
-        threads = [self._guard("sampler", self._sampler_loop),
-                   self._guard("trainer", self._trainer_loop)]
+        threads = [
+            self._guard("sampler", self._sampler_loop),
+            self._guard("trainer", self._trainer_loop),
+        ]
         for t in threads:
             t.start()
         try:
@@ -138,8 +162,11 @@ class Coordinator:
 
     def _take_weights(self, wait_s: float = 0.0) -> None:
         current = self._sampler_version()
-        staged = (self.publisher.wait_newer(current, wait_s) if wait_s
-                  else self.publisher.take_newer(current))
+        staged = (
+            self.publisher.wait_newer(current, wait_s)
+            if wait_s
+            else self.publisher.take_newer(current)
+        )
         if staged is None:
             return
         t0 = time.perf_counter()
@@ -160,12 +187,12 @@ class Coordinator:
                     if index is None:
                         return
                     problem = next(self.stream)
-                    group = Group(index=index, problem=problem,
-                                  prompt_ids=self.encode_prompt(problem))
+                    group = Group(
+                        index=index, problem=problem, prompt_ids=self.encode_prompt(problem)
+                    )
                 self.open_groups[group.index] = group
                 self.pending[group.index] = group
-            self.sampler.submit(group.prompt_ids, n=g, params=self.sampling,
-                                request_id=group.index)
+            self.sampler.submit(group.prompt_ids, n=g, params=self.sampling, request_id=group.index)
 
     def _sampler_loop(self) -> None:
         while not self.stop.is_set():
@@ -195,8 +222,10 @@ class Coordinator:
             return
         del self.open_groups[group.index]
         group.samples.sort(key=lambda s: s.attempt)
-        futures = [self.reward_pool.submit(self.detokenize(s.token_ids), group.problem)
-                   for s in group.samples]
+        futures = [
+            self.reward_pool.submit(self.detokenize(s.token_ids), group.problem)
+            for s in group.samples
+        ]
         remaining = [len(futures)]
         lock = threading.Lock()
 
@@ -214,9 +243,13 @@ class Coordinator:
         group.verdicts = list(verdicts)
         group.rewards = [
             self.reward_table.compute(
-                v, num_tokens=len(s.token_ids), max_tokens=self.cfg.max_new_tokens,
-                finished=s.finish_reason == "stop").reward
-            for v, s in zip(verdicts, group.samples)]
+                v,
+                num_tokens=len(s.token_ids),
+                max_tokens=self.cfg.max_new_tokens,
+                finished=s.finish_reason == "stop",
+            ).reward
+            for v, s in zip(verdicts, group.samples)
+        ]
         self.board.put(group)
 
     # --- trainer ------------------------------------------------------------------------
@@ -230,8 +263,9 @@ class Coordinator:
             if adm.mode == "conventional" and self.step % adm.round_steps == 0:
                 # Conventional RL: the whole round is generated before its first step.
                 round_end = (self.step + adm.round_steps) * adm.groups_per_step
-                if not self.board.wait(range(self.step * adm.groups_per_step, round_end),
-                                       self.stop):
+                if not self.board.wait(
+                    range(self.step * adm.groups_per_step, round_end), self.stop
+                ):
                     break
             groups = self.board.take(adm.step_indices(self.step), self.stop)
             if groups is None:
@@ -258,8 +292,9 @@ class Coordinator:
             # may save next starts after this step, so a record written later could be lost.
             self._log(self.step, device_metrics, record)
             self.step = version
-            if self.evaluator is not None and (self.step % self.cfg.eval_every == 0
-                                               or self.step == self.cfg.steps):
+            if self.evaluator is not None and (
+                self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps
+            ):
                 self._evaluate()  # before the checkpoint too: a resume never re-evaluates
             if self.on_step_end is not None:
                 self.on_step_end(self)
@@ -269,22 +304,33 @@ class Coordinator:
         """Held-out evaluation of the current params (the trainer pauses meanwhile)."""
         t0 = time.perf_counter()
         result = self.evaluator(self.state.params, self.step)
-        record = {"step": self.step, "eval_s": time.perf_counter() - t0,
-                  **{k: v for k, v in result.items() if k != "samples"}}
+        record = {
+            "step": self.step,
+            "eval_s": time.perf_counter() - t0,
+            **{k: v for k, v in result.items() if k != "samples"},
+        }
         self.writer.write("eval", record)
-        self.writer.echo(f"eval at step {self.step}: avg@{result['k']} {result['avg@k']:.3f} "
-                         f"pass@{result['k']} {result['pass@k']:.3f} "
-                         f"({result['num_problems']} held-out problems)" + _answered(result))
+        self.writer.echo(
+            f"eval at step {self.step}: avg@{result['k']} {result['avg@k']:.3f} "
+            f"pass@{result['k']} {result['pass@k']:.3f} "
+            f"({result['num_problems']} held-out problems)" + _answered(result)
+        )
 
     def snapshot(self) -> dict:
         """JSON-able bookkeeping for a checkpoint taken after the current step: the data
         stream position, the admission counter, and every started-but-untrained group
         (scored ones with their samples; the others as prompts, to be regenerated)."""
         with self._draw_lock:
-            pending = [g.to_json(with_samples=len(g.rewards) == self.cfg.group_size)
-                       for g in sorted(self.pending.values(), key=lambda g: g.index)]
-            return {"step": self.step, "started": self.admission.started,
-                    "data": self.stream.get_state(), "pending": pending}
+            pending = [
+                g.to_json(with_samples=len(g.rewards) == self.cfg.group_size)
+                for g in sorted(self.pending.values(), key=lambda g: g.index)
+            ]
+            return {
+                "step": self.step,
+                "started": self.admission.started,
+                "data": self.stream.get_state(),
+                "pending": pending,
+            }
 
     def restore(self, snap: dict) -> None:
         """Inverse of snapshot(), before run(): scored groups go straight to the board."""
@@ -308,19 +354,24 @@ class Coordinator:
         lengths = [len(s.token_ids) for g in groups for s in g.samples]
         elapsed = time.perf_counter() - self.t_start
         record = {
-            "step": step, "reward/mean": float(rewards.mean()), "reward/max": float(rewards.max()),
+            "step": step,
+            "reward/mean": float(rewards.mean()),
+            "reward/max": float(rewards.max()),
             "prompts": [g.problem.uid for g in groups],
             "success": float(np.mean([s == "correct" for s in statuses])),
             "completion/len_mean": float(np.mean(lengths)),
-            "completion/no_eos_frac": float(np.mean(
-                [s.finish_reason != "stop" for g in groups for s in g.samples])),
+            "completion/no_eos_frac": float(
+                np.mean([s.finish_reason != "stop" for g in groups for s in g.samples])
+            ),
             "samples_per_s": self.samples_generated / elapsed,
-            "trainer/wait_s": self.trainer_wait_s, "trainer/busy_frac": self.trainer_busy_s / elapsed,
+            "trainer/wait_s": self.trainer_wait_s,
+            "trainer/busy_frac": self.trainer_busy_s / elapsed,
             "sampler/busy_frac": self.sampler_busy_s / elapsed,
             "sampler/swaps": len(self.swap_pause_s),
             "sampler/swap_pause_ms": 1e3 * float(np.mean(self.swap_pause_s or [0.0])),
             "sampler/version": self.sampler.version,
-            "queue/ready_groups": len(self.board), "queue/open_groups": len(self.open_groups),
+            "queue/ready_groups": len(self.board),
+            "queue/open_groups": len(self.open_groups),
             "lag/bound": self.admission.lag_bound(),
             **{f"batch/{k}": v for k, v in host_stats.items() if np.isscalar(v)},
             **metrics_lib.lag_stats(versions, step, sequence_ids=seq),

@@ -39,15 +39,15 @@ MISSING = "missing"  # the status of an entry without a usable verdict
 # What to try when a zero-reward streak is dominated by a status.
 HINTS = {
     "no_answer": "no answer (e.g. no \\boxed{}) in most completions: check the prompt template "
-                 "asks for the format the reward function reads, or add a format reward",
+    "asks for the format the reward function reads, or add a format reward",
     "unparsable": "answers were found but could not be parsed: check the answer format the "
-                  "reward function expects",
+    "reward function expects",
     "wrong": "answers parsed but were wrong: the task may be too hard for this model; lower "
-             "the difficulty or use an easier dataset",
+    "the difficulty or use an easier dataset",
     "error": "the reward function raised on most completions: fix it (the first failure was "
-             "echoed above)",
+    "echoed above)",
     "timeout": "the reward function timed out on most completions: make it faster or raise "
-               "the reward timeout",
+    "the reward timeout",
     "correct": "completions are correct but rewarded 0: check the reward table's weights",
     MISSING: "most verdicts are missing or malformed: check the reward function's return value",
 }
@@ -86,7 +86,7 @@ def _as_float(value) -> float | None:
 def _one_line(text, limit: int = 400) -> str:
     """Echoed lines stay one line: exception texts may carry newlines and tracebacks."""
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _percentages(counts: collections.Counter) -> str:
@@ -95,15 +95,27 @@ def _percentages(counts: collections.Counter) -> str:
     if not total:
         return "no samples"
     order = list(STATUSES) + [MISSING]
-    items = sorted((k for k in counts if counts[k]),
-                   key=lambda k: (-counts[k], order.index(k) if k in order else len(order)))
+    items = sorted(
+        (k for k in counts if counts[k]),
+        key=lambda k: (-counts[k], order.index(k) if k in order else len(order)),
+    )
     return ", ".join(f"{k} {round(100 * counts[k] / total)}%" for k in items)
 
 
 class _Entry:
     """One attempt of a step, read defensively: everything the metrics and samples need."""
-    __slots__ = ("group_pos", "group", "attempt", "sample", "verdict", "reward", "status",
-                 "finish", "issues")
+
+    __slots__ = (
+        "group_pos",
+        "group",
+        "attempt",
+        "sample",
+        "verdict",
+        "reward",
+        "status",
+        "finish",
+        "issues",
+    )
 
     def __init__(self, group_pos, group, attempt):
         self.group_pos, self.group, self.attempt = group_pos, group, attempt
@@ -128,8 +140,16 @@ class _Entry:
 class RewardDiagnostics:
     """Per-step reward diagnostics for the trainer thread (not thread-safe: one caller)."""
 
-    def __init__(self, workdir: str | None, *, echo=print, zero_reward_warn_steps: int = 5,
-                 samples_per_log: int = 4, log_every: int = 10, seed: int = 0):
+    def __init__(
+        self,
+        workdir: str | None,
+        *,
+        echo=print,
+        zero_reward_warn_steps: int = 5,
+        samples_per_log: int = 4,
+        log_every: int = 10,
+        seed: int = 0,
+    ):
         self.workdir = Path(workdir) if workdir else None
         self.samples_path = self.workdir / "samples.jsonl" if self.workdir else None
         self.echo = echo
@@ -157,9 +177,11 @@ class RewardDiagnostics:
             self._internal_errors += 1
             if not self._internal_echoed:
                 self._internal_echoed = True
-                self.echo(f"warning: reward diagnostics failed on step {step}: "
-                          f"{_one_line(f'{type(e).__name__}: {e}')}; training continues, "
-                          "further failures are counted in diag/internal_errors")
+                self.echo(
+                    f"warning: reward diagnostics failed on step {step}: "
+                    f"{_one_line(f'{type(e).__name__}: {e}')}; training continues, "
+                    "further failures are counted in diag/internal_errors"
+                )
             out = {f"status/{s}": math.nan for s in STATUSES}
             out["reward/zero_streak"] = self.zero_streak
             out["diag/internal_errors"] = self._internal_errors
@@ -187,8 +209,13 @@ class RewardDiagnostics:
         out["reward/zero_streak"] = self.zero_streak
 
         out["diag/detokenize_errors"] = 0
-        if (self.samples_path is not None and self.log_every > 0 and self.samples_per_log > 0
-                and step % self.log_every == 0 and entries):
+        if (
+            self.samples_path is not None
+            and self.log_every > 0
+            and self.samples_per_log > 0
+            and step % self.log_every == 0
+            and entries
+        ):
             out["diag/detokenize_errors"] = self._write_samples(step, entries, detokenize)
         if self._internal_errors:
             out["diag/internal_errors"] = self._internal_errors
@@ -211,9 +238,11 @@ class RewardDiagnostics:
             uid = _get(_get(first.group, "problem"), "uid")
             what = "failed" if kind == "error" else "timed out"
             plural = "failures" if kind == "error" else "timeouts"
-            self.echo(f"warning: reward function {what} (status {kind}) on step {step}: "
-                      f"{detail} ({len(failed)} of {len(entries)} samples this step; problem "
-                      f"{uid}); further {plural} are counted in status/{kind}")
+            self.echo(
+                f"warning: reward function {what} (status {kind}) on step {step}: "
+                f"{detail} ({len(failed)} of {len(entries)} samples this step; problem "
+                f"{uid}); further {plural} are counted in status/{kind}"
+            )
 
     def _update_streak(self, step, entries, statuses, finishes) -> None:
         rewards = [e.reward for e in entries if e.reward is not None]
@@ -228,24 +257,35 @@ class RewardDiagnostics:
         self.zero_streak += 1
         self._streak_statuses.update(statuses)
         self._streak_finish.update(finishes)
-        if (self._streak_warned or self.zero_reward_warn_steps <= 0
-                or self.zero_streak < self.zero_reward_warn_steps):
+        if (
+            self._streak_warned
+            or self.zero_reward_warn_steps <= 0
+            or self.zero_streak < self.zero_reward_warn_steps
+        ):
             return
         self._streak_warned = True  # once per streak; a nonzero step re-arms it
         order = list(STATUSES) + [MISSING]
-        dominant = max(self._streak_statuses,
-                       key=lambda k: (self._streak_statuses[k], -order.index(k)))
+        dominant = max(
+            self._streak_statuses, key=lambda k: (self._streak_statuses[k], -order.index(k))
+        )
         hint = HINTS[dominant]
         n = sum(self._streak_finish.values())
         if n and self._streak_finish["length"] / n > 0.5:
             # Truncated completions rarely hold an answer: the likelier cause of no_answer.
-            hint += (f"; {round(100 * self._streak_finish['length'] / n)}% hit the token "
-                     "limit before EOS: raise max_new_tokens or ask for shorter answers")
-        where = (f"see {self.samples_path}" if self.samples_path is not None
-                 else "set a workdir to keep sampled completions")
+            hint += (
+                f"; {round(100 * self._streak_finish['length'] / n)}% hit the token "
+                "limit before EOS: raise max_new_tokens or ask for shorter answers"
+            )
+        where = (
+            f"see {self.samples_path}"
+            if self.samples_path is not None
+            else "set a workdir to keep sampled completions"
+        )
         steps = "step" if self.zero_streak == 1 else "steps"
-        self.echo(f"warning: reward 0 for {self.zero_streak} {steps} in a row: "
-                  f"{_percentages(self._streak_statuses)} ({hint}; {where})")
+        self.echo(
+            f"warning: reward 0 for {self.zero_streak} {steps} in a row: "
+            f"{_percentages(self._streak_statuses)} ({hint}; {where})"
+        )
 
     # --- sampled completions --------------------------------------------------------------
 
@@ -279,7 +319,7 @@ class RewardDiagnostics:
                 take(e, f"status {e.status}")
         while pool and len(chosen) < self.samples_per_log:
             take(pool[0], "random")
-        return chosen[:self.samples_per_log]
+        return chosen[: self.samples_per_log]
 
     def _text(self, detokenize, ids, what, issues) -> str | None:
         if ids is None:
@@ -299,8 +339,8 @@ class RewardDiagnostics:
         versions = [v for v in (_get(sample, "versions") or []) if v is not None]
         rec = {
             "step": step,
-            "group_pos": entry.group_pos,          # position in the step's batch
-            "group_index": _get(group, "index"),   # admission's start index
+            "group_pos": entry.group_pos,  # position in the step's batch
+            "group_index": _get(group, "index"),  # admission's start index
             "attempt": entry.attempt,
             "uid": _get(problem, "uid"),
             "pick": why,
@@ -323,10 +363,12 @@ class RewardDiagnostics:
 
     def _write_samples(self, step, entries, detokenize) -> int:
         """Appends the step's picks; returns how many detokenize calls failed."""
-        records = [self._sample_record(step, e, why, detokenize)
-                   for e, why in self.pick(step, entries)]
-        failures = sum(1 for r in records for i in r.get("issues", ())
-                       if i.startswith("detokenize"))
+        records = [
+            self._sample_record(step, e, why, detokenize) for e, why in self.pick(step, entries)
+        ]
+        failures = sum(
+            1 for r in records for i in r.get("issues", ()) if i.startswith("detokenize")
+        )
         if self._write_failed:
             return failures
         try:
@@ -340,6 +382,8 @@ class RewardDiagnostics:
         except OSError as e:
             # A full disk must not stop training; say it once and stop trying.
             self._write_failed = True
-            self.echo(f"warning: cannot append to {self.samples_path}: "
-                      f"{_one_line(e)}; sampled completions are no longer written")
+            self.echo(
+                f"warning: cannot append to {self.samples_path}: "
+                f"{_one_line(e)}; sampled completions are no longer written"
+            )
         return failures

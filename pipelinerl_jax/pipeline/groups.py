@@ -19,10 +19,11 @@ from pipelinerl_jax.rl.batch import Sample as TrainSample
 @dataclasses.dataclass
 class Group:
     """One prompt's attempts. `index` is the start index given by admission."""
+
     index: int
-    problem: object                       # data.formats.Problem
+    problem: object  # data.formats.Problem
     prompt_ids: list[int]
-    samples: list = dataclasses.field(default_factory=list)   # sampler.Sample, by arrival
+    samples: list = dataclasses.field(default_factory=list)  # sampler.Sample, by arrival
     verdicts: list = dataclasses.field(default_factory=list)  # rewards.tables.Verdict
     rewards: list[float] = dataclasses.field(default_factory=list)
     started_at: float = dataclasses.field(default_factory=time.perf_counter)
@@ -37,10 +38,11 @@ class Group:
         return out
 
     @classmethod
-    def from_json(cls, d: dict, encode_prompt) -> "Group":
+    def from_json(cls, d: dict, encode_prompt) -> Group:
         from pipelinerl_jax.data.formats import Problem
         from pipelinerl_jax.rewards.tables import Verdict
         from pipelinerl_jax.sampler.sampler import Sample
+
         problem = Problem(**d["problem"])
         group = cls(index=int(d["index"]), problem=problem, prompt_ids=encode_prompt(problem))
         if "samples" in d:
@@ -51,10 +53,18 @@ class Group:
 
     def train_samples(self) -> list[TrainSample]:
         """The group as the trainer's batch builder wants it."""
-        return [TrainSample(prompt_tokens=s.prompt_ids, completion_tokens=s.token_ids,
-                            completion_logprobs=s.logprobs, completion_versions=s.versions,
-                            reward=r, group_id=self.index, finished=s.finish_reason == "stop")
-                for s, r in zip(self.samples, self.rewards)]
+        return [
+            TrainSample(
+                prompt_tokens=s.prompt_ids,
+                completion_tokens=s.token_ids,
+                completion_logprobs=s.logprobs,
+                completion_versions=s.versions,
+                reward=r,
+                group_id=self.index,
+                finished=s.finish_reason == "stop",
+            )
+            for s, r in zip(self.samples, self.rewards)
+        ]
 
 
 class ReadyBoard:

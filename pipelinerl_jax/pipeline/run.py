@@ -34,8 +34,13 @@ from pipelinerl_jax.metrics import MetricsWriter
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.pipeline.admission import Admission
-from pipelinerl_jax.pipeline.checkpointing import (Checkpoints, draw_curves, interrupted,
-                                                 preflight, resume)
+from pipelinerl_jax.pipeline.checkpointing import (
+    Checkpoints,
+    draw_curves,
+    interrupted,
+    preflight,
+    resume,
+)
 from pipelinerl_jax.pipeline.coordinator import Coordinator
 from pipelinerl_jax.pipeline.diagnostics import RewardDiagnostics
 from pipelinerl_jax.pipeline.weights import Publisher
@@ -54,23 +59,30 @@ def split_devices(devices, spec) -> tuple[list, list]:
     n = len(devices)
     if n == 1:
         if spec.sampler_tp != 1 or spec.trainer_tp != 1:
-            raise ConfigError(f"devices.sampler_tp={spec.sampler_tp} and devices.trainer_tp="
-                              f"{spec.trainer_tp} need more than the 1 device there is: "
-                              "set both to 1")
+            raise ConfigError(
+                f"devices.sampler_tp={spec.sampler_tp} and devices.trainer_tp="
+                f"{spec.trainer_tp} need more than the 1 device there is: "
+                "set both to 1"
+            )
         return devices, devices
     count = int(spec.sampler) if spec.sampler >= 1 else int(round(spec.sampler * n))
     if spec.sampler >= 1 and count != spec.sampler:
         raise ConfigError(f"devices.sampler={spec.sampler}: give a whole count or a fraction < 1")
     if not 1 <= count < n:
-        raise ConfigError(f"devices.sampler={spec.sampler} leaves {count} of {n} devices for the "
-                          f"sampler; it needs between 1 and {n - 1} so the trainer keeps one")
+        raise ConfigError(
+            f"devices.sampler={spec.sampler} leaves {count} of {n} devices for the "
+            f"sampler; it needs between 1 and {n - 1} so the trainer keeps one"
+        )
     trainer_devices = devices[count:]
     if len(trainer_devices) % spec.trainer_tp:
-        raise ConfigError(f"devices.trainer_tp={spec.trainer_tp} does not divide the "
-                          f"{len(trainer_devices)} trainer devices")
+        raise ConfigError(
+            f"devices.trainer_tp={spec.trainer_tp} does not divide the "
+            f"{len(trainer_devices)} trainer devices"
+        )
     if count % spec.sampler_tp:
-        raise ConfigError(f"devices.sampler_tp={spec.sampler_tp} does not divide the {count} "
-                          "sampler devices")
+        raise ConfigError(
+            f"devices.sampler_tp={spec.sampler_tp} does not divide the {count} sampler devices"
+        )
     return devices[:count], trainer_devices
 
 
@@ -101,9 +113,12 @@ def build_data(cfg):
 def model_tokenizer(cfg, what: str):
     """The tokenizer of model.hf_dir: text prompts need the model's own."""
     from pipelinerl_jax.models.tokenizer import Tokenizer
+
     if not cfg.model.hf_dir:
-        raise ConfigError(f"config.{what} is text: it needs model.hf_dir (its tokenizer and chat "
-                          "template render the prompts)")
+        raise ConfigError(
+            f"config.{what} is text: it needs model.hf_dir (its tokenizer and chat "
+            "template render the prompts)"
+        )
     return Tokenizer.from_dir(cfg.model.hf_dir)
 
 
@@ -112,8 +127,9 @@ def prompt_config(data) -> PromptConfig:
     few_shot = tuple(tuple(pair) for pair in data.few_shot)
     if data.system_prompt is None:
         return PromptConfig(template=data.prompt_template, few_shot=few_shot)
-    return PromptConfig(template=data.prompt_template, system_prompt=data.system_prompt,
-                        few_shot=few_shot)
+    return PromptConfig(
+        template=data.prompt_template, system_prompt=data.system_prompt, few_shot=few_shot
+    )
 
 
 def prompt_encoder(tokenizer, prompt_cfg: PromptConfig):
@@ -122,15 +138,20 @@ def prompt_encoder(tokenizer, prompt_cfg: PromptConfig):
     def encode(problem):
         text = build_prompt(problem.question, tokenizer, prompt_cfg)
         return tokenizer.encode(text, add_special_tokens=prompt_cfg.template == "plain")
+
     return encode
 
 
 def model_config(cfg) -> ModelConfig:
     """The policy's ModelConfig, read without loading any weights."""
-    dtypes = dict(param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-                  remat=cfg.model.remat)
+    dtypes = dict(
+        param_dtype=cfg.model.param_dtype,
+        compute_dtype=cfg.model.compute_dtype,
+        remat=cfg.model.remat,
+    )
     if cfg.model.hf_dir:
         from pipelinerl_jax.models.hf_io import read_config
+
         return ModelConfig.from_hf(read_config(cfg.model.hf_dir), **dtypes)
     return ModelConfig(**{**dict(cfg.model.init), **dtypes})
 
@@ -138,6 +159,7 @@ def model_config(cfg) -> ModelConfig:
 def check_memory(cfg, echo) -> None:
     """Prints the start-up memory estimate; a ConfigError (one line) if it cannot fit."""
     from pipelinerl_jax import memory
+
     est = memory.estimate(cfg, model_config(cfg), shared_device=True)
     echo(str(est))
     memory.check_fits(est, memory.available_bytes())
@@ -147,24 +169,34 @@ def build_model(cfg, tokenizer, rng):
     """(graphdef, params) from a Hugging Face directory or a fresh init."""
     if cfg.model.hf_dir:
         from pipelinerl_jax.models.hf_io import load_hf
-        _, graphdef, params = load_hf(cfg.model.hf_dir, param_dtype=cfg.model.param_dtype,
-                                      compute_dtype=cfg.model.compute_dtype,
-                                      remat=cfg.model.remat)
+
+        _, graphdef, params = load_hf(
+            cfg.model.hf_dir,
+            param_dtype=cfg.model.param_dtype,
+            compute_dtype=cfg.model.compute_dtype,
+            remat=cfg.model.remat,
+        )
         return graphdef, params
     fields = dict(cfg.model.init)
-    fields.update(param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-                  remat=cfg.model.remat)
+    fields.update(
+        param_dtype=cfg.model.param_dtype,
+        compute_dtype=cfg.model.compute_dtype,
+        remat=cfg.model.remat,
+    )
     model_cfg = ModelConfig(**fields)
     vocab = getattr(tokenizer, "vocab_size", None)
     if vocab is not None and vocab > model_cfg.vocab_size:
-        raise ConfigError(f"model.init.vocab_size={model_cfg.vocab_size} is smaller than the "
-                          f"tokenizer's {vocab} tokens; raise it")
+        raise ConfigError(
+            f"model.init.vocab_size={model_cfg.vocab_size} is smaller than the "
+            f"tokenizer's {vocab} tokens; raise it"
+        )
     return llama.init(model_cfg, rng)
 
 
 @dataclasses.dataclass
 class Components:
     """Everything a run is made of; tests may replace parts (e.g. a scripted trainer)."""
+
     sampler: Sampler
     trainer: object
     state: object
@@ -192,19 +224,36 @@ def build(cfg: config_lib.RunConfig, devices=None) -> Components:
 
     eos = tuple(getattr(tokenizer, "eos_token_ids", ()))
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed)
-    sampler = Sampler(graphdef, params, sampler_cfg, eos_token_ids=eos,
-                      mesh=sampler_mesh(sampler_devices, cfg))
+    sampler = Sampler(
+        graphdef, params, sampler_cfg, eos_token_ids=eos, mesh=sampler_mesh(sampler_devices, cfg)
+    )
     sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
 
-    admission = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag,
-                          mode=cfg.mode, round_steps=cfg.conventional_steps)
+    admission = Admission(
+        groups_per_step=cfg.groups_per_step,
+        max_lag=cfg.max_lag,
+        mode=cfg.mode,
+        round_steps=cfg.conventional_steps,
+    )
     shared = not set(sampler_devices).isdisjoint(trainer_devices)
-    publisher = Publisher(sampler.input_shardings, prepare=sampler.prepare,
-                          publishes=admission.publishes, swap_when_ready=not shared)
-    return Components(sampler=sampler, trainer=trainer, state=state, stream=stream,
-                      tokenizer=tokenizer, encode_prompt=encode, admission=admission,
-                      publisher=publisher, num_sampler_devices=len(sampler_devices),
-                      num_trainer_devices=len(trainer_devices))
+    publisher = Publisher(
+        sampler.input_shardings,
+        prepare=sampler.prepare,
+        publishes=admission.publishes,
+        swap_when_ready=not shared,
+    )
+    return Components(
+        sampler=sampler,
+        trainer=trainer,
+        state=state,
+        stream=stream,
+        tokenizer=tokenizer,
+        encode_prompt=encode,
+        admission=admission,
+        publisher=publisher,
+        num_sampler_devices=len(sampler_devices),
+        num_trainer_devices=len(trainer_devices),
+    )
 
 
 def build_evaluator(cfg, c: Components, reward_pool):
@@ -219,31 +268,51 @@ def build_evaluator(cfg, c: Components, reward_pool):
         return None
     from pipelinerl_jax.eval_lib import evaluate_problems
     from pipelinerl_jax.sampler.scheduler import SamplingParams
+
     if cfg.eval.datasets:
         problems = [p for spec in cfg.eval.datasets for p in load_dataset(spec).problems]
         prompt_cfg = prompt_config(cfg.data)
     else:
-        problems = held_out_problems(cfg.data.task, dict(cfg.data.task_options),
-                                     cfg.eval.num_problems)
+        problems = held_out_problems(
+            cfg.data.task, dict(cfg.data.task_options), cfg.eval.num_problems
+        )
         text = make_task(cfg.data.task, **dict(cfg.data.task_options)).text_task
-        prompt_cfg = (prompt_config(cfg.data) if text
-                      else PromptConfig(template="plain", system_prompt=None))
-    problems = problems[:cfg.eval.num_problems]
+        prompt_cfg = (
+            prompt_config(cfg.data) if text else PromptConfig(template="plain", system_prompt=None)
+        )
+    problems = problems[: cfg.eval.num_problems]
     graphdef, mesh = c.sampler.engine.graphdef, c.sampler.engine.mesh
     sampling = SamplingParams(
         temperature=0.0 if cfg.eval.greedy else cfg.temperature,
-        top_k=cfg.top_k, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+    )
 
     def evaluate(params, version):
-        eval_sampler = Sampler(graphdef, params, c.sampler.config, version=version,
-                               eos_token_ids=c.sampler.eos_token_ids, mesh=mesh)
-        return evaluate_problems(eval_sampler, c.tokenizer, problems, reward_pool,
-                                 cfg.eval.k, sampling, prompt_cfg)
+        eval_sampler = Sampler(
+            graphdef,
+            params,
+            c.sampler.config,
+            version=version,
+            eos_token_ids=c.sampler.eos_token_ids,
+            mesh=mesh,
+        )
+        return evaluate_problems(
+            eval_sampler, c.tokenizer, problems, reward_pool, cfg.eval.k, sampling, prompt_cfg
+        )
+
     return evaluate
 
 
-def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
-        components: Components | None = None, echo=print) -> dict:
+def run(
+    cfg: config_lib.RunConfig,
+    workdir: str | None = None,
+    *,
+    devices=None,
+    components: Components | None = None,
+    echo=print,
+) -> dict:
     """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl).
 
     A workdir whose newest checkpoint is at cfg.steps or later holds a finished run: that is
@@ -254,11 +323,14 @@ def run(cfg: config_lib.RunConfig, workdir: str | None = None, *, devices=None,
         Path(workdir).mkdir(parents=True, exist_ok=True)
         finished = preflight(cfg, workdir)  # may refuse the config: config.json stays as it was
         if finished is not None:
-            echo(f"already finished at step {finished} (config.steps={cfg.steps}): nothing to "
-                 "train; raise config.steps to train it further")
+            echo(
+                f"already finished at step {finished} (config.steps={cfg.steps}): nothing to "
+                "train; raise config.steps to train it further"
+            )
             return {"finished_at": finished}
         (Path(workdir) / "config.json").write_text(
-            json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
+            json.dumps(config_lib.as_dict(cfg), indent=2, default=str)
+        )
     if cfg.compile_cache:
         enable_persistent_cache(cfg.compile_cache)
     if components is None:
@@ -276,8 +348,7 @@ def _run(cfg, workdir, devices, components, echo, watch) -> dict:
     progress = Progress(cfg.steps, enabled=None if echo is print else False)
     if progress.bar is not None:
         echo = watch.echo = progress.echo
-    writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo,
-                           on_train=progress.advance)
+    writer = MetricsWriter(workdir, echo_every=cfg.log_every, echo=echo, on_train=progress.advance)
     try:
         return _train(cfg, workdir, c, writer, echo, watch)
     finally:
@@ -288,27 +359,49 @@ def _run(cfg, workdir, devices, components, echo, watch) -> dict:
 def _train(cfg, workdir, c, writer, echo, watch) -> dict:
     ckpt = None
     if workdir and cfg.checkpoint_every:
-        ckpt = Checkpoints(RunCheckpointer(workdir, keep=cfg.checkpoint_keep,
-                                           model_config=llama.config_of(c.sampler.engine.graphdef)),
-                           cfg, writer, workdir)
+        ckpt = Checkpoints(
+            RunCheckpointer(
+                workdir,
+                keep=cfg.checkpoint_keep,
+                model_config=llama.config_of(c.sampler.engine.graphdef),
+            ),
+            cfg,
+            writer,
+            workdir,
+        )
     table = get_reward_table(cfg.reward.table, **dict(cfg.reward.table_options))
     stop_ids = tuple(getattr(c.tokenizer, "eos_token_ids", ()))
     detok = lambda ids: completion_text(c.tokenizer, ids, stop_ids)
     shared = " (shared)" if len(jax.devices()) == 1 else ""
-    echo(f"pipelinerl_jax: mode={cfg.mode} lag bound={c.admission.lag_bound()} "
-         f"steps={cfg.steps} batch={cfg.batch_size} ({cfg.groups_per_step} groups x "
-         f"{cfg.group_size}) devices: sampler {c.num_sampler_devices}, trainer "
-         f"{c.num_trainer_devices}{shared}")
+    echo(
+        f"pipelinerl_jax: mode={cfg.mode} lag bound={c.admission.lag_bound()} "
+        f"steps={cfg.steps} batch={cfg.batch_size} ({cfg.groups_per_step} groups x "
+        f"{cfg.group_size}) devices: sampler {c.num_sampler_devices}, trainer "
+        f"{c.num_trainer_devices}{shared}"
+    )
     resumed = None
-    with RewardPool(cfg.reward.fn, num_workers=cfg.reward.workers,
-                    timeout_s=cfg.reward.timeout_s) as pool:
+    with RewardPool(
+        cfg.reward.fn, num_workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
+    ) as pool:
         coord = Coordinator(
-            cfg, sampler=c.sampler, trainer=c.trainer, state=c.state, stream=c.stream,
-            encode_prompt=c.encode_prompt, detokenize=detok, reward_pool=pool,
-            reward_table=table, publisher=c.publisher, admission=c.admission, writer=writer,
-            evaluator=build_evaluator(cfg, c, pool), compile_watch=watch,
-            diagnostics=RewardDiagnostics(workdir, echo=echo, log_every=cfg.log_every,
-                                          seed=cfg.seed))
+            cfg,
+            sampler=c.sampler,
+            trainer=c.trainer,
+            state=c.state,
+            stream=c.stream,
+            encode_prompt=c.encode_prompt,
+            detokenize=detok,
+            reward_pool=pool,
+            reward_table=table,
+            publisher=c.publisher,
+            admission=c.admission,
+            writer=writer,
+            evaluator=build_evaluator(cfg, c, pool),
+            compile_watch=watch,
+            diagnostics=RewardDiagnostics(
+                workdir, echo=echo, log_every=cfg.log_every, seed=cfg.seed
+            ),
+        )
         if ckpt is not None:
             resumed = resume(coord, ckpt.checkpointer, cfg, c, echo)
             ckpt.last_saved = resumed
@@ -334,8 +427,11 @@ def _train(cfg, workdir, c, writer, echo, watch) -> dict:
         summary["resumed_from"] = resumed
     evals = writer.of_kind("eval")
     if evals:
-        summary["eval/last"] = {k: v for k, v in evals[-1].items()
-                                if k in ("step", "avg@k", "pass@k", "k", "num_problems")}
+        summary["eval/last"] = {
+            k: v
+            for k, v in evals[-1].items()
+            if k in ("step", "avg@k", "pass@k", "k", "num_problems")
+        }
         summary["eval/avg@k_by_step"] = [(r["step"], r["avg@k"]) for r in evals]
     writer.write("summary", summary)
     echo(format_summary(summary))
@@ -363,19 +459,27 @@ def summarize(records: list[dict], wall_s: float, coord) -> dict:
         for k, v in r.get("lag/hist", {}).items():
             hist[k] = hist.get(k, 0) + v
     # Throughput over the second half of the run: compilation and warm-up excluded.
-    half = records[n // 2:] if n >= 4 else []
-    steady = ((len(half) - 1) / (half[-1]["time"] - half[0]["time"])
-              if len(half) >= 2 and half[-1]["time"] > half[0]["time"] else float("nan"))
+    half = records[n // 2 :] if n >= 4 else []
+    steady = (
+        (len(half) - 1) / (half[-1]["time"] - half[0]["time"])
+        if len(half) >= 2 and half[-1]["time"] > half[0]["time"]
+        else float("nan")
+    )
     return {
-        "steps": n, "wall_s": wall_s, "steady_steps_per_s": steady,
+        "steps": n,
+        "wall_s": wall_s,
+        "steady_steps_per_s": steady,
         "steady_samples_per_s": steady * coord.cfg.batch_size,
         "reward/first20": float(rewards[:20].mean()) if n else float("nan"),
         "reward/last_tenth": float(rewards[-tenth:].mean()) if n else float("nan"),
         "lag/token_max": max((r.get("lag/token_max", 0) for r in records), default=0),
         "lag/bound": coord.admission.lag_bound(),
         "lag/hist": hist,
-        "seq/mixed_version_frac": float(np.mean(
-            [r.get("seq/mixed_version_frac", 0.0) for r in records])) if n else 0.0,
+        "seq/mixed_version_frac": float(
+            np.mean([r.get("seq/mixed_version_frac", 0.0) for r in records])
+        )
+        if n
+        else 0.0,
         "sampler/swaps": len(coord.swap_pause_s),
         "sampler/swap_pause_ms_mean": 1e3 * float(np.mean(coord.swap_pause_s or [0.0])),
         "sampler/swap_latency_ms_median": 1e3 * float(np.median(coord.swap_latency_s or [0.0])),
@@ -387,12 +491,13 @@ def summarize(records: list[dict], wall_s: float, coord) -> dict:
 
 def format_summary(s: dict) -> str:
     hist = " ".join(f"{k}:{v}" for k, v in s["lag/hist"].items() if v)
-    resumed = (f" (this launch, resumed at step {s['resumed_from']})" if "resumed_from" in s
-               else "")
-    return (f"done: {s['steps']} steps in {s['wall_s']:.0f}s{resumed}, "
-            f"reward {s['reward/first20']:.3f} "
-            f"(first 20 steps) -> {s['reward/last_tenth']:.3f} (last tenth); "
-            f"{s['steady_samples_per_s']:.0f} samples/s after warm-up; swaps {s['sampler/swaps']} "
-            f"(pause {s['sampler/swap_pause_ms_mean']:.2f} ms); "
-            f"sequences with >1 version {100 * s['seq/mixed_version_frac']:.0f}%; "
-            f"max lag {s['lag/token_max']} (bound {s['lag/bound']}); lag histogram {hist}")
+    resumed = f" (this launch, resumed at step {s['resumed_from']})" if "resumed_from" in s else ""
+    return (
+        f"done: {s['steps']} steps in {s['wall_s']:.0f}s{resumed}, "
+        f"reward {s['reward/first20']:.3f} "
+        f"(first 20 steps) -> {s['reward/last_tenth']:.3f} (last tenth); "
+        f"{s['steady_samples_per_s']:.0f} samples/s after warm-up; swaps {s['sampler/swaps']} "
+        f"(pause {s['sampler/swap_pause_ms_mean']:.2f} ms); "
+        f"sequences with >1 version {100 * s['seq/mixed_version_frac']:.0f}%; "
+        f"max lag {s['lag/token_max']} (bound {s['lag/bound']}); lag histogram {hist}"
+    )

@@ -24,6 +24,7 @@ import jax
 @dataclasses.dataclass
 class Staged:
     """A params pytree already placed (or being placed) on the sampler devices."""
+
     params: object
     version: int
     staged_at: float  # time.perf_counter() when publication was dispatched
@@ -33,8 +34,14 @@ class Staged:
 class Publisher:
     """Single-slot mailbox between the trainer thread and the sampler thread."""
 
-    def __init__(self, sampler_shardings, *, prepare=None, publishes=lambda version: True,
-                 swap_when_ready: bool = True):
+    def __init__(
+        self,
+        sampler_shardings,
+        *,
+        prepare=None,
+        publishes=lambda version: True,
+        swap_when_ready: bool = True,
+    ):
         # On separate devices a swap waits until the copy has landed, so decoding never waits
         # for the train step. Where both roles share the devices their work is serialised
         # anyway; handing the params over at once lets swaps land mid-sequence there too.
@@ -55,8 +62,9 @@ class Publisher:
         copy = jax.device_put(params, self._shardings, may_alias=False)
         if self._prepare is not None:
             copy = self._prepare(copy)
-        staged = Staged(params=copy, version=version, staged_at=t0,
-                        prepared=self._prepare is not None)
+        staged = Staged(
+            params=copy, version=version, staged_at=t0, prepared=self._prepare is not None
+        )
         with self._lock:
             if self._staged is not None:
                 self.skipped += 1
@@ -64,8 +72,7 @@ class Publisher:
             self.published += 1
         return True
 
-    def take_newer(self, current_version: int, *, when_ready: bool | None = None
-                   ) -> Staged | None:
+    def take_newer(self, current_version: int, *, when_ready: bool | None = None) -> Staged | None:
         """The staged params if they are newer than `current_version`, else None.
 
         With `when_ready` the params are handed over only once every leaf has arrived on the

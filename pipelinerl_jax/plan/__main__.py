@@ -33,45 +33,70 @@ _DEVICES = flags.DEFINE_integer("devices", 128, "Number of accelerators N to spl
 _BATCH = flags.DEFINE_integer("batch", 128, "Sequences per optimizer step B.")
 _MAX_LAG = flags.DEFINE_integer("max_lag", None, "Staleness bound in optimizer steps.")
 _PROFILE = flags.DEFINE_string("profile", str(SAMPLE_PROFILE), "Profile JSON (plan measure).")
-_UNITS = flags.DEFINE_enum("units", "auto", ["auto", "flash", "seconds"],
-                           "flash: U(h) and tau; seconds: decode latency and train tokens/s.")
+_UNITS = flags.DEFINE_enum(
+    "units",
+    "auto",
+    ["auto", "flash", "seconds"],
+    "flash: U(h) and tau; seconds: decode latency and train tokens/s.",
+)
 _TAU = flags.DEFINE_float("tau", None, "Flash mode: training flashes per token (paper: 128/26.02).")
-_TRAIN_TPS = flags.DEFINE_float("train_tokens_per_s", None,
-                                "Seconds mode: training tokens/s per device (overrides profile).")
+_TRAIN_TPS = flags.DEFINE_float(
+    "train_tokens_per_s", None, "Seconds mode: training tokens/s per device (overrides profile)."
+)
 _MAX_LEN = flags.DEFINE_integer("max_len", 1024, "Max sequence length L (uniform lengths 1..L).")
-_LENGTHS = flags.DEFINE_string("lengths", None, "JSON/JSONL of observed lengths (overrides "
-                               "--max_len): a list, {'lengths': [...]}, {'histogram': {len: n}}, "
-                               "or JSONL lines with 'length' or 'lengths'.")
+_LENGTHS = flags.DEFINE_string(
+    "lengths",
+    None,
+    "JSON/JSONL of observed lengths (overrides "
+    "--max_len): a list, {'lengths': [...]}, {'histogram': {len: n}}, "
+    "or JSONL lines with 'length' or 'lengths'.",
+)
 _GEN_DEVICES = flags.DEFINE_integer("gen_devices", None, "Fix the generation device count I.")
 _GEN_BATCH = flags.DEFINE_float("gen_batch", None, "Fix the per-device generation batch H.")
-_MAX_GEN_BATCH = flags.DEFINE_float("max_gen_batch", None,
-                                    "KV-cache bound on the per-device batch (overrides profile).")
+_MAX_GEN_BATCH = flags.DEFINE_float(
+    "max_gen_batch", None, "KV-cache bound on the per-device batch (overrides profile)."
+)
 _OUT_DIR = flags.DEFINE_string("out_dir", ".", "Where the PNG figures (and plan.json) go.")
-_PLOT_MAX_LAG = flags.DEFINE_integer("plot_max_lag", None, "Right end of the lag figure "
-                                     "(default: 2 x max_lag, at least 16).")
+_PLOT_MAX_LAG = flags.DEFINE_integer(
+    "plot_max_lag", None, "Right end of the lag figure (default: 2 x max_lag, at least 16)."
+)
 _REPRODUCE = flags.DEFINE_bool("reproduce_paper", False, "Recompute Appendix A.4 and its figures.")
 # measure
 _OUT = flags.DEFINE_string("out", "profile.json", "measure: where to write the profile JSON.")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", None, "measure: batch sizes h to time.")
-_MM_M = flags.DEFINE_integer("matmul_m", None, "measure: m of (m,h)x(h,n); 4096 on GPU, 512 on CPU.")
+_MM_M = flags.DEFINE_integer(
+    "matmul_m", None, "measure: m of (m,h)x(h,n); 4096 on GPU, 512 on CPU."
+)
 _MM_N = flags.DEFINE_integer("matmul_n", None, "measure: n; 16384 on GPU, 2048 on CPU.")
 _DTYPE = flags.DEFINE_string("dtype", None, "measure: bfloat16 on GPU, float32 on CPU.")
 _MAX_PAD = flags.DEFINE_integer("max_pad", 64, "measure: consider padding h up to h + max_pad.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "measure: timed repeats per size (fastest kept).")
-_PEAK = flags.DEFINE_float("peak_tflops", None, "measure: peak TFLOP/s (default: published or "
-                           "measured).")
+_PEAK = flags.DEFINE_float(
+    "peak_tflops", None, "measure: peak TFLOP/s (default: published or measured)."
+)
 _MATMUL = flags.DEFINE_bool("matmul", True, "measure: run the U(h) matmul recipe.")
-_ENGINE_MODEL = flags.DEFINE_string("engine_model", None, "measure: also time our sampler and "
-                                    "trainer on this model: 'tiny' (built-in) or a Hugging Face "
-                                    "checkpoint directory.")
-_DECODE_SIZES = flags.DEFINE_list("decode_batch_sizes", ["1", "2", "4", "8", "16", "32"],
-                                  "measure: batch sizes for the decode latency.")
+_ENGINE_MODEL = flags.DEFINE_string(
+    "engine_model",
+    None,
+    "measure: also time our sampler and "
+    "trainer on this model: 'tiny' (built-in) or a Hugging Face "
+    "checkpoint directory.",
+)
+_DECODE_SIZES = flags.DEFINE_list(
+    "decode_batch_sizes",
+    ["1", "2", "4", "8", "16", "32"],
+    "measure: batch sizes for the decode latency.",
+)
 _CONTEXT = flags.DEFINE_integer("context_len", 128, "measure: context of every decoding sequence.")
 _CHUNK = flags.DEFINE_integer("chunk_steps", 8, "measure: decode steps per timed chunk.")
 _TRAIN_ROWS = flags.DEFINE_integer("train_rows", 4, "measure: packed rows per train step.")
 _TRAIN_SEQ = flags.DEFINE_integer("train_seq_len", 128, "measure: tokens per packed row.")
-_KV_GIB = flags.DEFINE_float("kv_memory_gib", None, "measure: device memory for the KV-cache "
-                             "bound (default: what the accelerator reports; none on CPU).")
+_KV_GIB = flags.DEFINE_float(
+    "kv_memory_gib",
+    None,
+    "measure: device memory for the KV-cache "
+    "bound (default: what the accelerator reports; none on CPU).",
+)
 
 
 def load_lengths(path: str) -> model.LengthDistribution:
@@ -102,8 +127,10 @@ def load_lengths(path: str) -> model.LengthDistribution:
         return model.LengthDistribution.from_lengths(lengths)
     if isinstance(data, list):
         return model.LengthDistribution.from_lengths(data)
-    raise PlanError(f"--lengths={path}: expected a list of lengths, {{'lengths': [...]}} or "
-                    "{'histogram': {length: count}}")
+    raise PlanError(
+        f"--lengths={path}: expected a list of lengths, {{'lengths': [...]}} or "
+        "{'histogram': {length: count}}"
+    )
 
 
 def device_profile(profile: dict, name: str) -> tuple[layout.DeviceProfile, str]:
@@ -116,13 +143,17 @@ def device_profile(profile: dict, name: str) -> tuple[layout.DeviceProfile, str]
     kv = _MAX_GEN_BATCH.value
     if units == "seconds":
         if not has_train_rate:
-            raise PlanError(f"{name}: seconds mode needs training tokens/s per device; pass "
-                            "--train_tokens_per_s or measure the trainer into the profile")
+            raise PlanError(
+                f"{name}: seconds mode needs training tokens/s per device; pass "
+                "--train_tokens_per_s or measure the trainer into the profile"
+            )
         curve = util.decode_curve_from_profile(profile, name=name)
         tps = _TRAIN_TPS.value or float(train["tokens_per_s_per_device"])
         kv = kv if kv is not None else (profile.get("decode") or {}).get("kv_max_batch")
-        return (layout.DeviceProfile(curve, 1.0 / tps, kv),
-                f"seconds mode: decode latency per batch, training {tps:.4g} tokens/s/device")
+        return (
+            layout.DeviceProfile(curve, 1.0 / tps, kv),
+            f"seconds mode: decode latency per batch, training {tps:.4g} tokens/s/device",
+        )
     curve = util.utilisation_from_profile(profile, name=name)
     if _TAU.value is not None:
         tau, note = _TAU.value, f"flash mode: tau={_TAU.value:g} flashes/token (--tau)"
@@ -131,52 +162,73 @@ def device_profile(profile: dict, name: str) -> tuple[layout.DeviceProfile, str]
         note = f"flash mode: tau={tau:.4g} flashes/token (profile)"
     else:
         tau = paper.TAU
-        note = (f"flash mode: tau={tau:.4g} flashes/token is the paper's H100 value; pass --tau "
-                "for yours")
+        note = (
+            f"flash mode: tau={tau:.4g} flashes/token is the paper's H100 value; pass --tau "
+            "for yours"
+        )
     return layout.DeviceProfile(curve, tau, kv), note
 
 
 def profile_warnings(profile: dict, path: str) -> list[str]:
     """Why the profile may not describe the hardware being planned for, one line each.
 
-  The plan is only as good as its profile: decode latency and training rate are measured on
-  one device, and the bundled sample was measured on a shared 2-core CPU."""
+    The plan is only as good as its profile: decode latency and training rate are measured on
+    one device, and the bundled sample was measured on a shared 2-core CPU."""
     warnings = []
-    where = (f"{profile.get('device_kind', '?')} ({profile.get('backend', '?')}, "
-             f"{profile.get('host_cpus', '?')} host CPUs, {profile.get('created', 'undated')})")
+    where = (
+        f"{profile.get('device_kind', '?')} ({profile.get('backend', '?')}, "
+        f"{profile.get('host_cpus', '?')} host CPUs, {profile.get('created', 'undated')})"
+    )
     if Path(path).resolve() == SAMPLE_PROFILE:
-        warnings.append(f"WARNING: planning with the bundled sample profile, measured on {where}, "
-                        "not on your hardware: run `python -m pipelinerl_jax.plan measure "
-                        "--engine_model=DIR --out=profile.json` on one of the target devices "
-                        "and pass --profile=profile.json")
+        warnings.append(
+            f"WARNING: planning with the bundled sample profile, measured on {where}, "
+            "not on your hardware: run `python -m pipelinerl_jax.plan measure "
+            "--engine_model=DIR --out=profile.json` on one of the target devices "
+            "and pass --profile=profile.json"
+        )
     elif profile.get("backend") == "cpu":
-        warnings.append(f"WARNING: the profile was measured on {where}; plan with a profile "
-                        "measured on the accelerators the run will use")
+        warnings.append(
+            f"WARNING: the profile was measured on {where}; plan with a profile "
+            "measured on the accelerators the run will use"
+        )
     load = profile.get("loadavg_1m_at_start")
     if load is not None and load > 0.5 and (profile.get("host_cpus") or 0) <= 8:
-        warnings.append(f"WARNING: the profile was measured at a 1-minute load average of {load} "
-                        "on a small host: its timings are likely slower than the device's")
+        warnings.append(
+            f"WARNING: the profile was measured at a 1-minute load average of {load} "
+            "on a small host: its timings are likely slower than the device's"
+        )
     return warnings
 
 
 def run_plan() -> None:
     if _MAX_LAG.value is None:
-        raise PlanError("--max_lag is required: the staleness (optimizer steps) your algorithm "
-                        "tolerates, e.g. --max_lag=8")
+        raise PlanError(
+            "--max_lag is required: the staleness (optimizer steps) your algorithm "
+            "tolerates, e.g. --max_lag=8"
+        )
     profile = util.load_profile(_PROFILE.value)
     prof, note = device_profile(profile, f"--profile={_PROFILE.value}")
     for line in profile_warnings(profile, _PROFILE.value):
         print(line, file=sys.stderr)
-    dist = (load_lengths(_LENGTHS.value) if _LENGTHS.value
-            else model.LengthDistribution.uniform(_MAX_LEN.value))
-    if _DEVICES.value is not None and _GEN_DEVICES.value is not None \
-            and _GEN_DEVICES.value >= _DEVICES.value:
-        raise PlanError(f"--gen_devices={_GEN_DEVICES.value}: only --devices={_DEVICES.value} "
-                        f"exist and one must train; use --gen_devices <= {_DEVICES.value - 1} or "
-                        f"raise --devices above {_GEN_DEVICES.value}")
+    dist = (
+        load_lengths(_LENGTHS.value)
+        if _LENGTHS.value
+        else model.LengthDistribution.uniform(_MAX_LEN.value)
+    )
+    if (
+        _DEVICES.value is not None
+        and _GEN_DEVICES.value is not None
+        and _GEN_DEVICES.value >= _DEVICES.value
+    ):
+        raise PlanError(
+            f"--gen_devices={_GEN_DEVICES.value}: only --devices={_DEVICES.value} "
+            f"exist and one must train; use --gen_devices <= {_DEVICES.value - 1} or "
+            f"raise --devices above {_GEN_DEVICES.value}"
+        )
     work = layout.Workload(_DEVICES.value, _BATCH.value, dist, _MAX_LAG.value)
-    plan = layout.plan_layout(prof, work, gen_devices=_GEN_DEVICES.value,
-                              gen_batch=_GEN_BATCH.value)
+    plan = layout.plan_layout(
+        prof, work, gen_devices=_GEN_DEVICES.value, gen_batch=_GEN_BATCH.value
+    )
     print(f"profile: {_PROFILE.value}; {note}")
     print(layout.format_plan(plan, work))
     _write_outputs(prof, work, plan)
@@ -188,12 +240,17 @@ def _write_outputs(prof: layout.DeviceProfile, work: layout.Workload, plan: layo
     out = Path(_OUT_DIR.value)
     hi = _PLOT_MAX_LAG.value or max(2 * work.max_lag, 16)
     sweep = layout.lag_sweep(prof, work, range(0, hi + 1))
-    f1 = figures.plot_utilisation(prof.gen_curve, out / "utilisation.png",
-                                  chosen_batch=plan.gen_batch)
+    f1 = figures.plot_utilisation(
+        prof.gen_curve, out / "utilisation.png", chosen_batch=plan.gen_batch
+    )
     f2 = figures.plot_lag_sweep(
-        sweep, out / "throughput_vs_lag.png", unit=plan.unit, chosen=(plan.lag, plan.r),
+        sweep,
+        out / "throughput_vs_lag.png",
+        unit=plan.unit,
+        chosen=(plan.lag, plan.r),
         title=f"N={work.devices} B={work.batch_size} L={work.lengths.max_len} "
-              f"mean={work.lengths.mean_len:.0f}")
+        f"mean={work.lengths.mean_len:.0f}",
+    )
     record = {k: v for k, v in vars(plan).items()}
     (out / "plan.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
     print(f"wrote {f1}, {f2}, {out / 'plan.json'}")
@@ -203,8 +260,9 @@ def run_reproduce() -> None:
     cs = paper.case_study()
     print(paper.format_case_study(cs))
     prof = layout.DeviceProfile(paper.h100_roofline_curve(), paper.TAU)
-    work = layout.Workload(paper.N, paper.B, model.LengthDistribution.uniform(paper.MAX_LEN),
-                           cs["g_max"])
+    work = layout.Workload(
+        paper.N, paper.B, model.LengthDistribution.uniform(paper.MAX_LEN), cs["g_max"]
+    )
     plan = layout.plan_layout(prof, work)
     print(f"\nsame-lag search on the stand-in curve (lag bound {cs['g_max']}):")
     print(layout.format_plan(plan, work))
@@ -222,16 +280,26 @@ def run_measure() -> None:
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"WARNING: 1-minute load average {load:.2f}: timings may be distorted")
-    profile = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-               "device_count": jax.device_count(), "host_cpus": os.cpu_count(),
-               "loadavg_1m_at_start": round(load, 2)}
+    profile = {
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+        "device_count": jax.device_count(),
+        "host_cpus": os.cpu_count(),
+        "loadavg_1m_at_start": round(load, 2),
+    }
     if _MATMUL.value:
         sizes = [int(s) for s in _BATCH_SIZES.value] if _BATCH_SIZES.value else None
         peak = _PEAK.value * 1e12 if _PEAK.value else None
-        profile |= measure.matmul_profile(batch_sizes=sizes, m=_MM_M.value, n=_MM_N.value,
-                                         dtype=_DTYPE.value, max_pad=_MAX_PAD.value,
-                                         repeats=_REPEATS.value, peak_flops=peak)
+        profile |= measure.matmul_profile(
+            batch_sizes=sizes,
+            m=_MM_M.value,
+            n=_MM_N.value,
+            dtype=_DTYPE.value,
+            max_pad=_MAX_PAD.value,
+            repeats=_REPEATS.value,
+            peak_flops=peak,
+        )
         u = profile["utilisation"]
         print(f"U(h) on {profile['device_kind']} ({u['source']}); peak: {u['peak_source']}")
         for h, v, k in zip(u["batch_sizes"], u["values"], u["best_padded_batch"]):
@@ -244,8 +312,10 @@ def run_measure() -> None:
             print(f"  batch={b:5d}  {s * 1e3:8.3f} ms/step  {b / s:10.1f} tokens/s")
         if "kv_max_batch" in d:
             print(f"  KV-cache bound: {d['kv_max_batch']} sequences per device")
-        print(f"train: {t['tokens_per_s_per_device']:.1f} completion tokens/s per device "
-              f"({t['packed_tokens_per_s']:.1f} packed tokens/s)")
+        print(
+            f"train: {t['tokens_per_s_per_device']:.1f} completion tokens/s per device "
+            f"({t['packed_tokens_per_s']:.1f} packed tokens/s)"
+        )
     path = util.save_profile(profile, _OUT.value)
     print(f"wrote {path}")
 
@@ -264,10 +334,17 @@ def _engine_sections() -> dict:
         _, graphdef, params = hf_io.load_hf(name, check_tokenizer=False)
     memory = int(_KV_GIB.value * 2**30) if _KV_GIB.value else None
     return engine_probe.engine_profile(
-        graphdef, params, decode_batch_sizes=[int(b) for b in _DECODE_SIZES.value],
-        context_len=_CONTEXT.value, chunk_steps=_CHUNK.value, train_rows=_TRAIN_ROWS.value,
-        train_seq_len=_TRAIN_SEQ.value, repeats=_REPEATS.value, memory_bytes=memory,
-        source=name)
+        graphdef,
+        params,
+        decode_batch_sizes=[int(b) for b in _DECODE_SIZES.value],
+        context_len=_CONTEXT.value,
+        chunk_steps=_CHUNK.value,
+        train_rows=_TRAIN_ROWS.value,
+        train_seq_len=_TRAIN_SEQ.value,
+        repeats=_REPEATS.value,
+        memory_bytes=memory,
+        source=name,
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -289,6 +366,7 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     # absl's own --help exits 1; every tool of the package answers help with exit code 0.
     from pipelinerl_jax import cli
+
     if cli.wants_help(sys.argv):
         flags.FLAGS.mark_as_parsed()
         print(cli.usage(__doc__, flags.FLAGS, full=cli.wants_help(sys.argv) == "--helpfull"))

@@ -17,8 +17,9 @@ import numpy as np  # noqa: E402
 from pipelinerl_jax.plan.utilisation import UNIT_FRACTION, UtilisationCurve  # noqa: E402
 
 
-def plot_utilisation(curve: UtilisationCurve, path: str | Path, *,
-                     chosen_batch: float | None = None) -> Path:
+def plot_utilisation(
+    curve: UtilisationCurve, path: str | Path, *, chosen_batch: float | None = None
+) -> Path:
     """U(h) (or tokens/s per device) at the measured points, with the interpolation between."""
     path = Path(path)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -41,13 +42,21 @@ def plot_utilisation(curve: UtilisationCurve, path: str | Path, *,
     return path
 
 
-def plot_lag_sweep(sweep: dict, path: str | Path, *, unit: str, title: str = "",
-                   chosen: tuple[int, float] | None = None) -> Path:
+def plot_lag_sweep(
+    sweep: dict,
+    path: str | Path,
+    *,
+    unit: str,
+    title: str = "",
+    chosen: tuple[int, float] | None = None,
+) -> Path:
     """Throughput of both methods against the max lag (NaN points are left out)."""
     path = Path(path)
     fig, ax = plt.subplots(figsize=(6, 4))
     lags = np.asarray(sweep["max_lag"])
-    ax.step(lags, sweep["pipeline"], where="post", color="tab:orange", label="PipelineRL (best H, I)")
+    ax.step(
+        lags, sweep["pipeline"], where="post", color="tab:orange", label="PipelineRL (best H, I)"
+    )
     ax.plot(lags, sweep["conventional"], color="tab:blue", label="Conventional RL (G = lag + 1)")
     if chosen is not None:
         ax.plot([chosen[0]], [chosen[1]], "*", color="tab:red", ms=10, label="plan")

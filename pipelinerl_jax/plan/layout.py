@@ -25,9 +25,17 @@ from pipelinerl_jax.plan import model
 from pipelinerl_jax.plan.utilisation import UNIT_FRACTION, PlanError, UtilisationCurve
 
 
-def kv_cache_max_batch(*, memory_bytes: float, param_bytes: float, num_layers: int,
-                       num_kv_heads: int, head_dim: int, context_len: int,
-                       bytes_per_element: int = 2, reserve_fraction: float = 0.1) -> int:
+def kv_cache_max_batch(
+    *,
+    memory_bytes: float,
+    param_bytes: float,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    context_len: int,
+    bytes_per_element: int = 2,
+    reserve_fraction: float = 0.1,
+) -> int:
     """Sequences of `context_len` tokens whose K and V fit beside the weights on one device.
 
     Per token the cache holds 2 (K and V) · layers · kv_heads · head_dim elements; a fraction
@@ -38,10 +46,12 @@ def kv_cache_max_batch(*, memory_bytes: float, param_bytes: float, num_layers: i
     if per_seq <= 0:
         raise PlanError("KV bound: layers, kv heads, head_dim and context_len must be positive")
     if free < per_seq:
-        raise PlanError(f"KV bound: {memory_bytes / 2**30:.2f} GiB per device leaves "
-                        f"{max(free, 0) / 2**30:.2f} GiB after weights, less than one "
-                        f"{context_len}-token sequence ({per_seq / 2**30:.3f} GiB); shard the "
-                        "weights, shorten the context or use larger devices")
+        raise PlanError(
+            f"KV bound: {memory_bytes / 2**30:.2f} GiB per device leaves "
+            f"{max(free, 0) / 2**30:.2f} GiB after weights, less than one "
+            f"{context_len}-token sequence ({per_seq / 2**30:.3f} GiB); shard the "
+            "weights, shorten the context or use larger devices"
+        )
     return int(free // per_seq)
 
 
@@ -58,15 +68,23 @@ class DeviceProfile:
         return "tokens/flash" if self.gen_curve.unit == UNIT_FRACTION else "tokens/s"
 
     @classmethod
-    def from_measurements(cls, *, decode_batch_sizes, decode_latency_s,
-                          train_tokens_per_s_per_device: float,
-                          max_gen_batch: float | None = None, source: str = "") -> "DeviceProfile":
+    def from_measurements(
+        cls,
+        *,
+        decode_batch_sizes,
+        decode_latency_s,
+        train_tokens_per_s_per_device: float,
+        max_gen_batch: float | None = None,
+        source: str = "",
+    ) -> DeviceProfile:
         """The talk's inputs: decode latency per batch size and training tokens/s per device."""
         if train_tokens_per_s_per_device <= 0:
-            raise PlanError(f"train tokens/s per device must be positive, got "
-                            f"{train_tokens_per_s_per_device}")
-        curve = UtilisationCurve.from_decode_latency(decode_batch_sizes, decode_latency_s,
-                                                     source=source)
+            raise PlanError(
+                f"train tokens/s per device must be positive, got {train_tokens_per_s_per_device}"
+            )
+        curve = UtilisationCurve.from_decode_latency(
+            decode_batch_sizes, decode_latency_s, source=source
+        )
         return cls(curve, 1.0 / train_tokens_per_s_per_device, max_gen_batch)
 
 
@@ -106,55 +124,90 @@ class Plan:
 def _check_fixed(workload: Workload, prof: DeviceProfile, gen_devices, gen_batch) -> None:
     n = workload.devices
     if gen_devices is not None and not 1 <= gen_devices <= n - 1:
-        raise PlanError(f"--gen_devices={gen_devices}: with --devices={n} it must be in 1..{n - 1} "
-                        "(at least one device has to train and one to generate)")
+        raise PlanError(
+            f"--gen_devices={gen_devices}: with --devices={n} it must be in 1..{n - 1} "
+            "(at least one device has to train and one to generate)"
+        )
     if gen_batch is not None:
         bound = prof.gen_curve.max_batch
         if prof.max_gen_batch is not None and gen_batch > prof.max_gen_batch:
-            raise PlanError(f"--gen_batch={gen_batch:g}: exceeds the KV-cache bound of "
-                            f"{prof.max_gen_batch:g} sequences per device; use <= "
-                            f"{math.floor(prof.max_gen_batch)}")
+            raise PlanError(
+                f"--gen_batch={gen_batch:g}: exceeds the KV-cache bound of "
+                f"{prof.max_gen_batch:g} sequences per device; use <= "
+                f"{math.floor(prof.max_gen_batch)}"
+            )
         if gen_batch > bound or gen_batch <= 0:
-            raise PlanError(f"--gen_batch={gen_batch:g}: the profile measures batch sizes up to "
-                            f"{bound:g}; use 1..{math.floor(bound)} or re-measure with larger "
-                            "--batch_sizes")
+            raise PlanError(
+                f"--gen_batch={gen_batch:g}: the profile measures batch sizes up to "
+                f"{bound:g}; use 1..{math.floor(bound)} or re-measure with larger "
+                "--batch_sizes"
+            )
 
 
-def plan_layout(prof: DeviceProfile, workload: Workload, *, gen_devices: int | None = None,
-                gen_batch: float | None = None, compare_conventional: bool = True) -> Plan:
+def plan_layout(
+    prof: DeviceProfile,
+    workload: Workload,
+    *,
+    gen_devices: int | None = None,
+    gen_batch: float | None = None,
+    compare_conventional: bool = True,
+) -> Plan:
     """The best (H, I) under workload.max_lag, optionally with I and/or H fixed by the user."""
     if workload.max_lag < 0:
         raise PlanError(f"--max_lag={workload.max_lag}: must be >= 0 optimizer steps")
     _check_fixed(workload, prof, gen_devices, gen_batch)
     grid = model.pipeline_grid(
-        prof.gen_curve, workload.lengths, num_devices=workload.devices,
-        batch_size=workload.batch_size, tau=prof.tau, max_gen_batch=prof.max_gen_batch,
-        gen_batches=None if gen_batch is None else [gen_batch])
+        prof.gen_curve,
+        workload.lengths,
+        num_devices=workload.devices,
+        batch_size=workload.batch_size,
+        tau=prof.tau,
+        max_gen_batch=prof.max_gen_batch,
+        gen_batches=None if gen_batch is None else [gen_batch],
+    )
     if gen_devices is not None:
         keep = grid.gen_devices == gen_devices
         grid = dataclasses.replace(
-            grid, gen_devices=grid.gen_devices[keep], r_gen_HxI=grid.r_gen_HxI[:, keep],
-            r_train_HxI=grid.r_train_HxI[:, keep], r_pipe_HxI=grid.r_pipe_HxI[:, keep],
-            lag_HxI=grid.lag_HxI[:, keep])
+            grid,
+            gen_devices=grid.gen_devices[keep],
+            r_gen_HxI=grid.r_gen_HxI[:, keep],
+            r_train_HxI=grid.r_train_HxI[:, keep],
+            r_pipe_HxI=grid.r_pipe_HxI[:, keep],
+            lag_HxI=grid.lag_HxI[:, keep],
+        )
     choice = model.best_pipeline(grid, workload.max_lag)
     mean_len = workload.lengths.mean_len
     conv, speedup = {}, float("nan")
     if compare_conventional:
         conv = model.conventional_rate_at_lag(
-            prof.gen_curve, workload.lengths, num_devices=workload.devices,
-            batch_size=workload.batch_size, tau=prof.tau, max_lag=workload.max_lag,
-            max_batch=prof.max_gen_batch)
+            prof.gen_curve,
+            workload.lengths,
+            num_devices=workload.devices,
+            batch_size=workload.batch_size,
+            tau=prof.tau,
+            max_lag=workload.max_lag,
+            max_batch=prof.max_gen_batch,
+        )
         conv["gen_time_fraction"] = conv["r"] / conv["r_gen"]
         conv["train_time_fraction"] = conv["r"] / conv["r_train"]
         speedup = choice.r_pipe / conv["r"]
     return Plan(
-        unit=prof.unit, devices=workload.devices, gen_devices=choice.gen_devices,
-        gen_batch=choice.gen_batch, r_gen=choice.r_gen, r_train=choice.r_train, r=choice.r_pipe,
-        lag=choice.max_lag, max_lag=workload.max_lag,
-        gen_idle=1.0 - choice.r_pipe / choice.r_gen, train_idle=1.0 - choice.r_pipe / choice.r_train,
+        unit=prof.unit,
+        devices=workload.devices,
+        gen_devices=choice.gen_devices,
+        gen_batch=choice.gen_batch,
+        r_gen=choice.r_gen,
+        r_train=choice.r_train,
+        r=choice.r_pipe,
+        lag=choice.max_lag,
+        max_lag=workload.max_lag,
+        gen_idle=1.0 - choice.r_pipe / choice.r_gen,
+        train_idle=1.0 - choice.r_pipe / choice.r_train,
         samples_rate=choice.r_pipe / mean_len,
         steps_rate=choice.r_pipe / (mean_len * workload.batch_size),
-        conventional=conv, speedup=speedup)
+        conventional=conv,
+        speedup=speedup,
+    )
 
 
 def lag_sweep(prof: DeviceProfile, workload: Workload, max_lags) -> dict[str, np.ndarray]:
@@ -162,17 +215,32 @@ def lag_sweep(prof: DeviceProfile, workload: Workload, max_lags) -> dict[str, np
 
     Conventional is NaN beyond the lags whose rounds the profile covers (no extrapolation)."""
     lags = np.asarray(max_lags, dtype=np.int64)
-    grid = model.pipeline_grid(prof.gen_curve, workload.lengths, num_devices=workload.devices,
-                               batch_size=workload.batch_size, tau=prof.tau,
-                               max_gen_batch=prof.max_gen_batch)
+    grid = model.pipeline_grid(
+        prof.gen_curve,
+        workload.lengths,
+        num_devices=workload.devices,
+        batch_size=workload.batch_size,
+        tau=prof.tau,
+        max_gen_batch=prof.max_gen_batch,
+    )
     pipe = model.best_rate_by_lag(grid, lags)
     covered = conventional_lag_covered(prof, workload)
-    conv = np.array([  # NaN where the profile does not reach the round's per-device batch
-        model.conventional_rate_at_lag(prof.gen_curve, workload.lengths,
-                                       num_devices=workload.devices,
-                                       batch_size=workload.batch_size, tau=prof.tau,
-                                       max_lag=int(g), max_batch=prof.max_gen_batch)["r"]
-        if g <= covered else np.nan for g in lags])
+    conv = np.array(
+        [  # NaN where the profile does not reach the round's per-device batch
+            model.conventional_rate_at_lag(
+                prof.gen_curve,
+                workload.lengths,
+                num_devices=workload.devices,
+                batch_size=workload.batch_size,
+                tau=prof.tau,
+                max_lag=int(g),
+                max_batch=prof.max_gen_batch,
+            )["r"]
+            if g <= covered
+            else np.nan
+            for g in lags
+        ]
+    )
     return {"max_lag": lags, "pipeline": pipe, "conventional": conv}
 
 
@@ -208,8 +276,10 @@ def format_plan(plan: Plan, workload: Workload) -> str:
         f"{'optimizer steps per ' + u.split('/')[1]:28s}{plan.steps_rate:>16.4g}",
     ]
     if plan.conventional:
-        lines.append(f"{'speedup over Conventional':28s}{plan.speedup:>16.3f}x  (same lag: "
-                     f"G={plan.conventional['steps_per_round']} steps per round)")
+        lines.append(
+            f"{'speedup over Conventional':28s}{plan.speedup:>16.3f}x  (same lag: "
+            f"G={plan.conventional['steps_per_round']} steps per round)"
+        )
     return "\n".join(lines)
 
 

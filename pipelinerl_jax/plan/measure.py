@@ -28,12 +28,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipelinerl_jax.plan.utilisation import PlanError, UtilisationCurve, UNIT_FRACTION
+from pipelinerl_jax.plan.utilisation import UNIT_FRACTION, PlanError, UtilisationCurve
 
 # Dense (no sparsity) tensor-core peaks in FLOP/s, by a substring of jax's device_kind.
 KNOWN_PEAKS = {
-    "bfloat16": (("H200", 989.4e12), ("H100 PCIe", 756.0e12), ("H100", 989.4e12),
-                 ("A100", 312.0e12), ("L4", 121.0e12)),
+    "bfloat16": (
+        ("H200", 989.4e12),
+        ("H100 PCIe", 756.0e12),
+        ("H100", 989.4e12),
+        ("A100", 312.0e12),
+        ("L4", 121.0e12),
+    ),
 }
 KNOWN_PEAKS["float16"] = KNOWN_PEAKS["bfloat16"]
 
@@ -74,8 +79,13 @@ def call_times(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -
     return times
 
 
-def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1,
-              statistic: Callable = statistics.median) -> float:
+def time_call(
+    fn: Callable[[], object],
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    statistic: Callable = statistics.median,
+) -> float:
     """Seconds of fn() over repeats (median by default); fn must block until ready."""
     return statistic(call_times(fn, repeats=repeats, warmup=warmup))
 
@@ -96,9 +106,17 @@ def square_matmul_flops(size: int, dtype: str, repeats: int = 3) -> float:
     return 2.0 * size**3 / sec
 
 
-def matmul_utilisation(batch_sizes: Sequence[int], *, m: int, n: int, dtype: str,
-                       max_pad: int = 64, repeats: int = 5, peak_flops: float | None = None,
-                       reference_size: int = 1024) -> dict:
+def matmul_utilisation(
+    batch_sizes: Sequence[int],
+    *,
+    m: int,
+    n: int,
+    dtype: str,
+    max_pad: int = 64,
+    repeats: int = 5,
+    peak_flops: float | None = None,
+    reference_size: int = 1024,
+) -> dict:
     """The U(h) recipe; returns the profile's 'utilisation' section (a curve plus raw timings)."""
     hs = sorted({int(h) for h in batch_sizes})
     if not hs or hs[0] < 1:
@@ -123,45 +141,79 @@ def matmul_utilisation(batch_sizes: Sequence[int], *, m: int, n: int, dtype: str
     if peak_flops is None:
         ref = square_matmul_flops(reference_size, dt.name)
         peak_flops = max(ref, float(achieved.max()))
-        peak_source = (f"best observed rate (square {reference_size} matmul {ref / 1e9:.1f} "
-                       f"GFLOP/s, curve max {achieved.max() / 1e9:.1f} GFLOP/s): no published peak")
-    curve = UtilisationCurve(tuple(float(h) for h in hs), tuple(achieved / peak_flops),
-                             unit=UNIT_FRACTION,
-                             source=f"matmul ({m},h)x(h,{n}) {dt.name} on {device.device_kind}")
-    return {**curve.to_dict(), "recipe": {"m": m, "n": n, "dtype": dt.name, "max_pad": max_pad,
-                                          "repeats": repeats, "statistic": "min"},
-            "peak_flops": peak_flops, "peak_source": peak_source,
-            "best_padded_batch": best_pad, "seconds": best_sec}
+        peak_source = (
+            f"best observed rate (square {reference_size} matmul {ref / 1e9:.1f} "
+            f"GFLOP/s, curve max {achieved.max() / 1e9:.1f} GFLOP/s): no published peak"
+        )
+    curve = UtilisationCurve(
+        tuple(float(h) for h in hs),
+        tuple(achieved / peak_flops),
+        unit=UNIT_FRACTION,
+        source=f"matmul ({m},h)x(h,{n}) {dt.name} on {device.device_kind}",
+    )
+    return {
+        **curve.to_dict(),
+        "recipe": {
+            "m": m,
+            "n": n,
+            "dtype": dt.name,
+            "max_pad": max_pad,
+            "repeats": repeats,
+            "statistic": "min",
+        },
+        "peak_flops": peak_flops,
+        "peak_source": peak_source,
+        "best_padded_batch": best_pad,
+        "seconds": best_sec,
+    }
 
 
-def measure_decode_latency(make_step: Callable[[int], Callable[[], object]],
-                           batch_sizes: Sequence[int], *, repeats: int = 5,
-                           statistic: Callable = min) -> list[float]:
+def measure_decode_latency(
+    make_step: Callable[[int], Callable[[], object]],
+    batch_sizes: Sequence[int],
+    *,
+    repeats: int = 5,
+    statistic: Callable = min,
+) -> list[float]:
     """Seconds per call at each batch size (fastest repeat by default: a capability, and other
     work on the machine only adds time); make_step(b) returns a blocking zero-arg call that
     advances b sequences (one untimed warm-up call compiles it)."""
-    return [time_call(make_step(int(b)), repeats=repeats, statistic=statistic)
-            for b in batch_sizes]
+    return [time_call(make_step(int(b)), repeats=repeats, statistic=statistic) for b in batch_sizes]
 
 
-def measure_train_throughput(step: Callable[[], object], tokens_per_step: int, *,
-                             repeats: int = 3, statistic: Callable = min) -> float:
+def measure_train_throughput(
+    step: Callable[[], object], tokens_per_step: int, *, repeats: int = 3, statistic: Callable = min
+) -> float:
     """Training tokens/s of a blocking train-step callable that consumes tokens_per_step."""
     return tokens_per_step / time_call(step, repeats=repeats, statistic=statistic)
 
 
-def matmul_profile(*, batch_sizes: Sequence[int] | None = None, m: int | None = None,
-                   n: int | None = None, dtype: str | None = None, max_pad: int = 64,
-                   repeats: int = 5, peak_flops: float | None = None) -> dict:
+def matmul_profile(
+    *,
+    batch_sizes: Sequence[int] | None = None,
+    m: int | None = None,
+    n: int | None = None,
+    dtype: str | None = None,
+    max_pad: int = 64,
+    repeats: int = 5,
+    peak_flops: float | None = None,
+) -> dict:
     """A whole profile dict from the matmul recipe, with backend-appropriate defaults."""
     on_cpu = jax.default_backend() == "cpu"
     m = m or (CPU_M if on_cpu else PAPER_M)
     n = n or (CPU_N if on_cpu else PAPER_N)
     dtype = dtype or ("float32" if on_cpu else "bfloat16")
-    util = matmul_utilisation(batch_sizes or DEFAULT_BATCH_SIZES, m=m, n=n, dtype=dtype,
-                              max_pad=max_pad, repeats=repeats, peak_flops=peak_flops)
+    util = matmul_utilisation(
+        batch_sizes or DEFAULT_BATCH_SIZES,
+        m=m,
+        n=n,
+        dtype=dtype,
+        max_pad=max_pad,
+        repeats=repeats,
+        peak_flops=peak_flops,
+    )
     return {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
         "device_count": jax.device_count(),

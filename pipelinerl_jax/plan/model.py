@@ -34,8 +34,10 @@ from pipelinerl_jax.plan.utilisation import PlanError, UtilisationCurve
 def flash_seconds(flops_per_token: float, peak_flops: float) -> float:
     """One flash in seconds, f = F_gen / M: the least time one generated token can cost."""
     if flops_per_token <= 0 or peak_flops <= 0:
-        raise PlanError(f"flash needs positive FLOPs per token and peak FLOP/s, got "
-                        f"{flops_per_token} and {peak_flops}")
+        raise PlanError(
+            f"flash needs positive FLOPs per token and peak FLOP/s, got "
+            f"{flops_per_token} and {peak_flops}"
+        )
     return flops_per_token / peak_flops
 
 
@@ -61,14 +63,14 @@ class LengthDistribution:
         object.__setattr__(self, "probs", tuple(float(x) for x in p[: last + 1]))
 
     @classmethod
-    def uniform(cls, max_len: int) -> "LengthDistribution":
+    def uniform(cls, max_len: int) -> LengthDistribution:
         """Uniform on 1..L, the paper's case-study assumption."""
         if max_len < 1:
             raise PlanError(f"--max_len={max_len}: must be at least 1")
         return cls(tuple(np.full(max_len, 1.0 / max_len)))
 
     @classmethod
-    def from_lengths(cls, lengths: Sequence[int]) -> "LengthDistribution":
+    def from_lengths(cls, lengths: Sequence[int]) -> LengthDistribution:
         """Empirical distribution of observed lengths (e.g. from a run's metrics)."""
         arr = np.asarray(lengths, dtype=np.int64).ravel()
         if arr.size == 0 or arr.min() < 1:
@@ -77,7 +79,7 @@ class LengthDistribution:
         return cls(tuple(counts / counts.sum()))
 
     @classmethod
-    def from_histogram(cls, hist: Mapping[int, float]) -> "LengthDistribution":
+    def from_histogram(cls, hist: Mapping[int, float]) -> LengthDistribution:
         """From {length: count}; counts may be any non-negative weights."""
         if not hist:
             raise PlanError("sequence length histogram is empty")
@@ -116,8 +118,14 @@ def active_sequences(dist: LengthDistribution, num_sequences: float) -> np.ndarr
 # -- Conventional RL -------------------------------------------------------------------------
 
 
-def conventional_gen_time(curve: UtilisationCurve, dist: LengthDistribution, num_devices: int,
-                          num_sequences: float, *, max_batch: float | None = None) -> float:
+def conventional_gen_time(
+    curve: UtilisationCurve,
+    dist: LengthDistribution,
+    num_devices: int,
+    num_sequences: float,
+    *,
+    max_batch: float | None = None,
+) -> float:
     """t_gen (eq. 10): Σ_l step_time(h(l)/N), all N devices decoding one round of S sequences.
 
     max_batch: per-device memory bound (KV cache). Above it a device cannot hold its share at
@@ -136,12 +144,19 @@ def conventional_gen_time(curve: UtilisationCurve, dist: LengthDistribution, num
     return float(np.sum(t))
 
 
-def conventional_gen_rate(curve: UtilisationCurve, dist: LengthDistribution, num_devices: int,
-                          num_sequences: float, *, max_batch: float | None = None) -> float:
+def conventional_gen_rate(
+    curve: UtilisationCurve,
+    dist: LengthDistribution,
+    num_devices: int,
+    num_sequences: float,
+    *,
+    max_batch: float | None = None,
+) -> float:
     """r_gen_conv (eq. 13) = K / Σ_l (h(l)/N) / U(h(l)/N)."""
     tokens = num_sequences * dist.mean_len
-    return tokens / conventional_gen_time(curve, dist, num_devices, num_sequences,
-                                          max_batch=max_batch)
+    return tokens / conventional_gen_time(
+        curve, dist, num_devices, num_sequences, max_batch=max_batch
+    )
 
 
 def train_rate(num_train_devices: int, tau: float) -> float:
@@ -180,8 +195,12 @@ def pipeline_max_lag(gen_batch, gen_devices, dist: LengthDistribution, batch_siz
     While the longest sequence (L steps) decodes, the generation devices emit H·I·L tokens,
     i.e. H·I·L/L̄ sequences, i.e. that many / B optimizer steps happen after it started.
     """
-    x = (np.asarray(gen_batch, dtype=np.float64) * np.asarray(gen_devices) * dist.max_len
-         / (dist.mean_len * batch_size))
+    x = (
+        np.asarray(gen_batch, dtype=np.float64)
+        * np.asarray(gen_devices)
+        * dist.max_len
+        / (dist.mean_len * batch_size)
+    )
     return np.ceil(x - 1e-9).astype(np.int64)  # tolerance: H·I·L/(L̄·B) is often an integer
 
 
@@ -200,28 +219,40 @@ class PipelineGrid:
     lag_HxI: np.ndarray
 
 
-def pipeline_grid(curve: UtilisationCurve, dist: LengthDistribution, *, num_devices: int,
-                  batch_size: int, tau: float, max_gen_batch: float | None = None,
-                  gen_batches: Sequence[float] | None = None) -> PipelineGrid:
+def pipeline_grid(
+    curve: UtilisationCurve,
+    dist: LengthDistribution,
+    *,
+    num_devices: int,
+    batch_size: int,
+    tau: float,
+    max_gen_batch: float | None = None,
+    gen_batches: Sequence[float] | None = None,
+) -> PipelineGrid:
     """Evaluates every split I in 1..N−1 and per-device batch H (integers up to the bound)."""
     if num_devices < 2:
-        raise PlanError(f"--devices={num_devices}: a PipelineRL split needs at least 2 devices "
-                        "(one generating, one training)")
+        raise PlanError(
+            f"--devices={num_devices}: a PipelineRL split needs at least 2 devices "
+            "(one generating, one training)"
+        )
     if batch_size < 1:
         raise PlanError(f"--batch={batch_size}: must be at least 1 sequence per optimizer step")
     bound = curve.max_batch if max_gen_batch is None else min(curve.max_batch, max_gen_batch)
     if gen_batches is None:
         if bound < 1:
-            raise PlanError(f"per-device generation batch bound {bound:g} is below 1 sequence; "
-                            "a device needs memory for at least one sequence")
+            raise PlanError(
+                f"per-device generation batch bound {bound:g} is below 1 sequence; "
+                "a device needs memory for at least one sequence"
+            )
         gen_batches = np.arange(1, int(math.floor(bound)) + 1, dtype=np.float64)
     h = np.asarray(gen_batches, dtype=np.float64)
     i = np.arange(1, num_devices, dtype=np.float64)
     r_gen = np.outer(curve.rate(h, what="PipelineRL generation"), i)
     r_train = np.broadcast_to(train_rate(1, tau) * (num_devices - i), r_gen.shape)
     lag = pipeline_max_lag(h[:, None], i[None, :], dist, batch_size)
-    return PipelineGrid(h, i.astype(np.int64), r_gen, np.array(r_train),
-                        pipeline_rate(r_gen, r_train), lag)
+    return PipelineGrid(
+        h, i.astype(np.int64), r_gen, np.array(r_train), pipeline_rate(r_gen, r_train), lag
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,9 +274,11 @@ def best_pipeline(grid: PipelineGrid, max_lag: int) -> PipelineChoice:
     ok = grid.lag_HxI <= max_lag
     if not ok.any():
         lo = min_feasible_lag(grid)
-        raise PlanError(f"--max_lag={max_lag}: no (H, I) split keeps g_max that low; the smallest "
-                        f"max_lag any split reaches is {lo} (raise --max_lag to >= {lo}, or raise "
-                        "--batch)")
+        raise PlanError(
+            f"--max_lag={max_lag}: no (H, I) split keeps g_max that low; the smallest "
+            f"max_lag any split reaches is {lo} (raise --max_lag to >= {lo}, or raise "
+            "--batch)"
+        )
     r = np.where(ok, grid.r_pipe_HxI, -np.inf)
     best = r.max()
     # Relative tolerance so ties from float noise resolve by the secondary keys.
@@ -253,9 +286,14 @@ def best_pipeline(grid: PipelineGrid, max_lag: int) -> PipelineChoice:
     load = (grid.gen_batches[:, None] * grid.gen_devices[None, :]).ravel()
     pick = near[np.lexsort((load[near], grid.lag_HxI.ravel()[near]))[0]]
     a, b = np.unravel_index(int(pick), grid.lag_HxI.shape)
-    return PipelineChoice(float(grid.gen_batches[a]), int(grid.gen_devices[b]),
-                          float(grid.r_gen_HxI[a, b]), float(grid.r_train_HxI[a, b]),
-                          float(grid.r_pipe_HxI[a, b]), int(grid.lag_HxI[a, b]))
+    return PipelineChoice(
+        float(grid.gen_batches[a]),
+        int(grid.gen_devices[b]),
+        float(grid.r_gen_HxI[a, b]),
+        float(grid.r_train_HxI[a, b]),
+        float(grid.r_pipe_HxI[a, b]),
+        int(grid.lag_HxI[a, b]),
+    )
 
 
 def best_rate_by_lag(grid: PipelineGrid, max_lags: Sequence[int]) -> np.ndarray:
@@ -269,14 +307,25 @@ def best_rate_by_lag(grid: PipelineGrid, max_lags: Sequence[int]) -> np.ndarray:
     return np.where(idx >= 0, running[np.maximum(idx, 0)], np.nan)
 
 
-def conventional_rate_at_lag(curve: UtilisationCurve, dist: LengthDistribution, *,
-                             num_devices: int, batch_size: int, tau: float, max_lag: int,
-                             max_batch: float | None = None) -> dict[str, float]:
+def conventional_rate_at_lag(
+    curve: UtilisationCurve,
+    dist: LengthDistribution,
+    *,
+    num_devices: int,
+    batch_size: int,
+    tau: float,
+    max_lag: int,
+    max_batch: float | None = None,
+) -> dict[str, float]:
     """Conventional RL with G = max_lag + 1 steps per round (its lag is exactly G − 1)."""
     steps = max_lag + 1
-    r_gen = conventional_gen_rate(curve, dist, num_devices, batch_size * steps,
-                                  max_batch=max_batch)
+    r_gen = conventional_gen_rate(curve, dist, num_devices, batch_size * steps, max_batch=max_batch)
     r_train = train_rate(num_devices, tau)
-    return {"steps_per_round": steps, "peak_batch": batch_size * steps / num_devices,
-            "r_gen": r_gen, "r_train": r_train,
-            "r": conventional_rate(r_gen, r_train), "max_lag": conventional_max_lag(steps)}
+    return {
+        "steps_per_round": steps,
+        "peak_batch": batch_size * steps / num_devices,
+        "r_gen": r_gen,
+        "r_train": r_train,
+        "r": conventional_rate(r_gen, r_train),
+        "max_lag": conventional_max_lag(steps),
+    }

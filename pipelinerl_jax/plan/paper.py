@@ -46,10 +46,14 @@ def h100_roofline_curve(max_batch: int = 1024) -> UtilisationCurve:
     that U(192) equals the paper's implied 16.9/44. Derived, not measured."""
     raw = roofline_curve([H], peak_flops=H100_PEAK_BF16_FLOPS, bandwidth=H100_HBM_BYTES_PER_S)
     efficiency = U_H / raw.values[0]
-    return roofline_curve(np.arange(1, max_batch + 1), peak_flops=H100_PEAK_BF16_FLOPS,
-                          bandwidth=H100_HBM_BYTES_PER_S, efficiency=efficiency,
-                          source=f"H100 SXM roofline x{efficiency:.3f} (through U(192)=16.9/44); "
-                                 "derived from specs, not measured")
+    return roofline_curve(
+        np.arange(1, max_batch + 1),
+        peak_flops=H100_PEAK_BF16_FLOPS,
+        bandwidth=H100_HBM_BYTES_PER_S,
+        efficiency=efficiency,
+        source=f"H100 SXM roofline x{efficiency:.3f} (through U(192)=16.9/44); "
+        "derived from specs, not measured",
+    )
 
 
 def case_study(max_len: int = MAX_LEN, r_conv_gen: float = R_CONV_GEN) -> dict:
@@ -66,11 +70,24 @@ def case_study(max_len: int = MAX_LEN, r_conv_gen: float = R_CONV_GEN) -> dict:
     curve = h100_roofline_curve()
     r_conv_gen_roofline = model.conventional_gen_rate(curve, dist, N, B * steps)
     return {
-        "given": {"N": N, "B": B, "H": H, "I": I, "tau": TAU, "U(H)": U_H, "max_len": max_len,
-                  "r_conv_gen": r_conv_gen},
-        "r_pipe_gen": r_pipe_gen, "r_pipe_train": r_pipe_train, "r_pipe": r_pipe,
-        "g_max": g_max, "conventional_steps_per_round": steps,
-        "r_conv_gen": r_conv_gen, "r_conv_train": r_conv_train, "r_conv": r_conv,
+        "given": {
+            "N": N,
+            "B": B,
+            "H": H,
+            "I": I,
+            "tau": TAU,
+            "U(H)": U_H,
+            "max_len": max_len,
+            "r_conv_gen": r_conv_gen,
+        },
+        "r_pipe_gen": r_pipe_gen,
+        "r_pipe_train": r_pipe_train,
+        "r_pipe": r_pipe,
+        "g_max": g_max,
+        "conventional_steps_per_round": steps,
+        "r_conv_gen": r_conv_gen,
+        "r_conv_train": r_conv_train,
+        "r_conv": r_conv,
         "speedup": r_pipe / r_conv,
         # "B = 2048 ... gives g_max ≈ 8": 132/16 = 8.25 before the ceiling, 9 after it.
         "g_max_b2048": int(model.pipeline_max_lag(H, I, dist, 2048)),
@@ -85,19 +102,21 @@ def case_study(max_len: int = MAX_LEN, r_conv_gen: float = R_CONV_GEN) -> dict:
 def format_case_study(cs: dict) -> str:
     g = cs["given"]
     rs = cs["roofline_stand_in"]
-    return "\n".join([
-        "PipelineRL Appendix A.4 case study (tokens per flash)",
-        f"  given: N={g['N']} B={g['B']} H={g['H']} I={g['I']} tau={g['tau']:.4f} "
-        f"U(H)={g['U(H)']:.4f} lengths uniform on 1..{g['max_len']} r_conv_gen={g['r_conv_gen']}",
-        f"  r_pipe_gen   {cs['r_pipe_gen']:8.3f}   (paper 16.9)",
-        f"  r_pipe_train {cs['r_pipe_train']:8.3f}   (paper 17.08)",
-        f"  r_pipe       {cs['r_pipe']:8.3f}   (paper 16.9)",
-        f"  g_max        {cs['g_max']:8d}   (paper ~133; Conventional G={cs['conventional_steps_per_round']})",
-        f"  g_max B=2048 {cs['g_max_b2048']:8d}   (paper ~8: 132/16 = 8.25 before the ceiling)",
-        f"  r_conv_gen   {cs['r_conv_gen']:8.3f}   (given, paper 18.3)",
-        f"  r_conv_train {cs['r_conv_train']:8.3f}   (paper 26.02)",
-        f"  r_conv       {cs['r_conv']:8.3f}   (paper 10.7)",
-        f"  speedup      {cs['speedup']:8.3f}x  (paper 1.57x)",
-        f"  stand-in U(h) [{rs['curve']}]: r_conv_gen {rs['r_conv_gen']:.3f}, "
-        f"r_conv {rs['r_conv']:.3f}",
-    ])
+    return "\n".join(
+        [
+            "PipelineRL Appendix A.4 case study (tokens per flash)",
+            f"  given: N={g['N']} B={g['B']} H={g['H']} I={g['I']} tau={g['tau']:.4f} "
+            f"U(H)={g['U(H)']:.4f} lengths uniform on 1..{g['max_len']} r_conv_gen={g['r_conv_gen']}",
+            f"  r_pipe_gen   {cs['r_pipe_gen']:8.3f}   (paper 16.9)",
+            f"  r_pipe_train {cs['r_pipe_train']:8.3f}   (paper 17.08)",
+            f"  r_pipe       {cs['r_pipe']:8.3f}   (paper 16.9)",
+            f"  g_max        {cs['g_max']:8d}   (paper ~133; Conventional G={cs['conventional_steps_per_round']})",
+            f"  g_max B=2048 {cs['g_max_b2048']:8d}   (paper ~8: 132/16 = 8.25 before the ceiling)",
+            f"  r_conv_gen   {cs['r_conv_gen']:8.3f}   (given, paper 18.3)",
+            f"  r_conv_train {cs['r_conv_train']:8.3f}   (paper 26.02)",
+            f"  r_conv       {cs['r_conv']:8.3f}   (paper 10.7)",
+            f"  speedup      {cs['speedup']:8.3f}x  (paper 1.57x)",
+            f"  stand-in U(h) [{rs['curve']}]: r_conv_gen {rs['r_conv_gen']:.3f}, "
+            f"r_conv {rs['r_conv']:.3f}",
+        ]
+    )

@@ -59,13 +59,17 @@ class UtilisationCurve:
         if h.ndim != 1 or h.size == 0 or h.shape != v.shape:
             raise PlanError(
                 f"{name}: batch_sizes ({h.size}) and values ({v.size}) must be equal-length, "
-                "non-empty lists")
+                "non-empty lists"
+            )
         if np.any(h <= 0) or np.any(np.diff(h) <= 0):
-            raise PlanError(f"{name}: batch_sizes must be positive and strictly increasing, got "
-                            f"{list(self.batch_sizes)}")
+            raise PlanError(
+                f"{name}: batch_sizes must be positive and strictly increasing, got "
+                f"{list(self.batch_sizes)}"
+            )
         if not np.all(np.isfinite(v)) or np.any(v <= 0):
-            raise PlanError(f"{name}: every value must be a positive finite rate, got "
-                            f"{list(self.values)}")
+            raise PlanError(
+                f"{name}: every value must be a positive finite rate, got {list(self.values)}"
+            )
         if self.unit not in UNITS:
             raise PlanError(f"{name}: unit {self.unit!r} is not one of {UNITS}")
         object.__setattr__(self, "batch_sizes", tuple(float(x) for x in h))
@@ -81,7 +85,8 @@ class UtilisationCurve:
                 f"{what} needs per-device batch {float(np.max(h)):g} but the profile "
                 f"({self.source or 'curve'}) measures only up to {self.max_batch:g}; re-measure "
                 f"up to batch {int(np.ceil(np.max(h) - 1e-9))} (plan measure --batch_sizes or "
-                "--decode_batch_sizes) or ask for a smaller batch/lag")
+                "--decode_batch_sizes) or ask for a smaller batch/lag"
+            )
 
     def step_time(self, h, *, what: str = "the plan") -> np.ndarray:
         """Time of one decode step at per-device batch h (flashes or seconds), interpolated."""
@@ -99,41 +104,66 @@ class UtilisationCurve:
     __call__ = rate
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batch_sizes": list(self.batch_sizes), "values": list(self.values),
-                "unit": self.unit, "source": self.source}
+        return {
+            "batch_sizes": list(self.batch_sizes),
+            "values": list(self.values),
+            "unit": self.unit,
+            "source": self.source,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, name: str = "profile") -> "UtilisationCurve":
+    def from_dict(cls, d: dict[str, Any], *, name: str = "profile") -> UtilisationCurve:
         try:
-            return cls(tuple(d["batch_sizes"]), tuple(d["values"]),
-                       unit=d.get("unit", UNIT_FRACTION), source=d.get("source", name))
+            return cls(
+                tuple(d["batch_sizes"]),
+                tuple(d["values"]),
+                unit=d.get("unit", UNIT_FRACTION),
+                source=d.get("source", name),
+            )
         except (KeyError, TypeError) as e:
-            raise PlanError(f"{name}: a curve needs 'batch_sizes' and 'values' lists ({e})") from None
+            raise PlanError(
+                f"{name}: a curve needs 'batch_sizes' and 'values' lists ({e})"
+            ) from None
 
     @classmethod
-    def from_decode_latency(cls, batch_sizes, latency_s, *, source: str = "") -> "UtilisationCurve":
+    def from_decode_latency(cls, batch_sizes, latency_s, *, source: str = "") -> UtilisationCurve:
         """Tokens/s per device from measured seconds per decode step at each batch size."""
         h = np.asarray(batch_sizes, dtype=np.float64)
         lat = np.asarray(latency_s, dtype=np.float64)
         if h.shape != lat.shape or np.any(lat <= 0):
-            raise PlanError(f"{source or 'decode profile'}: need one positive latency per batch "
-                            f"size, got {list(latency_s)} for {list(batch_sizes)}")
+            raise PlanError(
+                f"{source or 'decode profile'}: need one positive latency per batch "
+                f"size, got {list(latency_s)} for {list(batch_sizes)}"
+            )
         return cls(tuple(h), tuple(h / lat), unit=UNIT_TOKENS_PER_S, source=source)
 
-    def truncated(self, max_batch: float) -> "UtilisationCurve":
+    def truncated(self, max_batch: float) -> UtilisationCurve:
         """The curve restricted to batch sizes <= max_batch (e.g. a KV-cache memory bound)."""
         keep = [i for i, h in enumerate(self.batch_sizes) if h <= max_batch]
         if not keep:
-            raise PlanError(f"{self.source or 'curve'}: no measured batch size fits the bound "
-                            f"{max_batch:g} (smallest measured is {self.batch_sizes[0]:g}); "
-                            "raise the memory bound or measure smaller batches")
-        return dataclasses.replace(self, batch_sizes=tuple(self.batch_sizes[i] for i in keep),
-                                   values=tuple(self.values[i] for i in keep))
+            raise PlanError(
+                f"{self.source or 'curve'}: no measured batch size fits the bound "
+                f"{max_batch:g} (smallest measured is {self.batch_sizes[0]:g}); "
+                "raise the memory bound or measure smaller batches"
+            )
+        return dataclasses.replace(
+            self,
+            batch_sizes=tuple(self.batch_sizes[i] for i in keep),
+            values=tuple(self.values[i] for i in keep),
+        )
 
 
-def roofline_curve(batch_sizes, *, peak_flops: float, bandwidth: float, m: int = 4096,
-                   n: int = 16384, bytes_per_element: int = 2, efficiency: float = 1.0,
-                   source: str = "") -> UtilisationCurve:
+def roofline_curve(
+    batch_sizes,
+    *,
+    peak_flops: float,
+    bandwidth: float,
+    m: int = 4096,
+    n: int = 16384,
+    bytes_per_element: int = 2,
+    efficiency: float = 1.0,
+    source: str = "",
+) -> UtilisationCurve:
     """U(h) of the (m,h)·(h,n) matmul under the roofline model, times `efficiency`.
 
     FLOPs 2·m·h·n; bytes (m·h + h·n + m·n)·bytes_per_element; U = min(1, intensity·bw/peak).
@@ -144,8 +174,9 @@ def roofline_curve(batch_sizes, *, peak_flops: float, bandwidth: float, m: int =
     flops = 2.0 * m * h * n
     bytes_moved = (m * h + h * n + m * n) * bytes_per_element
     u = efficiency * np.minimum(1.0, flops / bytes_moved * bandwidth / peak_flops)
-    return UtilisationCurve(tuple(h), tuple(u), unit=UNIT_FRACTION,
-                            source=source or "roofline model")
+    return UtilisationCurve(
+        tuple(h), tuple(u), unit=UNIT_FRACTION, source=source or "roofline model"
+    )
 
 
 # -- profile files --------------------------------------------------------------------------
@@ -170,13 +201,17 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise PlanError(f"--profile={path}: no such file; create one with "
-                        "`python -m pipelinerl_jax.plan measure --out=...`") from None
+        raise PlanError(
+            f"--profile={path}: no such file; create one with "
+            "`python -m pipelinerl_jax.plan measure --out=...`"
+        ) from None
     except json.JSONDecodeError as e:
         raise PlanError(f"--profile={path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-        raise PlanError(f"--profile={path}: not a planner profile (expected format "
-                        f"{PROFILE_FORMAT!r}); create one with `python -m pipelinerl_jax.plan measure`")
+        raise PlanError(
+            f"--profile={path}: not a planner profile (expected format "
+            f"{PROFILE_FORMAT!r}); create one with `python -m pipelinerl_jax.plan measure`"
+        )
     if "utilisation" not in data and "decode" not in data:
         raise PlanError(f"--profile={path}: holds neither a 'utilisation' nor a 'decode' section")
     return data
@@ -184,17 +219,22 @@ def load_profile(path: str | Path) -> dict[str, Any]:
 
 def utilisation_from_profile(profile: dict[str, Any], *, name: str = "profile") -> UtilisationCurve:
     if "utilisation" not in profile:
-        raise PlanError(f"{name}: has no 'utilisation' section; run `plan measure` with the matmul "
-                        "recipe enabled")
+        raise PlanError(
+            f"{name}: has no 'utilisation' section; run `plan measure` with the matmul "
+            "recipe enabled"
+        )
     return UtilisationCurve.from_dict(profile["utilisation"], name=f"{name} utilisation")
 
 
-def decode_curve_from_profile(profile: dict[str, Any], *, name: str = "profile") -> UtilisationCurve:
+def decode_curve_from_profile(
+    profile: dict[str, Any], *, name: str = "profile"
+) -> UtilisationCurve:
     dec = profile.get("decode")
     if not dec:
         raise PlanError(f"{name}: has no 'decode' section (decode latency per batch size)")
     try:
-        return UtilisationCurve.from_decode_latency(dec["batch_sizes"], dec["latency_s"],
-                                                    source=f"{name} decode")
+        return UtilisationCurve.from_decode_latency(
+            dec["batch_sizes"], dec["latency_s"], source=f"{name} decode"
+        )
     except KeyError as e:
         raise PlanError(f"{name}: 'decode' needs 'batch_sizes' and 'latency_s' ({e})") from None

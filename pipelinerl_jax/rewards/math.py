@@ -35,8 +35,12 @@ _EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
 
 def _parse_boxed(content: str) -> list:
     """math-verify's reading of an answer, as if it were written \\boxed{content}."""
-    return parse(f"\\boxed{{{content}}}", extraction_config=_EXTRACTION,
-                 fallback_mode="first_match", parsing_timeout=None)
+    return parse(
+        f"\\boxed{{{content}}}",
+        extraction_config=_EXTRACTION,
+        fallback_mode="first_match",
+        parsing_timeout=None,
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -62,16 +66,22 @@ def verify_math(completion: str, gold: str, *, strict: bool = True) -> Verdict:
             return Verdict(status="unparsable", predicted="", detail="empty \\boxed{}")
         gold_items = list(_parse_gold(gold))
         if not gold_items:
-            return Verdict(status="error", predicted=predicted,
-                           detail=f"gold answer {gold[:80]!r} does not parse")
+            return Verdict(
+                status="error",
+                predicted=predicted,
+                detail=f"gold answer {gold[:80]!r} does not parse",
+            )
         pred_items = _parse_boxed(predicted)
         if not pred_items:
             return Verdict(status="unparsable", predicted=predicted)
         if verify(gold_items, pred_items, strict=strict, timeout_seconds=None):
             return Verdict(status="correct", score=1.0, predicted=predicted)
         if not _is_parsed(pred_items):
-            return Verdict(status="unparsable", predicted=predicted,
-                           detail="not a math expression and not equal to the gold as text")
+            return Verdict(
+                status="unparsable",
+                predicted=predicted,
+                detail="not a math expression and not equal to the gold as text",
+            )
         return Verdict(status="wrong", predicted=predicted)
     except Exception as e:  # a reward must never take the run down: report and move on
         return Verdict(status="error", detail=f"{type(e).__name__}: {e}"[:200])

@@ -15,7 +15,8 @@ string "module.path:callable" (or a built-in name), resolved here with a one-lin
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
 
@@ -25,10 +26,11 @@ STATUSES = ("correct", "wrong", "no_answer", "unparsable", "error", "timeout")
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What a reward function found in one completion."""
-    status: str                  # one of STATUSES
-    score: float = 0.0           # success in [0, 1]: 1/0 for math, partial credit for tasks
+
+    status: str  # one of STATUSES
+    score: float = 0.0  # success in [0, 1]: 1/0 for math, partial credit for tasks
     predicted: str | None = None  # the extracted answer, for logs
-    detail: str = ""             # why, for error / timeout / unparsable
+    detail: str = ""  # why, for error / timeout / unparsable
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -50,37 +52,45 @@ def as_verdict(value: Any) -> Verdict:
             raise TypeError
         return Verdict.from_score(float(value))
     except (TypeError, ValueError):
-        raise TypeError(f"a reward function returned {type(value).__name__}; return a float or a "
-                        "pipelinerl_jax.rewards.tables.Verdict") from None
+        raise TypeError(
+            f"a reward function returned {type(value).__name__}; return a float or a "
+            "pipelinerl_jax.rewards.tables.Verdict"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardParts:
     """A reward and its components, for metrics."""
+
     reward: float
-    success: bool            # status == "correct"
-    format_ok: bool          # finished with an answer that parsed (correct or wrong)
+    success: bool  # status == "correct"
+    format_ok: bool  # finished with an answer that parsed (correct or wrong)
     overlong_penalty: float  # >= 0, already subtracted from reward
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardTable:
     """Verdict + length -> reward. Fields are the table's coefficients."""
-    name: str                             # the table's name in REWARD_TABLES
-    success_weight: float = 1.0           # reward of a correct answer (partial credit scales it)
-    format_weight: float = 0.0            # bonus for a finished, parseable answer, right or wrong
-    overlong_buffer_tokens: int = 0       # penalise lengths in (max_tokens - buffer, max_tokens]
+
+    name: str  # the table's name in REWARD_TABLES
+    success_weight: float = 1.0  # reward of a correct answer (partial credit scales it)
+    format_weight: float = 0.0  # bonus for a finished, parseable answer, right or wrong
+    overlong_buffer_tokens: int = 0  # penalise lengths in (max_tokens - buffer, max_tokens]
     overlong_buffer_fraction: float = 0.0  # or the buffer as a fraction of max_tokens
-    overlong_penalty: float = 1.0         # the penalty at exactly max_tokens
+    overlong_penalty: float = 1.0  # the penalty at exactly max_tokens
 
     def __post_init__(self):
         if self.overlong_buffer_tokens < 0 or not 0.0 <= self.overlong_buffer_fraction < 1.0:
-            raise ConfigError(f"reward table {self.name}: overlong buffer must be >= 0 tokens "
-                              f"or a fraction in [0, 1) (got {self.overlong_buffer_tokens}, "
-                              f"{self.overlong_buffer_fraction})")
+            raise ConfigError(
+                f"reward table {self.name}: overlong buffer must be >= 0 tokens "
+                f"or a fraction in [0, 1) (got {self.overlong_buffer_tokens}, "
+                f"{self.overlong_buffer_fraction})"
+            )
         if self.overlong_buffer_tokens and self.overlong_buffer_fraction:
-            raise ConfigError(f"reward table {self.name}: set overlong_buffer_tokens or "
-                              "overlong_buffer_fraction, not both")
+            raise ConfigError(
+                f"reward table {self.name}: set overlong_buffer_tokens or "
+                "overlong_buffer_fraction, not both"
+            )
 
     def buffer(self, max_tokens: int) -> int:
         """Overlong buffer in tokens for a generation limit of max_tokens."""
@@ -91,12 +101,15 @@ class RewardTable:
             if self.overlong_buffer_fraction and buf == 0:
                 buf = 1
         if buf >= max_tokens > 0:
-            raise ConfigError(f"reward table {self.name}: overlong buffer {buf} must be smaller "
-                              f"than max_tokens={max_tokens}")
+            raise ConfigError(
+                f"reward table {self.name}: overlong buffer {buf} must be smaller "
+                f"than max_tokens={max_tokens}"
+            )
         return buf
 
-    def compute(self, verdict: Verdict, *, num_tokens: int, max_tokens: int,
-                finished: bool) -> RewardParts:
+    def compute(
+        self, verdict: Verdict, *, num_tokens: int, max_tokens: int, finished: bool
+    ) -> RewardParts:
         """Reward of one completion of num_tokens tokens (finished: it ended with EOS)."""
         scored = verdict.status in ("correct", "wrong")
         base = verdict.score if scored else 0.0
@@ -107,15 +120,22 @@ class RewardTable:
             over = min(num_tokens, max_tokens) - (max_tokens - buf)
             penalty = self.overlong_penalty * over / buf
         reward = self.success_weight * base + self.format_weight * format_ok - penalty
-        return RewardParts(reward=float(reward), success=verdict.status == "correct",
-                           format_ok=format_ok, overlong_penalty=float(penalty))
+        return RewardParts(
+            reward=float(reward),
+            success=verdict.status == "correct",
+            format_ok=format_ok,
+            overlong_penalty=float(penalty),
+        )
 
 
-REWARD_TABLES: dict[str, RewardTable] = {t.name: t for t in (
-    RewardTable("pure_success"),
-    RewardTable("success_and_format", success_weight=0.9, format_weight=0.1),
-    RewardTable("soft_overlong", overlong_buffer_fraction=0.25),
-)}
+REWARD_TABLES: dict[str, RewardTable] = {
+    t.name: t
+    for t in (
+        RewardTable("pure_success"),
+        RewardTable("success_and_format", success_weight=0.9, format_weight=0.1),
+        RewardTable("soft_overlong", overlong_buffer_fraction=0.25),
+    )
+}
 
 
 def get_reward_table(name: str, **overrides) -> RewardTable:
@@ -125,27 +145,32 @@ def get_reward_table(name: str, **overrides) -> RewardTable:
     fields = {f.name for f in dataclasses.fields(RewardTable)} - {"name"}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ConfigError(f"reward table {name}: unknown option(s) {unknown}; valid: "
-                          f"{sorted(fields)}")
+        raise ConfigError(
+            f"reward table {name}: unknown option(s) {unknown}; valid: {sorted(fields)}"
+        )
     return dataclasses.replace(REWARD_TABLES[name], **overrides)
 
 
 def resolve_callable(spec: str) -> Callable:
     """The callable a "module.path:attr" string names; a one-line ConfigError otherwise."""
     if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ConfigError(f"reward function {spec!r} must be 'module.path:callable' "
-                          "(e.g. 'my_rewards:score')")
+        raise ConfigError(
+            f"reward function {spec!r} must be 'module.path:callable' (e.g. 'my_rewards:score')"
+        )
     module_name, attr = spec.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError(f"reward function {spec!r}: cannot import module {module_name!r} "
-                          f"({e}); is it on PYTHONPATH?") from None
+        raise ConfigError(
+            f"reward function {spec!r}: cannot import module {module_name!r} "
+            f"({e}); is it on PYTHONPATH?"
+        ) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"reward function {spec!r}: module {module_name!r} has no "
-                              f"attribute {attr!r}")
+            raise ConfigError(
+                f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
+            )
         obj = getattr(obj, part)
     if not callable(obj):
         raise ConfigError(f"reward function {spec!r} is a {type(obj).__name__}, not callable")
@@ -155,11 +180,11 @@ def resolve_callable(spec: str) -> Callable:
 def task_reward(completion: str, problem) -> Verdict:
     """Reward of the built-in procedural tasks: partial credit against the gold answer."""
     from pipelinerl_jax.data.tasks import partial_credit
+
     if not completion:
         return Verdict(status="no_answer")
     score = partial_credit(completion, problem.answer)
-    return Verdict(status="correct" if score == 1.0 else "wrong", score=score,
-                   predicted=completion)
+    return Verdict(status="correct" if score == 1.0 else "wrong", score=score, predicted=completion)
 
 
 # Built-in reward functions by name; anything else is "module.path:callable".

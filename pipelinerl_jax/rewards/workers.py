@@ -27,7 +27,7 @@ import pickle
 import signal
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, Verdict, as_verdict, resolve_callable
@@ -56,6 +56,7 @@ def _release_forkserver() -> None:
     PR_SET_PDEATHSIG takes the worker down with it.
     """
     from multiprocessing import forkserver
+
     server = getattr(forkserver, "_forkserver", None)
     fd = getattr(server, "_forkserver_alive_fd", None)
     if fd is not None:
@@ -106,9 +107,12 @@ class _Worker:
     def __init__(self, ctx, fn_ref):
         self.conn, child_conn = ctx.Pipe(duplex=True)
         forkserver_child = ctx.get_start_method() == "forkserver"
-        self.process = ctx.Process(target=_worker_main,
-                                   args=(child_conn, fn_ref, forkserver_child),
-                                   name="reward-worker", daemon=True)
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child_conn, fn_ref, forkserver_child),
+            name="reward-worker",
+            daemon=True,
+        )
         self.process.start()
         child_conn.close()
         self.ready = False
@@ -131,8 +135,14 @@ class RewardPool:
     resolves: with the function's verdict, or `timeout` / `error` verdicts with reward 0.
     """
 
-    def __init__(self, reward_fn: str | Callable, *, num_workers: int = 2,
-                 timeout_s: float = 5.0, start_method: str = "forkserver"):
+    def __init__(
+        self,
+        reward_fn: str | Callable,
+        *,
+        num_workers: int = 2,
+        timeout_s: float = 5.0,
+        start_method: str = "forkserver",
+    ):
         if num_workers < 0:
             raise ConfigError(f"reward num_workers={num_workers} must be >= 0")
         if not timeout_s > 0:
@@ -159,16 +169,23 @@ class RewardPool:
             try:
                 pickle.dumps(reward_fn)
             except Exception as e:
-                raise ConfigError(f"reward function {reward_fn!r} cannot be sent to worker "
-                                  f"processes ({e}); use a top-level function or a "
-                                  "'module:callable' string") from None
+                raise ConfigError(
+                    f"reward function {reward_fn!r} cannot be sent to worker "
+                    f"processes ({e}); use a top-level function or a "
+                    "'module:callable' string"
+                ) from None
         if start_method not in multiprocessing.get_all_start_methods():
-            raise ConfigError(f"reward start_method {start_method!r} is not available; use "
-                              f"one of {multiprocessing.get_all_start_methods()}")
+            raise ConfigError(
+                f"reward start_method {start_method!r} is not available; use "
+                f"one of {multiprocessing.get_all_start_methods()}"
+            )
         self._ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            module = (reward_fn.split(":")[0] if isinstance(reward_fn, str)
-                      else getattr(reward_fn, "__module__", None))
+            module = (
+                reward_fn.split(":")[0]
+                if isinstance(reward_fn, str)
+                else getattr(reward_fn, "__module__", None)
+            )
             # Only effective before the fork server starts; otherwise workers import lazily.
             self._ctx.set_forkserver_preload(["__main__"] + ([module] if module else []))
         self._workers: list[_Worker] = []
@@ -351,8 +368,12 @@ class RewardPool:
                 for worker in workers:
                     if worker in self._workers and worker.deadline <= now:
                         self.stats["timeouts_killed"] += 1
-                        self._retire(worker, Verdict(
-                            status="timeout", detail=f"no verdict within {self.timeout_s:g} s"))
+                        self._retire(
+                            worker,
+                            Verdict(
+                                status="timeout", detail=f"no verdict within {self.timeout_s:g} s"
+                            ),
+                        )
         except Exception as e:  # a bug here must not leave callers waiting on futures
             log.exception("reward pool manager failed")
             self._broken = f"reward pool manager failed: {type(e).__name__}: {e}"

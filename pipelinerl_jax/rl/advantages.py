@@ -20,23 +20,32 @@ def _group_index(group_ids_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return index_N.reshape(-1), sizes_G
 
 
-def group_advantages(rewards_N, group_ids_N, *, mode: str = "group_mean",
-                     normalize_std: bool = False, eps: float = 1e-6) -> np.ndarray:
+def group_advantages(
+    rewards_N,
+    group_ids_N,
+    *,
+    mode: str = "group_mean",
+    normalize_std: bool = False,
+    eps: float = 1e-6,
+) -> np.ndarray:
     """Per-sample advantages (float32 [N]) relative to each sample's group.
 
-  group_mean:    A_i = r_i - mean(r_group)
-  leave_one_out: A_i = r_i - mean(r_j, j != i) = G/(G-1) * (r_i - mean(r_group))
-  normalize_std divides by (std(r_group) + eps), std with ddof=0. Either way advantages sum to
-  zero within every group.
-  """
+    group_mean:    A_i = r_i - mean(r_group)
+    leave_one_out: A_i = r_i - mean(r_j, j != i) = G/(G-1) * (r_i - mean(r_group))
+    normalize_std divides by (std(r_group) + eps), std with ddof=0. Either way advantages sum to
+    zero within every group.
+    """
     rewards_N = np.asarray(rewards_N, np.float64).reshape(-1)
     group_ids_N = np.asarray(group_ids_N).reshape(-1)
     if rewards_N.shape != group_ids_N.shape:
-        raise ConfigError(f"group_advantages: rewards {rewards_N.shape} and group_ids "
-                          f"{group_ids_N.shape} must have the same length")
+        raise ConfigError(
+            f"group_advantages: rewards {rewards_N.shape} and group_ids "
+            f"{group_ids_N.shape} must have the same length"
+        )
     if not np.all(np.isfinite(rewards_N)):
-        raise ConfigError("group_advantages: rewards contain NaN/Inf; reward functions must return "
-                          "finite numbers")
+        raise ConfigError(
+            "group_advantages: rewards contain NaN/Inf; reward functions must return finite numbers"
+        )
     if rewards_N.size == 0:
         return np.zeros(0, np.float32)
     index_N, sizes_G = _group_index(group_ids_N)
@@ -46,8 +55,10 @@ def group_advantages(rewards_N, group_ids_N, *, mode: str = "group_mean",
         adv_N = centred_N
     elif mode == "leave_one_out":
         if np.any(sizes_G < 2):
-            raise ConfigError("advantage='leave_one_out' needs at least 2 samples per group; "
-                              "use group_size >= 2 or advantage='group_mean'")
+            raise ConfigError(
+                "advantage='leave_one_out' needs at least 2 samples per group; "
+                "use group_size >= 2 or advantage='group_mean'"
+            )
         size_N = sizes_G[index_N]
         adv_N = centred_N * size_N / (size_N - 1)
     else:

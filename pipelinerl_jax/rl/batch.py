@@ -25,7 +25,7 @@ never longer than unshared ones, so `BatchConfig.rows_for` bounds both.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.struct
 import jax
@@ -40,35 +40,37 @@ from pipelinerl_jax.rl.weights import sequence_token_weights
 @dataclasses.dataclass(frozen=True)
 class Sample:
     """One finished, scored generation as the sampler and reward workers hand it over."""
-    prompt_tokens: Sequence[int]          # [P] prompt token ids
-    completion_tokens: Sequence[int]      # [C] generated token ids (EOS included if emitted)
+
+    prompt_tokens: Sequence[int]  # [P] prompt token ids
+    completion_tokens: Sequence[int]  # [C] generated token ids (EOS included if emitted)
     completion_logprobs: Sequence[float]  # [C] behaviour logprob mu of each generated token
-    completion_versions: Sequence[int]    # [C] policy version that generated each token
+    completion_versions: Sequence[int]  # [C] policy version that generated each token
     reward: float
-    group_id: int                         # samples of the same prompt share a group id
-    finished: bool = True                 # False: stopped at max_new_tokens without EOS
+    group_id: int  # samples of the same prompt share a group id
+    finished: bool = True  # False: stopped at max_new_tokens without EOS
 
 
 @flax.struct.dataclass
 class TrainBatch:
     """One optimizer step's data. Token fields [R, T]; sequence fields [S] (padded, masked)."""
-    tokens: jax.Array              # [R, T] int32 input ids (0 in padding)
-    positions: jax.Array           # [R, T] int32 position within the sample
-    segment_ids: jax.Array         # [R, T] int32 segment number within its row, 1..; 0 = padding
-    prefix_ids: jax.Array          # [R, T] int32 the shared-prompt segment this token's sample
-                                   #   continues (its keys are visible too); -1 for none
-    targets: jax.Array             # [R, T] int32 the next token, whose logprob is scored
-    loss_mask: jax.Array           # [R, T] f32 1 where targets is a completion token
+
+    tokens: jax.Array  # [R, T] int32 input ids (0 in padding)
+    positions: jax.Array  # [R, T] int32 position within the sample
+    segment_ids: jax.Array  # [R, T] int32 segment number within its row, 1..; 0 = padding
+    prefix_ids: jax.Array  # [R, T] int32 the shared-prompt segment this token's sample
+    #   continues (its keys are visible too); -1 for none
+    targets: jax.Array  # [R, T] int32 the next token, whose logprob is scored
+    loss_mask: jax.Array  # [R, T] f32 1 where targets is a completion token
     behaviour_logprobs: jax.Array  # [R, T] f32 sampler logprob mu of targets (0 off the mask)
-    versions: jax.Array            # [R, T] int32 policy version that sampled targets (0 off mask)
-    advantages: jax.Array          # [R, T] f32 the sample's advantage on its completion tokens
-    token_weights: jax.Array       # [R, T] f32 aggregation weight: loss = sum w * loss_t
-    sequence_index: jax.Array      # [R, T] int32 index into the S axis; S for padding/prompts
-    rewards: jax.Array             # [S] f32
+    versions: jax.Array  # [R, T] int32 policy version that sampled targets (0 off mask)
+    advantages: jax.Array  # [R, T] f32 the sample's advantage on its completion tokens
+    token_weights: jax.Array  # [R, T] f32 aggregation weight: loss = sum w * loss_t
+    sequence_index: jax.Array  # [R, T] int32 index into the S axis; S for padding/prompts
+    rewards: jax.Array  # [S] f32
     sequence_advantages: jax.Array  # [S] f32
-    group_ids: jax.Array           # [S] int32 (-1 for padding)
+    group_ids: jax.Array  # [S] int32 (-1 for padding)
     completion_lengths: jax.Array  # [S] int32
-    sequence_mask: jax.Array       # [S] f32 1 for real samples
+    sequence_mask: jax.Array  # [S] f32 1 for real samples
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -79,25 +81,43 @@ class TrainBatch:
         return int(self.rewards.shape[0])
 
 
-TOKEN_FIELDS = ("tokens", "positions", "segment_ids", "prefix_ids", "targets", "loss_mask",
-                "behaviour_logprobs", "versions", "advantages", "token_weights", "sequence_index")
-SEQUENCE_FIELDS = ("rewards", "sequence_advantages", "group_ids", "completion_lengths",
-                   "sequence_mask")
+TOKEN_FIELDS = (
+    "tokens",
+    "positions",
+    "segment_ids",
+    "prefix_ids",
+    "targets",
+    "loss_mask",
+    "behaviour_logprobs",
+    "versions",
+    "advantages",
+    "token_weights",
+    "sequence_index",
+)
+SEQUENCE_FIELDS = (
+    "rewards",
+    "sequence_advantages",
+    "group_ids",
+    "completion_lengths",
+    "sequence_mask",
+)
 
 
 def pack_first_fit(lengths: Sequence[int], seq_len: int, num_rows: int) -> list[tuple[int, int]]:
     """(row, offset) of each sequence: first row with room, in input order.
 
-  Raises ConfigError for a sequence longer than a row, or when `num_rows` rows do not suffice
-  (BatchConfig.rows_for gives a row count that first-fit can never overflow).
-  """
+    Raises ConfigError for a sequence longer than a row, or when `num_rows` rows do not suffice
+    (BatchConfig.rows_for gives a row count that first-fit can never overflow).
+    """
     free = []  # free tokens per opened row
     placement = []
     for i, length in enumerate(lengths):
         if length > seq_len:
-            raise ConfigError(f"sample {i} has {length} tokens, more than a packed row "
-                              f"(batch.seq_len={seq_len}); raise batch.seq_len")
-        for row, room in enumerate(free):
+            raise ConfigError(
+                f"sample {i} has {length} tokens, more than a packed row "
+                f"(batch.seq_len={seq_len}); raise batch.seq_len"
+            )
+        for row, room in enumerate(free):  # noqa: B007 (row is used after the loop)
             if room >= length:
                 break
         else:
@@ -106,7 +126,8 @@ def pack_first_fit(lengths: Sequence[int], seq_len: int, num_rows: int) -> list[
                 raise ConfigError(
                     f"{len(lengths)} samples ({sum(lengths)} tokens) do not fit in batch.num_rows="
                     f"{num_rows} rows of {seq_len}; set batch.num_rows to "
-                    f"{BatchConfig.rows_for(len(lengths), max(lengths), seq_len)} (BatchConfig.rows_for)")
+                    f"{BatchConfig.rows_for(len(lengths), max(lengths), seq_len)} (BatchConfig.rows_for)"
+                )
             free.append(seq_len)
         placement.append((row, seq_len - free[row]))
         free[row] -= length
@@ -116,23 +137,28 @@ def pack_first_fit(lengths: Sequence[int], seq_len: int, num_rows: int) -> list[
 @dataclasses.dataclass
 class _Piece:
     """Samples laid out contiguously in one row: a shared prefix, then each member's segment."""
-    prefix_len: int        # prompt tokens laid out once for all members (0: none)
-    members: list[int]     # indices into the kept samples
-    length: int            # prefix + every member's remaining prompt and completion
+
+    prefix_len: int  # prompt tokens laid out once for all members (0: none)
+    members: list[int]  # indices into the kept samples
+    length: int  # prefix + every member's remaining prompt and completion
 
 
 def _pieces(samples: Sequence[Sample], seq_len: int, share: bool) -> list[_Piece]:
     """Each sample alone, or (share) runs of consecutive samples of one group with one prompt,
-  cut so that each run fits a row: prefix (prompt minus its last token) + sum(1 + C_i)."""
+    cut so that each run fits a row: prefix (prompt minus its last token) + sum(1 + C_i)."""
     pieces: list[_Piece] = []
     for k, s in enumerate(samples):
         total = len(s.prompt_tokens) + len(s.completion_tokens)
         last = pieces[-1] if pieces else None
-        if (share and last is not None and last.prefix_len
-                and samples[last.members[0]].group_id == s.group_id
-                and len(s.prompt_tokens) == last.prefix_len + 1
-                and list(samples[last.members[0]].prompt_tokens) == list(s.prompt_tokens)
-                and last.length + total - last.prefix_len <= seq_len):
+        if (
+            share
+            and last is not None
+            and last.prefix_len
+            and samples[last.members[0]].group_id == s.group_id
+            and len(s.prompt_tokens) == last.prefix_len + 1
+            and list(samples[last.members[0]].prompt_tokens) == list(s.prompt_tokens)
+            and last.length + total - last.prefix_len <= seq_len
+        ):
             last.members.append(k)
             last.length += total - last.prefix_len
             continue
@@ -151,13 +177,15 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
             raise ConfigError(
                 f"sample {i}: completion_tokens ({c}), completion_logprobs "
                 f"({len(s.completion_logprobs)}) and completion_versions "
-                f"({len(s.completion_versions)}) must have equal lengths")
+                f"({len(s.completion_versions)}) must have equal lengths"
+            )
         if c == 0 or len(s.prompt_tokens) == 0:
             raise ConfigError(f"sample {i}: empty prompt or completion; every sample needs both")
         if len(s.prompt_tokens) + c > cfg.max_sequence_len:
             raise ConfigError(
                 f"sample {i} has {len(s.prompt_tokens) + c} tokens, more than batch.max_sequence_len="
-                f"{cfg.max_sequence_len}; the sampler's limits and the batch config disagree")
+                f"{cfg.max_sequence_len}; the sampler's limits and the batch config disagree"
+            )
     rewards = np.array([s.reward for s in samples], np.float64)
     groups = np.array([s.group_id for s in samples], np.int64)
     adv_N = group_advantages(rewards, groups, mode=cfg.advantage, normalize_std=cfg.normalize_std)
@@ -168,20 +196,29 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
     kept = [i for i in range(len(samples)) if keep[i]]
     finished = np.array([samples[i].finished for i in kept], bool)
     lengths = np.array([len(samples[i].completion_tokens) for i in kept], np.int64)
-    weight_N = sequence_token_weights(lengths, groups[kept],
-                                      finished if cfg.overlong_filter else np.ones_like(finished),
-                                      cfg.weighting)
+    weight_N = sequence_token_weights(
+        lengths,
+        groups[kept],
+        finished if cfg.overlong_filter else np.ones_like(finished),
+        cfg.weighting,
+    )
 
     R, T, S = cfg.num_rows, cfg.seq_len, cfg.max_sequences
-    out = {name: np.zeros((R, T), np.int32) for name in
-           ("tokens", "positions", "segment_ids", "targets", "versions")}
+    out = {
+        name: np.zeros((R, T), np.int32)
+        for name in ("tokens", "positions", "segment_ids", "targets", "versions")
+    }
     out["prefix_ids"] = np.full((R, T), -1, np.int32)
     for name in ("loss_mask", "behaviour_logprobs", "advantages", "token_weights"):
         out[name] = np.zeros((R, T), np.float32)
     out["sequence_index"] = np.full((R, T), S, np.int32)
-    seq = dict(rewards=np.zeros(S, np.float32), sequence_advantages=np.zeros(S, np.float32),
-               group_ids=np.full(S, -1, np.int32), completion_lengths=np.zeros(S, np.int32),
-               sequence_mask=np.zeros(S, np.float32))
+    seq = dict(
+        rewards=np.zeros(S, np.float32),
+        sequence_advantages=np.zeros(S, np.float32),
+        group_ids=np.full(S, -1, np.int32),
+        completion_lengths=np.zeros(S, np.int32),
+        sequence_mask=np.zeros(S, np.float32),
+    )
     pieces = _pieces([samples[i] for i in kept], T, cfg.share_prompts)
     placement = pack_first_fit([piece.length for piece in pieces], T, R)
     segments_in_row = np.zeros(R, np.int32)
@@ -192,16 +229,17 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
             prefix_id = segments_in_row[row]
             first = samples[kept[piece.members[0]]].prompt_tokens
             sl = slice(off, off + piece.prefix_len)
-            out["tokens"][row, sl] = first[:piece.prefix_len]
+            out["tokens"][row, sl] = first[: piece.prefix_len]
             out["positions"][row, sl] = np.arange(piece.prefix_len)
             out["segment_ids"][row, sl] = prefix_id
-            out["targets"][row, sl] = first[1:piece.prefix_len + 1]
+            out["targets"][row, sl] = first[1 : piece.prefix_len + 1]
             off += piece.prefix_len
         for k in piece.members:
             i = kept[k]
             s = samples[i]
-            ids = np.concatenate([np.asarray(s.prompt_tokens[piece.prefix_len:]),
-                                  np.asarray(s.completion_tokens)])
+            ids = np.concatenate(
+                [np.asarray(s.prompt_tokens[piece.prefix_len :]), np.asarray(s.completion_tokens)]
+            )
             p, c = len(s.prompt_tokens) - piece.prefix_len, len(s.completion_tokens)
             sl = slice(off, off + p + c)
             segments_in_row[row] += 1
@@ -209,8 +247,10 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
             out["positions"][row, sl] = piece.prefix_len + np.arange(p + c)
             out["segment_ids"][row, sl] = segments_in_row[row]
             out["prefix_ids"][row, sl] = prefix_id
-            out["targets"][row, off:off + p + c - 1] = ids[1:]
-            scored = slice(off + p - 1, off + p + c - 1)  # positions whose target is a completion token
+            out["targets"][row, off : off + p + c - 1] = ids[1:]
+            scored = slice(
+                off + p - 1, off + p + c - 1
+            )  # positions whose target is a completion token
             out["loss_mask"][row, scored] = 1.0
             out["behaviour_logprobs"][row, scored] = np.asarray(s.completion_logprobs, np.float32)
             out["versions"][row, scored] = np.asarray(s.completion_versions, np.int32)
@@ -222,8 +262,10 @@ def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch
             seq["sequence_mask"][k] = 1.0
             off += p + c
     if not np.all(np.isfinite(out["behaviour_logprobs"])):
-        raise ConfigError("build_batch: behaviour logprobs contain NaN/Inf; the sampler must record "
-                          "finite logprobs (check the sampling temperature)")
+        raise ConfigError(
+            "build_batch: behaviour logprobs contain NaN/Inf; the sampler must record "
+            "finite logprobs (check the sampling temperature)"
+        )
     laid_out = sum(piece.length for piece in pieces)
     rows_used = int(max((r for r, _ in placement), default=-1) + 1)
     unshared = sum(len(samples[i].prompt_tokens) + len(samples[i].completion_tokens) for i in kept)

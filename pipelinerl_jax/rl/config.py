@@ -29,29 +29,36 @@ def _positive(owner: str, **values) -> None:
 @dataclasses.dataclass(frozen=True)
 class BatchConfig:
     """Packed batch layout and the host-side preprocessing of finished samples."""
-    seq_len: int                  # T: tokens per packed row
-    num_rows: int                 # R: rows per optimizer step (fixed so the step compiles once)
-    max_sequences: int            # S: sequence capacity of a step (= samples per step)
-    max_sequence_len: int         # prompt + completion tokens of the longest possible sample
-    advantage: str = "group_mean"        # "group_mean" | "leave_one_out"
-    normalize_std: bool = False          # divide advantages by the group's reward std
+
+    seq_len: int  # T: tokens per packed row
+    num_rows: int  # R: rows per optimizer step (fixed so the step compiles once)
+    max_sequences: int  # S: sequence capacity of a step (= samples per step)
+    max_sequence_len: int  # prompt + completion tokens of the longest possible sample
+    advantage: str = "group_mean"  # "group_mean" | "leave_one_out"
+    normalize_std: bool = False  # divide advantages by the group's reward std
     filter_zero_std_groups: bool = False  # drop groups whose rewards are all equal (counted)
-    weighting: str = "sequence_sum"      # "sequence_sum" | "token_mean" | "group_token_mean" |
-                                         #   "sequence_mean" (WEIGHTINGS, rl/weights.py)
-    overlong_filter: bool = False        # samples that ended without EOS get weight 0
+    weighting: str = "sequence_sum"  # "sequence_sum" | "token_mean" | "group_token_mean" |
+    #   "sequence_mean" (WEIGHTINGS, rl/weights.py)
+    overlong_filter: bool = False  # samples that ended without EOS get weight 0
     # A group's attempts share one copy of their prompt in a row (same logprobs and gradients,
     # fewer tokens: see rl/batch.py). With trainer.micro_batches = num_rows, rows left empty
     # cost nothing, so seq_len can be sized for a typical group rather than the longest.
     share_prompts: bool = False
 
     def __post_init__(self):
-        _positive("batch", seq_len=self.seq_len, num_rows=self.num_rows,
-                  max_sequences=self.max_sequences, max_sequence_len=self.max_sequence_len)
+        _positive(
+            "batch",
+            seq_len=self.seq_len,
+            num_rows=self.num_rows,
+            max_sequences=self.max_sequences,
+            max_sequence_len=self.max_sequence_len,
+        )
         if self.max_sequence_len > self.seq_len:
             raise ConfigError(
                 f"batch.max_sequence_len={self.max_sequence_len} (prompt + max new tokens) is longer "
                 f"than a packed row (batch.seq_len={self.seq_len}); raise batch.seq_len or shorten "
-                "prompts/max_new_tokens: sequences are never truncated")
+                "prompts/max_new_tokens: sequences are never truncated"
+            )
         if self.advantage not in ADVANTAGES:
             raise ConfigError(f"batch.advantage={self.advantage!r}; use one of {ADVANTAGES}")
         if self.weighting not in WEIGHTINGS:
@@ -61,10 +68,10 @@ class BatchConfig:
     def rows_for(num_sequences: int, max_sequence_len: int, seq_len: int) -> int:
         """Rows that first-fit packing can never overflow for these sequences.
 
-    First-fit leaves no two rows both at most half full (the later row's first sequence would
-    have fitted into the earlier one), so R rows hold more than floor(R/2) full rows of tokens;
-    hence R <= ceil(2 * total / seq_len) always suffices, and one sequence per row is the cap.
-    """
+        First-fit leaves no two rows both at most half full (the later row's first sequence would
+        have fitted into the earlier one), so R rows hold more than floor(R/2) full rows of tokens;
+        hence R <= ceil(2 * total / seq_len) always suffices, and one sequence per row is the cap.
+        """
         total = num_sequences * max_sequence_len
         return max(1, min(num_sequences, math.ceil(2 * total / seq_len)))
 
@@ -72,39 +79,51 @@ class BatchConfig:
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """The objective and its switches; every coefficient is a plain float (hashable, jit-static)."""
-    objective: str = "tis_reinforce"   # "tis_reinforce" | "ppo" | "gspo"
-    tis_clip: float = 5.0              # c in min(pi/mu, c)
-    ppo_eps_low: float = 0.2           # ratio clipped to [1 - eps_low, 1 + eps_high]
-    ppo_eps_high: float = 0.28         # (the upper clip is wider: DAPO's clip-higher)
-    gspo_eps_low: float = 3e-4         # sequence ratios live much closer to 1
-    gspo_eps_high: float = 4e-4        # upper clip of the sequence ratio
-    temperature: float = 1.0           # sampling temperature: logits / temperature before softmax
-    kl_coef: float = 0.0               # k3 KL to the reference policy, linear from kl_coef ...
-    kl_coef_end: float | None = None   # ... to kl_coef_end over kl_schedule_steps (None: constant)
-    kl_schedule_steps: int = 0         # steps of the kl_coef -> kl_coef_end schedule
-    entropy_coef: float = 0.0          # entropy bonus, same linear schedule form
+
+    objective: str = "tis_reinforce"  # "tis_reinforce" | "ppo" | "gspo"
+    tis_clip: float = 5.0  # c in min(pi/mu, c)
+    ppo_eps_low: float = 0.2  # ratio clipped to [1 - eps_low, 1 + eps_high]
+    ppo_eps_high: float = 0.28  # (the upper clip is wider: DAPO's clip-higher)
+    gspo_eps_low: float = 3e-4  # sequence ratios live much closer to 1
+    gspo_eps_high: float = 4e-4  # upper clip of the sequence ratio
+    temperature: float = 1.0  # sampling temperature: logits / temperature before softmax
+    kl_coef: float = 0.0  # k3 KL to the reference policy, linear from kl_coef ...
+    kl_coef_end: float | None = None  # ... to kl_coef_end over kl_schedule_steps (None: constant)
+    kl_schedule_steps: int = 0  # steps of the kl_coef -> kl_coef_end schedule
+    entropy_coef: float = 0.0  # entropy bonus, same linear schedule form
     entropy_coef_end: float | None = None  # None: constant entropy_coef
-    entropy_schedule_steps: int = 0    # steps of the entropy_coef -> entropy_coef_end schedule
+    entropy_schedule_steps: int = 0  # steps of the entropy_coef -> entropy_coef_end schedule
     # The LM head and log-softmax run in f32 over chunks so [tokens, V] f32 never exists whole.
     # Per-token objectives (tis_reinforce, ppo) fuse loss and head gradient over token chunks
     # of `token_chunk` tokens ([token_chunk, V] f32 at a time, no recompute); gspo needs whole
     # sequences first and uses vocabulary chunks of `vocab_chunk` with a recomputing backward.
     token_chunk: int = 1024
-    vocab_chunk: int = 8192            # gspo's vocabulary chunk (see token_chunk)
+    vocab_chunk: int = 8192  # gspo's vocabulary chunk (see token_chunk)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"loss.objective={self.objective!r}; use one of {OBJECTIVES}")
-        _positive("loss", tis_clip=self.tis_clip, temperature=self.temperature,
-                  token_chunk=self.token_chunk, vocab_chunk=self.vocab_chunk)
+        _positive(
+            "loss",
+            tis_clip=self.tis_clip,
+            temperature=self.temperature,
+            token_chunk=self.token_chunk,
+            vocab_chunk=self.vocab_chunk,
+        )
         for name in ("ppo_eps_low", "gspo_eps_low"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"loss.{name}={getattr(self, name)!r} must be in [0, 1)")
         for name in ("ppo_eps_high", "gspo_eps_high"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"loss.{name}={getattr(self, name)!r} must be >= 0")
-        for name in ("kl_coef", "entropy_coef", "kl_coef_end", "entropy_coef_end",
-                     "kl_schedule_steps", "entropy_schedule_steps"):
+        for name in (
+            "kl_coef",
+            "entropy_coef",
+            "kl_coef_end",
+            "entropy_coef_end",
+            "kl_schedule_steps",
+            "entropy_schedule_steps",
+        ):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"loss.{name}={value!r} must be >= 0")
@@ -125,5 +144,6 @@ def linear_schedule(start: float, end: float | None, steps: int, step):
     if end is None or steps <= 0:
         return start if end is None else end
     import jax.numpy as jnp
+
     frac = jnp.clip(jnp.asarray(step, jnp.float32) / steps, 0.0, 1.0)
     return start + (end - start) * frac

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.extend
@@ -41,7 +42,7 @@ def _strided_chunks(x, axis_size: int, chunk: int, axis: int):
         widths = [(0, 0)] * x.ndim
         widths[axis] = (0, pad)
         x = jnp.pad(x, widths)
-    shape = x.shape[:axis] + (chunk, num) + x.shape[axis + 1:]
+    shape = x.shape[:axis] + (chunk, num) + x.shape[axis + 1 :]
     return jnp.moveaxis(x.reshape(shape), axis + 1, 0), num
 
 
@@ -49,7 +50,7 @@ def _unchunk(x_Cx, axis_size: int, axis: int):
     """Inverse of _strided_chunks for an array whose chunk axis is in front."""
     num, chunk = x_Cx.shape[0], x_Cx.shape[axis + 1]
     x = jnp.moveaxis(x_Cx, 0, axis + 1)
-    x = x.reshape(x.shape[:axis] + (chunk * num,) + x.shape[axis + 2:])
+    x = x.reshape(x.shape[:axis] + (chunk * num,) + x.shape[axis + 2 :])
     return jax.lax.slice_in_dim(x, 0, axis_size, axis=axis)
 
 
@@ -80,8 +81,11 @@ def _chunked_forward(h_NxE, w_ExV, targets_N, temperature, vocab_chunk):
         e_NxVc = jnp.exp(z_NxVc - m_new[:, None])
         return (m_new, s_N * scale + e_NxVc.sum(-1), t_N * scale + (e_NxVc * z_NxVc).sum(-1)), None
 
-    init = (jnp.full((N,), _NEG, jnp.float32), jnp.zeros((N,), jnp.float32),
-            jnp.zeros((N,), jnp.float32))
+    init = (
+        jnp.full((N,), _NEG, jnp.float32),
+        jnp.zeros((N,), jnp.float32),
+        jnp.zeros((N,), jnp.float32),
+    )
     (m_N, s_N, t_N), _ = jax.lax.scan(body, init, (w_CxExVc, valid_CxVc))
     lse_N = m_N + jnp.log(s_N)
     mean_z_N = t_N / s_N
@@ -100,6 +104,7 @@ def _flatten(hidden, targets):
 # array of the caller's trace would leak it as soon as its differentiation happened outside that
 # trace: grad(jit(f)), grad through lax.scan (gradient accumulation), jax.checkpoint.
 
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk):
     h_NxE, t_N = _flatten(hidden_xE, targets)
@@ -109,8 +114,7 @@ def _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk):
 
 def _chunked_fwd(hidden_xE, w_ExV, targets, temperature, vocab_chunk):
     h_NxE, t_N = _flatten(hidden_xE, targets)
-    lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(h_NxE, w_ExV, t_N, temperature,
-                                                      vocab_chunk)
+    lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk)
     return (lp_N, ent_N), (hidden_xE, w_ExV, targets, lse_N, mean_z_N)
 
 
@@ -137,21 +141,25 @@ def _chunked_bwd(temperature, vocab_chunk, res, cotangents):
     dh_NxE = dh_NxE + g_t_N[:, None] * w_NxE
     dw_ExV = dw_ExV.at[:, t_N].add((g_t_N[:, None] * h_NxE).T)
     # Integer targets take no cotangent (None: a symbolic zero, float0 as JAX requires).
-    return (dh_NxE.reshape(hidden_xE.shape).astype(hidden_xE.dtype),
-            dw_ExV.astype(w_ExV.dtype), None)
+    return (
+        dh_NxE.reshape(hidden_xE.shape).astype(hidden_xE.dtype),
+        dw_ExV.astype(w_ExV.dtype),
+        None,
+    )
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
-def chunked_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0,
-                     vocab_chunk: int = 8192):
+def chunked_logprobs(
+    hidden_xE, w_ExV, targets, *, temperature: float = 1.0, vocab_chunk: int = 8192
+):
     """(logprobs, entropy) f32 with targets' shape, of softmax(hidden @ W / temperature).
 
-  hidden_xE: [..., E] any float dtype; w_ExV: the LM head; targets: int [...]. Differentiable
-  in hidden and W; the backward recomputes one vocabulary chunk at a time. Composes with jit,
-  vmap, scan and checkpoint in any order (see the note above _chunked).
-  """
+    hidden_xE: [..., E] any float dtype; w_ExV: the LM head; targets: int [...]. Differentiable
+    in hidden and W; the backward recomputes one vocabulary chunk at a time. Composes with jit,
+    vmap, scan and checkpoint in any order (see the note above _chunked).
+    """
     shape = targets.shape
     lp_N, ent_N = _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk)
     return lp_N.reshape(shape), ent_N.reshape(shape)
@@ -159,8 +167,10 @@ def chunked_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0,
 
 def full_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0):
     """Reference: the same quantities from whole f32 logits (tests, tiny vocabularies)."""
-    z = jnp.dot(hidden_xE.astype(jnp.float32), w_ExV.astype(jnp.float32),
-                precision=_HIGHEST) / temperature
+    z = (
+        jnp.dot(hidden_xE.astype(jnp.float32), w_ExV.astype(jnp.float32), precision=_HIGHEST)
+        / temperature
+    )
     logp = jax.nn.log_softmax(z, axis=-1)
     lp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     return lp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
@@ -181,9 +191,9 @@ def _token_chunk_values(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature):
 def _closure_convert(fn, *example_args):
     """(converted, consts): converted(*args, *consts) == fn(*args), no array left in a closure.
 
-  Like jax.closure_convert, but hoists every closed-over value, integer tracers included
-  (jax.closure_convert keeps those closed over, and they would leak just the same).
-  """
+    Like jax.closure_convert, but hoists every closed-over value, integer tracers included
+    (jax.closure_convert keeps those closed over, and they would leak just the same).
+    """
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
     jaxpr, out_tree, num_args = closed.jaxpr, jax.tree.structure(out_shape), len(example_args)
 
@@ -212,8 +222,9 @@ def _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, input
     def body(carry, xs):
         loss, dw_ExV = carry
         h_NcxE, t_Nc, inp = xs
-        (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(h_NcxE, w32_ExV, t_Nc, inp, loss_fn,
-                                                             temperature)
+        (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(
+            h_NcxE, w32_ExV, t_Nc, inp, loss_fn, temperature
+        )
         return (loss + loss_c, dw_ExV + dw_c), (lp_Nc, ent_Nc, dh_NcxE)
 
     init = (jnp.zeros((), jnp.float32), jnp.zeros_like(w32_ExV))
@@ -225,13 +236,13 @@ def _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, input
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _fused(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts):
-    return _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs,
-                          consts)[0]
+    return _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs, consts)[0]
 
 
 def _fused_fwd(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts):
-    out, (dh_xE, dw_ExV) = _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV,
-                                          targets, inputs, consts)
+    out, (dh_xE, dw_ExV) = _fused_forward(
+        chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs, consts
+    )
     return out, (dh_xE, dw_ExV)
 
 
@@ -246,25 +257,33 @@ def _fused_bwd(chunk_loss, temperature, Nc, dtypes, res, cotangents):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def fused_token_loss(hidden_xE, w_ExV, targets, inputs: Any,
-                     loss_fn: Callable[[jax.Array, jax.Array, Any], jax.Array], *,
-                     temperature: float = 1.0, token_chunk: int = 1024):
+def fused_token_loss(
+    hidden_xE,
+    w_ExV,
+    targets,
+    inputs: Any,
+    loss_fn: Callable[[jax.Array, jax.Array, Any], jax.Array],
+    *,
+    temperature: float = 1.0,
+    token_chunk: int = 1024,
+):
     """(sum of loss_fn over token chunks, logprobs, entropy); gradients flow to hidden and W only.
 
-  loss_fn(logprobs_Nc, entropy_Nc, inputs_chunk) -> scalar must be a sum of per-token terms
-  that vanish where the inputs are zero (padding tokens get all-zero inputs); `inputs` is a
-  pytree of arrays shaped like targets (treated as constants). loss_fn may close over arrays
-  and tracers (e.g. a scheduled coefficient): they are hoisted out of its closure and passed
-  through the custom VJP explicitly, and are treated as constants too. The returned logprobs
-  and entropy are for metrics: they carry no gradient. Composes with jit, vmap, scan and
-  checkpoint in any order.
-  """
+    loss_fn(logprobs_Nc, entropy_Nc, inputs_chunk) -> scalar must be a sum of per-token terms
+    that vanish where the inputs are zero (padding tokens get all-zero inputs); `inputs` is a
+    pytree of arrays shaped like targets (treated as constants). loss_fn may close over arrays
+    and tracers (e.g. a scheduled coefficient): they are hoisted out of its closure and passed
+    through the custom VJP explicitly, and are treated as constants too. The returned logprobs
+    and entropy are for metrics: they carry no gradient. Composes with jit, vmap, scan and
+    checkpoint in any order.
+    """
     N = math.prod(targets.shape)
     Nc = min(token_chunk, N)
     lp_Nc = jax.ShapeDtypeStruct((Nc,), jnp.float32)
     inp_Nc = jax.tree.map(lambda x: jax.ShapeDtypeStruct((Nc,), x.dtype), inputs)
     chunk_loss, consts = _closure_convert(loss_fn, lp_Nc, lp_Nc, inp_Nc)
     dtypes = (jnp.dtype(hidden_xE.dtype), jnp.dtype(w_ExV.dtype))
-    loss, lp, ent = _fused(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets,
-                           inputs, consts)
+    loss, lp, ent = _fused(
+        chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts
+    )
     return loss, jax.lax.stop_gradient(lp), jax.lax.stop_gradient(ent)

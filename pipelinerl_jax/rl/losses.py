@@ -33,8 +33,9 @@ def _k3(log_q_over_p):
     return jnp.exp(log_q_over_p) - log_q_over_p - 1.0
 
 
-def _policy_term(objective, logprobs, behaviour_logprobs, advantages, *, clip, eps_low,
-                 eps_high, seq_ratio=None):
+def _policy_term(
+    objective, logprobs, behaviour_logprobs, advantages, *, clip, eps_low, eps_high, seq_ratio=None
+):
     """(per-token policy loss, per-token 'clamped or clipped' flag)."""
     if objective == "tis_reinforce":
         ratio = jnp.exp(logprobs - behaviour_logprobs)
@@ -70,14 +71,36 @@ def sequence_ratio(logprobs, behaviour_logprobs, loss_mask, sequence_index, num_
     return ratio_S[sequence_index]
 
 
-def objective_stats(objective, logprobs, entropy, behaviour_logprobs, advantages, token_weights,
-                    loss_mask, ref_logprobs=None, *, clip, eps_low, eps_high, kl_coef,
-                    entropy_coef, seq_ratio=None) -> dict:
+def objective_stats(
+    objective,
+    logprobs,
+    entropy,
+    behaviour_logprobs,
+    advantages,
+    token_weights,
+    loss_mask,
+    ref_logprobs=None,
+    *,
+    clip,
+    eps_low,
+    eps_high,
+    kl_coef,
+    entropy_coef,
+    seq_ratio=None,
+) -> dict:
     """Additive sums for the metrics (no gradient flows through them)."""
     lp, mu, m = sg(logprobs), behaviour_logprobs, loss_mask
     on = m > 0
-    pg, flag = _policy_term(objective, lp, mu, advantages, clip=clip, eps_low=eps_low,
-                            eps_high=eps_high, seq_ratio=seq_ratio)
+    pg, flag = _policy_term(
+        objective,
+        lp,
+        mu,
+        advantages,
+        clip=clip,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        seq_ratio=seq_ratio,
+    )
     log_rho = jnp.where(on, lp - mu, 0.0)
     rho = jnp.exp(log_rho)
     stats = {
@@ -111,9 +134,12 @@ def finalize(stats: dict) -> dict:
     """Metrics from accumulated sums."""
     n = jnp.maximum(stats["tokens"], 1.0)
     out = {
-        "loss": stats["loss"], "pg_loss": stats["pg_loss"], "tokens": stats["tokens"],
+        "loss": stats["loss"],
+        "pg_loss": stats["pg_loss"],
+        "tokens": stats["tokens"],
         "ess": stats["ratio_sum"] ** 2 / jnp.maximum(stats["ratio_sq_sum"], 1e-30) / n,
-        "ratio_mean": stats["ratio_sum"] / n, "ratio_max": stats["max_ratio"],
+        "ratio_mean": stats["ratio_sum"] / n,
+        "ratio_max": stats["max_ratio"],
         "clip_fraction": stats["clipped"] / n,
         "kl_new_old": stats["kl_new_old_sum"] / n,
         "entropy": stats["entropy_sum"] / n,
@@ -123,60 +149,174 @@ def finalize(stats: dict) -> dict:
     return out
 
 
-def _objective(objective, logprobs, behaviour_logprobs, advantages, token_weights, loss_mask, *,
-               entropy, ref_logprobs, kl_coef, entropy_coef, seq_ratio=None, **kw):
-    loss = _total_term(objective, logprobs, entropy, behaviour_logprobs, advantages, token_weights,
-                       ref_logprobs, kl_coef=kl_coef, entropy_coef=entropy_coef,
-                       seq_ratio=seq_ratio, **kw)
-    stats = objective_stats(objective, logprobs, entropy, behaviour_logprobs, advantages,
-                            token_weights, loss_mask, ref_logprobs, kl_coef=kl_coef,
-                            entropy_coef=entropy_coef, seq_ratio=seq_ratio, **kw)
+def _objective(
+    objective,
+    logprobs,
+    behaviour_logprobs,
+    advantages,
+    token_weights,
+    loss_mask,
+    *,
+    entropy,
+    ref_logprobs,
+    kl_coef,
+    entropy_coef,
+    seq_ratio=None,
+    **kw,
+):
+    loss = _total_term(
+        objective,
+        logprobs,
+        entropy,
+        behaviour_logprobs,
+        advantages,
+        token_weights,
+        ref_logprobs,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        seq_ratio=seq_ratio,
+        **kw,
+    )
+    stats = objective_stats(
+        objective,
+        logprobs,
+        entropy,
+        behaviour_logprobs,
+        advantages,
+        token_weights,
+        loss_mask,
+        ref_logprobs,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        seq_ratio=seq_ratio,
+        **kw,
+    )
     return loss, finalize(stats)
 
 
-def tis_reinforce(logprobs, behaviour_logprobs, advantages, token_weights, loss_mask, *,
-                  clip: float = 5.0, entropy=None, ref_logprobs=None, kl_coef=0.0,
-                  entropy_coef=0.0):
+def tis_reinforce(
+    logprobs,
+    behaviour_logprobs,
+    advantages,
+    token_weights,
+    loss_mask,
+    *,
+    clip: float = 5.0,
+    entropy=None,
+    ref_logprobs=None,
+    kl_coef=0.0,
+    entropy_coef=0.0,
+):
     """Truncated-IS REINFORCE: -sum w * stopgrad(min(pi/mu, clip)) * A * log pi. -> (loss, metrics)"""
-    return _objective("tis_reinforce", logprobs, behaviour_logprobs, advantages, token_weights,
-                      loss_mask, entropy=entropy, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-                      entropy_coef=entropy_coef, clip=clip, eps_low=0.0, eps_high=0.0)
+    return _objective(
+        "tis_reinforce",
+        logprobs,
+        behaviour_logprobs,
+        advantages,
+        token_weights,
+        loss_mask,
+        entropy=entropy,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        clip=clip,
+        eps_low=0.0,
+        eps_high=0.0,
+    )
 
 
-def ppo(logprobs, behaviour_logprobs, advantages, token_weights, loss_mask, *,
-        eps_low: float = 0.2, eps_high: float = 0.28, entropy=None, ref_logprobs=None,
-        kl_coef=0.0, entropy_coef=0.0):
+def ppo(
+    logprobs,
+    behaviour_logprobs,
+    advantages,
+    token_weights,
+    loss_mask,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    entropy=None,
+    ref_logprobs=None,
+    kl_coef=0.0,
+    entropy_coef=0.0,
+):
     """PPO clipped surrogate with asymmetric clipping, per token. -> (loss, metrics)"""
-    return _objective("ppo", logprobs, behaviour_logprobs, advantages, token_weights, loss_mask,
-                      entropy=entropy, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-                      entropy_coef=entropy_coef, clip=0.0, eps_low=eps_low, eps_high=eps_high)
+    return _objective(
+        "ppo",
+        logprobs,
+        behaviour_logprobs,
+        advantages,
+        token_weights,
+        loss_mask,
+        entropy=entropy,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        clip=0.0,
+        eps_low=eps_low,
+        eps_high=eps_high,
+    )
 
 
-def gspo(logprobs, behaviour_logprobs, advantages, token_weights, loss_mask, sequence_index,
-         num_sequences: int, *, eps_low: float = 3e-4, eps_high: float = 4e-4, entropy=None,
-         ref_logprobs=None, kl_coef=0.0, entropy_coef=0.0):
+def gspo(
+    logprobs,
+    behaviour_logprobs,
+    advantages,
+    token_weights,
+    loss_mask,
+    sequence_index,
+    num_sequences: int,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    entropy=None,
+    ref_logprobs=None,
+    kl_coef=0.0,
+    entropy_coef=0.0,
+):
     """GSPO: clipped surrogate on the sequence-level geometric-mean ratio. -> (loss, metrics)
 
-  sequence_index maps each token to its sequence in [0, num_sequences) (num_sequences for
-  tokens outside every sequence). Pair with weighting="sequence_mean" for the GSPO paper's
-  length-normalised form.
-  """
-    seq_ratio = sequence_ratio(logprobs, behaviour_logprobs, loss_mask, sequence_index,
-                               num_sequences)
-    return _objective("gspo", logprobs, behaviour_logprobs, advantages, token_weights, loss_mask,
-                      entropy=entropy, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-                      entropy_coef=entropy_coef, seq_ratio=seq_ratio, clip=0.0,
-                      eps_low=eps_low, eps_high=eps_high)
+    sequence_index maps each token to its sequence in [0, num_sequences) (num_sequences for
+    tokens outside every sequence). Pair with weighting="sequence_mean" for the GSPO paper's
+    length-normalised form.
+    """
+    seq_ratio = sequence_ratio(
+        logprobs, behaviour_logprobs, loss_mask, sequence_index, num_sequences
+    )
+    return _objective(
+        "gspo",
+        logprobs,
+        behaviour_logprobs,
+        advantages,
+        token_weights,
+        loss_mask,
+        entropy=entropy,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        seq_ratio=seq_ratio,
+        clip=0.0,
+        eps_low=eps_low,
+        eps_high=eps_high,
+    )
 
 
-def loss_from_hidden(cfg: LossConfig, hidden_xE, w_ExV, batch, *, kl_coef=0.0,
-                     entropy_coef=0.0, ref_logprobs=None, num_sequences: int):
+def loss_from_hidden(
+    cfg: LossConfig,
+    hidden_xE,
+    w_ExV,
+    batch,
+    *,
+    kl_coef=0.0,
+    entropy_coef=0.0,
+    ref_logprobs=None,
+    num_sequences: int,
+):
     """(loss, stats) of one (micro-)batch straight from the model's final hidden states.
 
-  batch: a TrainBatch (or its token fields, sliced to a micro-batch). tis_reinforce and ppo
-  take the fused head path; gspo computes chunked logprobs first. Stats are additive sums
-  (merge with `accumulate`, then `finalize`).
-  """
+    batch: a TrainBatch (or its token fields, sliced to a micro-batch). tis_reinforce and ppo
+    take the fused head path; gspo computes chunked logprobs first. Stats are additive sums
+    (merge with `accumulate`, then `finalize`).
+    """
     kw = dict(clip=cfg.tis_clip, eps_low=cfg.ppo_eps_low, eps_high=cfg.ppo_eps_high)
     inputs = dict(mu=batch.behaviour_logprobs, adv=batch.advantages, w=batch.token_weights)
     if ref_logprobs is not None:
@@ -184,41 +324,86 @@ def loss_from_hidden(cfg: LossConfig, hidden_xE, w_ExV, batch, *, kl_coef=0.0,
     use_entropy = cfg.entropy_coef > 0 or (cfg.entropy_coef_end or 0) > 0
     seq_ratio = None
     if cfg.fused:
+
         def token_loss(lp, ent, inp):
-            return _total_term(cfg.objective, lp, ent if use_entropy else None, inp["mu"], inp["adv"],
-                               inp["w"], inp.get("ref"), kl_coef=kl_coef,
-                               entropy_coef=entropy_coef, **kw)
-        loss, lp, ent = fused_token_loss(hidden_xE, w_ExV, batch.targets, inputs, token_loss,
-                                         temperature=cfg.temperature, token_chunk=cfg.token_chunk)
+            return _total_term(
+                cfg.objective,
+                lp,
+                ent if use_entropy else None,
+                inp["mu"],
+                inp["adv"],
+                inp["w"],
+                inp.get("ref"),
+                kl_coef=kl_coef,
+                entropy_coef=entropy_coef,
+                **kw,
+            )
+
+        loss, lp, ent = fused_token_loss(
+            hidden_xE,
+            w_ExV,
+            batch.targets,
+            inputs,
+            token_loss,
+            temperature=cfg.temperature,
+            token_chunk=cfg.token_chunk,
+        )
     else:
         kw.update(eps_low=cfg.gspo_eps_low, eps_high=cfg.gspo_eps_high)
-        lp, ent = chunked_logprobs(hidden_xE, w_ExV, batch.targets, temperature=cfg.temperature,
-                                   vocab_chunk=cfg.vocab_chunk)
-        seq_ratio = sequence_ratio(lp, batch.behaviour_logprobs, batch.loss_mask,
-                                   batch.sequence_index, num_sequences)
-        loss = _total_term(cfg.objective, lp, ent if use_entropy else None, inputs["mu"],
-                           inputs["adv"], inputs["w"], ref_logprobs, kl_coef=kl_coef,
-                           entropy_coef=entropy_coef, seq_ratio=seq_ratio, **kw)
-    stats = objective_stats(cfg.objective, lp, ent, batch.behaviour_logprobs, batch.advantages,
-                            batch.token_weights, batch.loss_mask, ref_logprobs,
-                            kl_coef=kl_coef, entropy_coef=entropy_coef if use_entropy else 0.0,
-                            seq_ratio=seq_ratio, **kw)
+        lp, ent = chunked_logprobs(
+            hidden_xE,
+            w_ExV,
+            batch.targets,
+            temperature=cfg.temperature,
+            vocab_chunk=cfg.vocab_chunk,
+        )
+        seq_ratio = sequence_ratio(
+            lp, batch.behaviour_logprobs, batch.loss_mask, batch.sequence_index, num_sequences
+        )
+        loss = _total_term(
+            cfg.objective,
+            lp,
+            ent if use_entropy else None,
+            inputs["mu"],
+            inputs["adv"],
+            inputs["w"],
+            ref_logprobs,
+            kl_coef=kl_coef,
+            entropy_coef=entropy_coef,
+            seq_ratio=seq_ratio,
+            **kw,
+        )
+    stats = objective_stats(
+        cfg.objective,
+        lp,
+        ent,
+        batch.behaviour_logprobs,
+        batch.advantages,
+        batch.token_weights,
+        batch.loss_mask,
+        ref_logprobs,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef if use_entropy else 0.0,
+        seq_ratio=seq_ratio,
+        **kw,
+    )
     return loss, stats
 
 
 def lag_metrics(versions, loss_mask, current_version) -> dict:
     """Lag (current version - token version) of the scored tokens: mean, max, bucket counts.
 
-  Buckets and their names are those of pipelinerl_jax.metrics.lag_histogram.
-  """
+    Buckets and their names are those of pipelinerl_jax.metrics.lag_histogram.
+    """
     on = loss_mask > 0
     lag = jnp.where(on, current_version - versions, 0).reshape(-1)
     n = jnp.maximum(jnp.sum(on), 1)
     out = {"lag_mean": jnp.sum(lag) / n, "lag_max": jnp.max(lag)}
     # One segment-sum instead of a masked reduction per bucket (fewer kernels to compile).
     bucket = jnp.sum(lag[:, None] >= jnp.asarray(LAG_BUCKETS[1:])[None, :], axis=1)
-    counts = jax.ops.segment_sum(on.reshape(-1).astype(jnp.int32), bucket,
-                                 num_segments=len(LAG_BUCKETS))
+    counts = jax.ops.segment_sum(
+        on.reshape(-1).astype(jnp.int32), bucket, num_segments=len(LAG_BUCKETS)
+    )
     for i, lo in enumerate(LAG_BUCKETS):
         hi = LAG_BUCKETS[i + 1] if i + 1 < len(LAG_BUCKETS) else None
         name = f"{lo}+" if hi is None else (str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}")
@@ -234,7 +419,8 @@ def advantage_metrics(sequence_advantages, rewards, sequence_mask) -> dict:
     var = jnp.sum(sequence_mask * (sequence_advantages - mean) ** 2) / n
     big = jnp.finfo(jnp.float32).max
     return {
-        "adv_mean": mean, "adv_std": jnp.sqrt(var),
+        "adv_mean": mean,
+        "adv_std": jnp.sqrt(var),
         "adv_min": jnp.min(jnp.where(on, sequence_advantages, big)),
         "adv_max": jnp.max(jnp.where(on, sequence_advantages, -big)),
         "reward_mean": jnp.sum(sequence_mask * rewards) / n,

@@ -30,8 +30,10 @@ def sequence_token_weights(completion_lengths_N, group_ids_N, keep_N, mode: str)
     group_ids_N = np.asarray(group_ids_N).reshape(-1)
     keep_N = np.asarray(keep_N, bool).reshape(-1)
     if not lengths_N.shape == group_ids_N.shape == keep_N.shape:
-        raise ConfigError(f"sequence_token_weights: lengths {lengths_N.shape}, group_ids "
-                          f"{group_ids_N.shape} and keep {keep_N.shape} must have equal lengths")
+        raise ConfigError(
+            f"sequence_token_weights: lengths {lengths_N.shape}, group_ids "
+            f"{group_ids_N.shape} and keep {keep_N.shape} must have equal lengths"
+        )
     weights_N = np.zeros_like(lengths_N)
     kept_lengths = lengths_N[keep_N]
     num_seq, num_tok = int(keep_N.sum()), float(kept_lengths.sum())

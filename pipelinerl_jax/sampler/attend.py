@@ -60,13 +60,13 @@ def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
         row_max = jnp.maximum(row_max, jnp.max(s_old, axis=(-2, -1)))
     p_new = jnp.exp(s_new - row_max[..., None])
     denom = jnp.sum(p_new, axis=-1)
-    out = jnp.einsum(new_spec, p_new.astype(v_new.dtype), v_new,
-                     preferred_element_type=jnp.float32)
+    out = jnp.einsum(new_spec, p_new.astype(v_new.dtype), v_new, preferred_element_type=jnp.float32)
     if s_old is not None:
         p_old = jnp.exp(s_old - row_max[..., None, None])
         denom = denom + jnp.sum(p_old, axis=(-2, -1))
-        out = out + jnp.einsum(old_spec, p_old.astype(v_old.dtype), v_old,
-                               preferred_element_type=jnp.float32)
+        out = out + jnp.einsum(
+            old_spec, p_old.astype(v_old.dtype), v_old, preferred_element_type=jnp.float32
+        )
     return out, denom
 
 
@@ -93,14 +93,27 @@ def decode_attend(k_pages, v_pages, block_tables_BxW, positions_B, *, scale: flo
         # Zeroed, not just given zero weight: 0 * NaN from a corrupted page would leak in.
         v_old_BxWxKxSxD = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old_BxWxKxSxD, 0)
         q_BxKxGxD = q_Bx1xHxD.reshape(batch, kv_heads, group, head_dim).astype(f32)
-        s_old_BxKxGxWxS = jnp.einsum("bkgd,bwksd->bkgws", q_BxKxGxD, k_old_BxWxKxSxD.astype(f32),
-                                     preferred_element_type=f32) * scale
+        s_old_BxKxGxWxS = (
+            jnp.einsum(
+                "bkgd,bwksd->bkgws",
+                q_BxKxGxD,
+                k_old_BxWxKxSxD.astype(f32),
+                preferred_element_type=f32,
+            )
+            * scale
+        )
         s_old_BxKxGxWxS = jnp.where(old_valid_BxWxS[:, None, None], s_old_BxKxGxWxS, -jnp.inf)
-        s_new_BxKxGx1 = jnp.sum(q_BxKxGxD * k_Bx1xKxD[:, 0, :, None, :].astype(f32),
-                                axis=-1)[..., None] * scale
+        s_new_BxKxGx1 = (
+            jnp.sum(q_BxKxGxD * k_Bx1xKxD[:, 0, :, None, :].astype(f32), axis=-1)[..., None] * scale
+        )
         out_BxKxGxD, denom_BxKxG = _merge_softmax(
-            s_old_BxKxGxWxS, s_new_BxKxGx1, v_old_BxWxKxSxD, v_Bx1xKxD[:, 0, :, None, :],
-            "bkgws,bwksd->bkgd", "bkgn,bknd->bkgd")
+            s_old_BxKxGxWxS,
+            s_new_BxKxGx1,
+            v_old_BxWxKxSxD,
+            v_Bx1xKxD[:, 0, :, None, :],
+            "bkgws,bwksd->bkgd",
+            "bkgn,bknd->bkgd",
+        )
         out_BxKxGxD = out_BxKxGxD / denom_BxKxG[..., None]
         out = out_BxKxGxD.reshape(batch, 1, heads, head_dim).astype(q_Bx1xHxD.dtype)
         return out, (layer, kv + ((k_Bx1xKxD, v_Bx1xKxD),))
@@ -108,25 +121,34 @@ def decode_attend(k_pages, v_pages, block_tables_BxW, positions_B, *, scale: flo
     return attend
 
 
-def decode_attend_paged(block_tables_BxM, positions_B, write_B, window: int, *, scale: float,
-                        impl: str = "auto"):
+def decode_attend_paged(
+    block_tables_BxM, positions_B, write_B, window: int, *, scale: float, impl: str = "auto"
+):
     """attend() that writes the token's K/V into the pool, then runs paged decode attention.
 
     Carry: (layer, (k_pages, v_pages)) with pages [L, P, K, S, D]; the updated pool comes back
     in the carry. Rows with write False (inactive slots) write to the null page.
     """
+
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_pages):
         layer, (k_pages, v_pages) = layer_and_pages
         num_layers, num_pages = k_pages.shape[:2]
-        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, block_tables_BxM,
-                                 positions_B[:, None], write_B[:, None])
-        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, block_tables_BxM,
-                                 positions_B[:, None], write_B[:, None])
+        k_pages = write_layer_kv(
+            k_pages, layer, k_Bx1xKxD, block_tables_BxM, positions_B[:, None], write_B[:, None]
+        )
+        v_pages = write_layer_kv(
+            v_pages, layer, v_Bx1xKxD, block_tables_BxM, positions_B[:, None], write_B[:, None]
+        )
         flat = (num_layers * num_pages,) + k_pages.shape[2:]
         out_BxHxD = paged_decode_attention(
-            q_Bx1xHxD[:, 0], k_pages.reshape(flat), v_pages.reshape(flat),
-            block_tables_BxM[:, :window] + layer * num_pages, positions_B + 1, scale=scale,
-            impl=impl)
+            q_Bx1xHxD[:, 0],
+            k_pages.reshape(flat),
+            v_pages.reshape(flat),
+            block_tables_BxM[:, :window] + layer * num_pages,
+            positions_B + 1,
+            scale=scale,
+            impl=impl,
+        )
         return out_BxHxD[:, None], (layer, (k_pages, v_pages))
 
     return attend
@@ -138,7 +160,7 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
     A query at position p sees the row's cached positions before the chunk start and the
     chunk's own tokens at positions <= p. Carry and result as `decode_attend`.
     """
-    start_B = positions_BxT[:, 0]   # chunk start; -1 for an all-padding row (sees nothing old)
+    start_B = positions_BxT[:, 0]  # chunk start; -1 for an all-padding row (sees nothing old)
     window, page_size = block_tables_BxW.shape[1], k_pages.shape[3]
     window_positions_WxS = jnp.arange(window * page_size).reshape(window, page_size)
     old_valid_BxWxS = window_positions_WxS[None] < start_B[:, None, None]
@@ -153,19 +175,28 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
         kv_heads = k_BxTxKxD.shape[2]
         group = heads // kv_heads
         q_BxTxKxGxD = q_BxTxHxD.reshape(batch, tokens, kv_heads, group, head_dim)
-        s_new = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxTxKxD,
-                           preferred_element_type=jnp.float32) * scale
+        s_new = (
+            jnp.einsum(
+                "btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxTxKxD, preferred_element_type=jnp.float32
+            )
+            * scale
+        )
         s_new = jnp.where(new_valid_BxTxT[:, None, None], s_new, -jnp.inf)
-        s_old = v_old = None   # first chunk: nothing cached yet
+        s_old = v_old = None  # first chunk: nothing cached yet
         if window:
             k_old = _gather_old(k_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
             v_old = _gather_old(v_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
             v_old = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old, 0)
-            s_old = jnp.einsum("btkgd,bwksd->bkgtws", q_BxTxKxGxD, k_old,
-                               preferred_element_type=jnp.float32) * scale
+            s_old = (
+                jnp.einsum(
+                    "btkgd,bwksd->bkgtws", q_BxTxKxGxD, k_old, preferred_element_type=jnp.float32
+                )
+                * scale
+            )
             s_old = jnp.where(old_valid_BxWxS[:, None, None, None], s_old, -jnp.inf)
         out_BxTxKxGxD, denom_BxKxGxT = _merge_softmax(
-            s_old, s_new, v_old, v_BxTxKxD, "bkgtws,bwksd->btkgd", "bkgts,bskd->btkgd")
+            s_old, s_new, v_old, v_BxTxKxD, "bkgtws,bwksd->btkgd", "bkgts,bskd->btkgd"
+        )
         denom_BxTxKxG = jnp.moveaxis(denom_BxKxGxT, 3, 1)
         out_BxTxKxGxD = out_BxTxKxGxD / denom_BxTxKxG[..., None]
         out = out_BxTxKxGxD.reshape(batch, tokens, heads, head_dim).astype(q_BxTxHxD.dtype)
@@ -225,19 +256,22 @@ def write_new_kv(pages_LxPxKxSxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT
     Rows/tokens with write False (inactive slots, padding) target page 0, offset 0: many
     writes of finite garbage to a page nobody reads unmasked.
     """
-    page_BxT, offset_BxT = _targets(pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT,
-                                    write_BxT)
+    page_BxT, offset_BxT = _targets(
+        pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT, write_BxT
+    )
     # The page and offset indices are split by the kv-head axis, so (numpy rules) the indexed
     # view is [B, T, L, K, D]: the update is laid out to match.
     new_BxTxLxKxD = jnp.moveaxis(new_LxBxTxKxD, 0, 2)
-    return set_at(pages_LxPxKxSxD, (slice(None), page_BxT, slice(None), offset_BxT),
-                  new_BxTxLxKxD)
+    return set_at(pages_LxPxKxSxD, (slice(None), page_BxT, slice(None), offset_BxT), new_BxTxLxKxD)
 
 
-def write_layer_kv(pages_LxPxKxSxD, layer: int, new_BxTxKxD, block_tables_BxM, positions_BxT,
-                   write_BxT, dtype=None):
+def write_layer_kv(
+    pages_LxPxKxSxD, layer: int, new_BxTxKxD, block_tables_BxM, positions_BxT, write_BxT, dtype=None
+):
     """`write_new_kv` for one layer (the indexed view is [B, T, K, D]); dtype as `set_at`."""
-    page_BxT, offset_BxT = _targets(pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT,
-                                    write_BxT)
-    return set_at(pages_LxPxKxSxD, (layer, page_BxT, slice(None), offset_BxT), new_BxTxKxD,
-                  dtype=dtype)
+    page_BxT, offset_BxT = _targets(
+        pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT, write_BxT
+    )
+    return set_at(
+        pages_LxPxKxSxD, (layer, page_BxT, slice(None), offset_BxT), new_BxTxKxD, dtype=dtype
+    )

@@ -44,16 +44,15 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as Ps
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as Ps
 
 from pipelinerl_jax.kernels.paged_attention import triton_available
 from pipelinerl_jax.models import llama
 from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import forward as fwd
-from pipelinerl_jax.sampler import sampling
-from pipelinerl_jax.sampler import staged
+from pipelinerl_jax.sampler import sampling, staged
 from pipelinerl_jax.sampler.state import SamplerState, state_shardings
-
 
 ATTENTION_IMPLS = ("auto", "staged", "paged", "gather")
 
@@ -61,22 +60,23 @@ ATTENTION_IMPLS = ("auto", "staged", "paged", "gather")
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Static shapes of the engine (hashable)."""
-    num_slots: int            # B
-    page_size: int            # S
-    num_pages: int            # P per layer, including the null page
-    pages_per_slot: int       # M
-    max_stop_tokens: int      # X
+
+    num_slots: int  # B
+    page_size: int  # S
+    num_pages: int  # P per layer, including the null page
+    pages_per_slot: int  # M
+    max_stop_tokens: int  # X
     cache_dtype: str = "float32"
-    truncated_logprobs: bool = False   # see sampling.py: default records tempered logprobs
-    attention: str = "auto"   # decode attention: "paged" writes the step's K/V into the pool and
-                              #   calls kernels.paged_decode_attention (the Triton kernel on
-                              #   NVIDIA GPUs, its jnp reference elsewhere); "staged" also writes
-                              #   the pool but reads a dense copy of the window made once per
-                              #   chunk (staged.py; the CPU path); "gather" merges the new token
-                              #   with the gathered pages itself (attend.decode_attend); "auto":
-                              #   "paged" where the Triton kernel runs, else "staged".
-                              #   Measured on the bench model (CPU, 8 layers, context 160, batch
-                              #   64, one step): staged ~18 ms of attention, paged ~43 ms.
+    truncated_logprobs: bool = False  # see sampling.py: default records tempered logprobs
+    attention: str = "auto"  # decode attention: "paged" writes the step's K/V into the pool and
+    #   calls kernels.paged_decode_attention (the Triton kernel on
+    #   NVIDIA GPUs, its jnp reference elsewhere); "staged" also writes
+    #   the pool but reads a dense copy of the window made once per
+    #   chunk (staged.py; the CPU path); "gather" merges the new token
+    #   with the gathered pages itself (attend.decode_attend); "auto":
+    #   "paged" where the Triton kernel runs, else "staged".
+    #   Measured on the bench model (CPU, 8 layers, context 160, batch
+    #   64, one step): staged ~18 ms of attention, paged ~43 ms.
 
 
 def window_buckets(max_pages: int) -> tuple[int, ...]:
@@ -98,8 +98,13 @@ def pick_window(needed_pages: int, max_pages: int) -> int:
 _ENGINES: dict = {}
 
 
-def get_engine(graphdef, ecfg: EngineConfig, mesh: Mesh | None = None,
-               data_axis: str = "data", tp_axis: str = "tp") -> "Engine":
+def get_engine(
+    graphdef,
+    ecfg: EngineConfig,
+    mesh: Mesh | None = None,
+    data_axis: str = "data",
+    tp_axis: str = "tp",
+) -> Engine:
     """One Engine (hence one set of compiled executables) per (model, shapes, mesh)."""
     key = (graphdef, ecfg, mesh, data_axis, tp_axis)
     if key not in _ENGINES:
@@ -113,8 +118,14 @@ class Engine:
     Build it with `get_engine`, so samplers of the same shapes share compiled functions.
     """
 
-    def __init__(self, graphdef, ecfg: EngineConfig, mesh: Mesh | None = None,
-                 data_axis: str = "data", tp_axis: str = "tp"):
+    def __init__(
+        self,
+        graphdef,
+        ecfg: EngineConfig,
+        mesh: Mesh | None = None,
+        data_axis: str = "data",
+        tp_axis: str = "tp",
+    ):
         self.graphdef = graphdef
         self.model_cfg = llama.config_of(graphdef)
         self.ecfg = ecfg
@@ -129,8 +140,10 @@ class Engine:
         self.mesh, self.data_axis = mesh, data_axis
         self.num_shards = mesh.shape[data_axis]
         if ecfg.num_slots % self.num_shards or ecfg.num_pages % self.num_shards:
-            raise ValueError(f"num_slots={ecfg.num_slots} and num_pages={ecfg.num_pages} must "
-                             f"divide by the {self.num_shards} devices of mesh axis {data_axis!r}")
+            raise ValueError(
+                f"num_slots={ecfg.num_slots} and num_pages={ecfg.num_pages} must "
+                f"divide by the {self.num_shards} devices of mesh axis {data_axis!r}"
+            )
         self.pages_per_shard = ecfg.num_pages // self.num_shards
         # Tensor parallelism when the mesh has a tp axis of more than one device.
         self.tp = mesh.shape[tp_axis] if tp_axis in mesh.axis_names else 1
@@ -139,28 +152,33 @@ class Engine:
         self.shardings = state_shardings(mesh, data_axis, self.tp_axis)
         self.specs = jax.tree.map(lambda s: s.spec, self.shardings)
         self.replicated = NamedSharding(mesh, Ps())
-        abstract = jax.eval_shape(functools.partial(fwd.decode_params, self.model_cfg),
-                                  llama.abstract_init(self.model_cfg)[1])
-        self.param_specs = fwd.decode_param_specs(self.model_cfg, abstract, self.tp_axis,
-                                                  self.tp)
-        self.param_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec),
-                                            self.param_specs)
-        self._gather_logits = (self.tp_axis if fwd.head_is_split(self.model_cfg, self.tp)
-                               else None)
-        self._reduce = ((lambda x: jax.lax.psum(x, self.tp_axis)) if self.tp_axis else None)
-        self.decode_chunk = jax.jit(self._decode_chunk, static_argnames=("k", "window"),
-                                    donate_argnames=("state",))
-        self.prefill = jax.jit(self._prefill, static_argnames=("window",),
-                               donate_argnames=("state",))
+        abstract = jax.eval_shape(
+            functools.partial(fwd.decode_params, self.model_cfg),
+            llama.abstract_init(self.model_cfg)[1],
+        )
+        self.param_specs = fwd.decode_param_specs(self.model_cfg, abstract, self.tp_axis, self.tp)
+        self.param_shardings = jax.tree.map(
+            lambda spec: NamedSharding(mesh, spec), self.param_specs
+        )
+        self._gather_logits = self.tp_axis if fwd.head_is_split(self.model_cfg, self.tp) else None
+        self._reduce = (lambda x: jax.lax.psum(x, self.tp_axis)) if self.tp_axis else None
+        self.decode_chunk = jax.jit(
+            self._decode_chunk, static_argnames=("k", "window"), donate_argnames=("state",)
+        )
+        self.prefill = jax.jit(
+            self._prefill, static_argnames=("window",), donate_argnames=("state",)
+        )
         self.copy_pages = jax.jit(self._copy_pages, donate_argnames=("state",))
-        self.prepare_params = jax.jit(functools.partial(fwd.decode_params, self.model_cfg),
-                                      out_shardings=self.param_shardings)
+        self.prepare_params = jax.jit(
+            functools.partial(fwd.decode_params, self.model_cfg), out_shardings=self.param_shardings
+        )
 
     def _shard_map(self, fn, in_specs, out_specs):
         # check_vma off: every value is per-shard (no collectives), and the checker would
         # otherwise demand pcast annotations on every loop carry built from constants.
-        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
-                             check_vma=False)
+        return jax.shard_map(
+            fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        )
 
     def _to_local(self, page_ids):
         """Global page ids -> ids inside this device's range of the pool."""
@@ -171,7 +189,8 @@ class Engine:
     def _decode_chunk(self, params, state: SamplerState, version, *, k: int, window: int):
         body = functools.partial(self._decode_chunk_local, k=k, window=window)
         return self._shard_map(body, (self.param_specs, self.specs, Ps()), self.specs)(
-            params, state, version)
+            params, state, version
+        )
 
     def _decode_chunk_local(self, params, state: SamplerState, version, *, k: int, window: int):
         block_tables_BxM = self._to_local(state.block_tables)
@@ -179,23 +198,31 @@ class Engine:
         stage = None
         if self.attention == "staged":
             # K/V are cached for positions < lengths - 1 (the last token's come this step).
-            stage = staged.stage(state.k_pages, state.v_pages, block_tables_BxM[:, :window],
-                                 state.lengths - 1)
+            stage = staged.stage(
+                state.k_pages, state.v_pages, block_tables_BxM[:, :window], state.lengths - 1
+            )
             # 16-bit caches travel through the loop as their bit patterns, so the per-step
             # writes are integer scatters with no conversion copies (attend.set_at says why).
             stage = jax.tree.map(attn.bits_view, stage)
-            state = state.replace(k_pages=attn.bits_view(state.k_pages),
-                                  v_pages=attn.bits_view(state.v_pages))
+            state = state.replace(
+                k_pages=attn.bits_view(state.k_pages), v_pages=attn.bits_view(state.v_pages)
+            )
         (state, _), (tokens_CxB, logprobs_CxB, valid_CxB) = jax.lax.scan(
-            step, (state, stage), None, length=k)
+            step, (state, stage), None, length=k
+        )
         if self.attention == "staged":
             cache_dtype = jnp.dtype(self.ecfg.cache_dtype)
-            state = state.replace(k_pages=attn.float_view(state.k_pages, cache_dtype),
-                                  v_pages=attn.float_view(state.v_pages, cache_dtype))
+            state = state.replace(
+                k_pages=attn.float_view(state.k_pages, cache_dtype),
+                v_pages=attn.float_view(state.v_pages, cache_dtype),
+            )
         version = jnp.asarray(version, jnp.int32)
         return state.replace(
-            out_tokens=tokens_CxB.T, out_logprobs=logprobs_CxB.T, out_valid=valid_CxB.T,
-            out_versions=jnp.where(valid_CxB.T, version, -1))
+            out_tokens=tokens_CxB.T,
+            out_logprobs=logprobs_CxB.T,
+            out_valid=valid_CxB.T,
+            out_versions=jnp.where(valid_CxB.T, version, -1),
+        )
 
     def _decode_step(self, params, block_tables_BxM, window, state_and_stage, _):
         state, stage = state_and_stage
@@ -203,85 +230,150 @@ class Engine:
         active_B = state.active
         tokens_Bx1 = state.last_token[:, None]
         if self.attention == "staged":
-            attend = staged.decode_attend_staged(block_tables_BxM, positions_B, active_B,
-                                                 scale=self.scale,
-                                                 cache_dtype=self.ecfg.cache_dtype)
+            attend = staged.decode_attend_staged(
+                block_tables_BxM,
+                positions_B,
+                active_B,
+                scale=self.scale,
+                cache_dtype=self.ecfg.cache_dtype,
+            )
             hidden_Bx1xE, (k_pages, v_pages, *stage) = fwd.forward_hidden(
-                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend,
-                (state.k_pages, state.v_pages, *stage), self._reduce)
+                self.model_cfg,
+                params,
+                tokens_Bx1,
+                positions_B[:, None],
+                attend,
+                (state.k_pages, state.v_pages, *stage),
+                self._reduce,
+            )
             stage = tuple(stage)
         elif self.attention == "paged":
-            attend = attn.decode_attend_paged(block_tables_BxM, positions_B, active_B, window,
-                                              scale=self.scale)
+            attend = attn.decode_attend_paged(
+                block_tables_BxM, positions_B, active_B, window, scale=self.scale
+            )
             hidden_Bx1xE, (k_pages, v_pages) = fwd.forward_hidden(
-                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend,
-                (state.k_pages, state.v_pages), self._reduce)
+                self.model_cfg,
+                params,
+                tokens_Bx1,
+                positions_B[:, None],
+                attend,
+                (state.k_pages, state.v_pages),
+                self._reduce,
+            )
         else:
-            attend = attn.decode_attend(state.k_pages, state.v_pages,
-                                        block_tables_BxM[:, :window], positions_B,
-                                        scale=self.scale)
+            attend = attn.decode_attend(
+                state.k_pages,
+                state.v_pages,
+                block_tables_BxM[:, :window],
+                positions_B,
+                scale=self.scale,
+            )
             hidden_Bx1xE, kv = fwd.forward_hidden(
-                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend, (),
-                self._reduce)
+                self.model_cfg, params, tokens_Bx1, positions_B[:, None], attend, (), self._reduce
+            )
             k_new, v_new = _stack_kv(kv)
             write_Bx1 = active_B[:, None]
-            k_pages = attn.write_new_kv(state.k_pages, k_new, block_tables_BxM,
-                                        positions_B[:, None], write_Bx1)
-            v_pages = attn.write_new_kv(state.v_pages, v_new, block_tables_BxM,
-                                        positions_B[:, None], write_Bx1)
+            k_pages = attn.write_new_kv(
+                state.k_pages, k_new, block_tables_BxM, positions_B[:, None], write_Bx1
+            )
+            v_pages = attn.write_new_kv(
+                state.v_pages, v_new, block_tables_BxM, positions_B[:, None], write_Bx1
+            )
         logits_VxB = fwd.logits_vocab_major(params, hidden_Bx1xE[:, 0].T, self._gather_logits)
         u_B = _uniforms(state.rng_key, state.seeds, state.lengths)
         tokens_B, logprobs_B = sampling.sample_vocab_major(
-            logits_VxB, state.temperature, state.top_k, state.top_p, u_B,
-            truncated=self.ecfg.truncated_logprobs)
+            logits_VxB,
+            state.temperature,
+            state.top_k,
+            state.top_p,
+            u_B,
+            truncated=self.ecfg.truncated_logprobs,
+        )
         lengths_B = state.lengths + active_B.astype(jnp.int32)
         stopped_B = jnp.any(state.stop_tokens == tokens_B[:, None], axis=-1)
         done_B = active_B & (stopped_B | (lengths_B >= state.limit))
         state = state.replace(
-            k_pages=k_pages, v_pages=v_pages,
+            k_pages=k_pages,
+            v_pages=v_pages,
             last_token=jnp.where(active_B, tokens_B, state.last_token),
-            lengths=lengths_B, active=active_B & ~done_B)
+            lengths=lengths_B,
+            active=active_B & ~done_B,
+        )
         return (state, stage), (tokens_B, logprobs_B, active_B)
 
     # --- prefill --------------------------------------------------------------------------
 
-    def _prefill(self, params, state: SamplerState, tokens_RxT, positions_RxT, block_tables_RxM,
-                 *, window: int):
+    def _prefill(
+        self,
+        params,
+        state: SamplerState,
+        tokens_RxT,
+        positions_RxT,
+        block_tables_RxM,
+        *,
+        window: int,
+    ):
         """Rows are split over the data axis like slots: rows of shard d hold its slots' tables."""
         rows = Ps(self.data_axis)
         body = functools.partial(self._prefill_local, window=window)
-        return self._shard_map(body, (self.param_specs, self.specs, rows, rows, rows),
-                               self.specs)(params, state, tokens_RxT, positions_RxT,
-                                           block_tables_RxM)
+        return self._shard_map(body, (self.param_specs, self.specs, rows, rows, rows), self.specs)(
+            params, state, tokens_RxT, positions_RxT, block_tables_RxM
+        )
 
-    def _prefill_local(self, params, state: SamplerState, tokens_RxT, positions_RxT,
-                       block_tables_RxM, *, window: int):
+    def _prefill_local(
+        self,
+        params,
+        state: SamplerState,
+        tokens_RxT,
+        positions_RxT,
+        block_tables_RxM,
+        *,
+        window: int,
+    ):
         block_tables_RxM = self._to_local(block_tables_RxM)
-        attend = attn.prefill_attend(state.k_pages, state.v_pages, block_tables_RxM[:, :window],
-                                     positions_RxT, scale=self.scale)
-        _, kv = fwd.forward_hidden(self.model_cfg, params, tokens_RxT,
-                                   jnp.maximum(positions_RxT, 0), attend, (), self._reduce)
+        attend = attn.prefill_attend(
+            state.k_pages,
+            state.v_pages,
+            block_tables_RxM[:, :window],
+            positions_RxT,
+            scale=self.scale,
+        )
+        _, kv = fwd.forward_hidden(
+            self.model_cfg,
+            params,
+            tokens_RxT,
+            jnp.maximum(positions_RxT, 0),
+            attend,
+            (),
+            self._reduce,
+        )
         k_new, v_new = _stack_kv(kv)
         write_RxT = positions_RxT >= 0
         return state.replace(
-            k_pages=attn.write_new_kv(state.k_pages, k_new, block_tables_RxM, positions_RxT,
-                                      write_RxT),
-            v_pages=attn.write_new_kv(state.v_pages, v_new, block_tables_RxM, positions_RxT,
-                                      write_RxT))
+            k_pages=attn.write_new_kv(
+                state.k_pages, k_new, block_tables_RxM, positions_RxT, write_RxT
+            ),
+            v_pages=attn.write_new_kv(
+                state.v_pages, v_new, block_tables_RxM, positions_RxT, write_RxT
+            ),
+        )
 
     # --- page copies ----------------------------------------------------------------------
 
     def _copy_pages(self, state: SamplerState, src_N, dst_N):
         """src/dst: global ids, [D * n] split over the data axis (pad with null -> null)."""
         per_shard = Ps(self.data_axis)
-        return self._shard_map(self._copy_pages_local, (self.specs, per_shard, per_shard),
-                               self.specs)(state, src_N, dst_N)
+        return self._shard_map(
+            self._copy_pages_local, (self.specs, per_shard, per_shard), self.specs
+        )(state, src_N, dst_N)
 
     def _copy_pages_local(self, state: SamplerState, src_N, dst_N):
         src_N, dst_N = self._to_local(src_N), self._to_local(dst_N)
         dst = (slice(None), dst_N)
-        return state.replace(k_pages=attn.set_at(state.k_pages, dst, state.k_pages[:, src_N]),
-                             v_pages=attn.set_at(state.v_pages, dst, state.v_pages[:, src_N]))
+        return state.replace(
+            k_pages=attn.set_at(state.k_pages, dst, state.k_pages[:, src_N]),
+            v_pages=attn.set_at(state.v_pages, dst, state.v_pages[:, src_N]),
+        )
 
 
 def _stack_kv(kv):

@@ -37,27 +37,47 @@ def decode_params(cfg: ModelConfig, params) -> dict:
     (see `logits_vocab_major`)."""
     p = llama.arrays(params)
     dtype = jnp.dtype(cfg.compute_dtype)
-    layers = tuple(block.prepare_layer({name: w[i] for name, w in p["layers"].items()}, dtype)
-                   for i in range(cfg.num_layers))
-    return {"embed": p["embed"].astype(dtype), "layers": layers,
-            "final_norm": p["final_norm"],
-            "head_VxE": llama.lm_head_weight(params).astype(jnp.float32).T}
+    layers = tuple(
+        block.prepare_layer({name: w[i] for name, w in p["layers"].items()}, dtype)
+        for i in range(cfg.num_layers)
+    )
+    return {
+        "embed": p["embed"].astype(dtype),
+        "layers": layers,
+        "final_norm": p["final_norm"],
+        "head_VxE": llama.lm_head_weight(params).astype(jnp.float32).T,
+    }
 
 
 # Per-layer param name -> the dimension split over the tp axis (absent: replicated). The
 # projections are output-major [O, I] (layer.py): q/k/v/gate/up split their output rows (whole
 # heads: O = heads * D, heads major), o_proj/down their input columns.
-_TP_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "q_bias": 0, "k_bias": 0, "v_bias": 0,
-           "o_proj": 1, "gate_proj": 0, "up_proj": 0, "down_proj": 1}
+_TP_DIM = {
+    "q_proj": 0,
+    "k_proj": 0,
+    "v_proj": 0,
+    "q_bias": 0,
+    "k_bias": 0,
+    "v_bias": 0,
+    "o_proj": 1,
+    "gate_proj": 0,
+    "up_proj": 0,
+    "down_proj": 1,
+}
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
     """Raises ConfigError naming the dimension that does not split over `tp` devices."""
-    for name, size in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
-                       ("intermediate_size", cfg.intermediate_size)):
+    for name, size in (
+        ("num_heads", cfg.num_heads),
+        ("num_kv_heads", cfg.num_kv_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
         if size % tp:
-            raise ConfigError(f"sampler tensor parallelism over {tp} devices needs {name}="
-                             f"{size} to divide by {tp}: lower the sampler's tp degree")
+            raise ConfigError(
+                f"sampler tensor parallelism over {tp} devices needs {name}="
+                f"{size} to divide by {tp}: lower the sampler's tp degree"
+            )
 
 
 def head_is_split(cfg: ModelConfig, tp: int) -> bool:
@@ -67,20 +87,23 @@ def head_is_split(cfg: ModelConfig, tp: int) -> bool:
 
 def decode_param_specs(cfg: ModelConfig, dparams, tp_axis: str | None, tp: int):
     """PartitionSpecs for a `decode_params` pytree (all P() without tensor parallelism)."""
+
     def layer_spec(name, w):
         dim = _TP_DIM.get(name) if tp_axis else None
         if dim is None:
             return Ps()
         return Ps(*([None] * dim + [tp_axis]))
 
-    layers = tuple({name: layer_spec(name, w) for name, w in lp.items()}
-                   for lp in dparams["layers"])
+    layers = tuple(
+        {name: layer_spec(name, w) for name, w in lp.items()} for lp in dparams["layers"]
+    )
     head = Ps(tp_axis, None) if tp_axis and head_is_split(cfg, tp) else Ps()
     return {"embed": Ps(), "layers": layers, "final_norm": Ps(), "head_VxE": head}
 
 
-def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend, carry,
-                   reduce=None):
+def forward_hidden(
+    cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend, carry, reduce=None
+):
     """Hidden states [B, T, E] after the final norm, and attend's carry after the last layer.
 
     attend(q, k, v, (layer, carry)) -> (out, (layer, carry)) gets the layer index as a Python
@@ -93,8 +116,9 @@ def forward_hidden(cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, a
     inv_freq = rope.inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     cos, sin = rope.cos_sin(positions_BxT, inv_freq, dtype)
     for index, lp in enumerate(dparams["layers"]):
-        x_ExN, (_, carry) = block.layer(cfg, x_ExN, lp, batch_shape, cos, sin, attend,
-                                        (index, carry), reduce)
+        x_ExN, (_, carry) = block.layer(
+            cfg, x_ExN, lp, batch_shape, cos, sin, attend, (index, carry), reduce
+        )
     hidden_ExN = block.rms_norm_fm(x_ExN, dparams["final_norm"], cfg.rms_norm_eps)
     return hidden_ExN.T.reshape(*batch_shape, -1), carry
 
@@ -110,8 +134,9 @@ def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None
     32000 rows to split over both cores, where [N, E] @ [E, V] at decode batch sizes did not
     (bench model head alone, f32: 3.9 vs 5.9 ms at N = 8, 8.7 vs 11.8 at 32, 16.5 vs 15.4 at
     64), and the sampler reduces over V without transposing [V, N] (sampling.py)."""
-    out_VxN = jnp.matmul(dparams["head_VxE"], hidden_ExN.astype(jnp.float32),
-                         preferred_element_type=jnp.float32)
+    out_VxN = jnp.matmul(
+        dparams["head_VxE"], hidden_ExN.astype(jnp.float32), preferred_element_type=jnp.float32
+    )
     if gather_axis is not None:
         out_VxN = jax.lax.all_gather(out_VxN, gather_axis, axis=0, tiled=True)
     return out_VxN

@@ -29,8 +29,15 @@ from pipelinerl_jax.models import llama, rope
 from pipelinerl_jax.models.config import ModelConfig
 
 # Model param name -> number of leading input dims (the rest are output dims).
-PROJECTIONS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1,
-               "up_proj": 1, "down_proj": 1}
+PROJECTIONS = {
+    "q_proj": 1,
+    "k_proj": 1,
+    "v_proj": 1,
+    "o_proj": 2,
+    "gate_proj": 1,
+    "up_proj": 1,
+    "down_proj": 1,
+}
 
 
 def prepare_layer(lp: dict, dtype) -> dict:
@@ -39,7 +46,7 @@ def prepare_layer(lp: dict, dtype) -> dict:
     out = {}
     for name, w in lp.items():
         if name in PROJECTIONS:
-            w = w.reshape(math.prod(w.shape[:PROJECTIONS[name]]), -1).T
+            w = w.reshape(math.prod(w.shape[: PROJECTIONS[name]]), -1).T
         out[name] = w.astype(dtype)
     return out
 
@@ -64,8 +71,9 @@ def project(w_OxI, x_IxN):
     """
     f32 = jnp.float32
     if x_IxN.shape[1] == 1 and w_OxI.dtype != f32:
-        y_Ox2 = jnp.matmul(w_OxI, jnp.concatenate([x_IxN, x_IxN], axis=1),
-                           preferred_element_type=f32)
+        y_Ox2 = jnp.matmul(
+            w_OxI, jnp.concatenate([x_IxN, x_IxN], axis=1), preferred_element_type=f32
+        )
         return y_Ox2[:, :1].astype(x_IxN.dtype)
     return jnp.matmul(w_OxI, x_IxN, preferred_element_type=f32).astype(x_IxN.dtype)
 
@@ -81,8 +89,9 @@ def _heads(y_OxN, batch_shape, heads: int):
     return y_OxN.T.reshape(*batch_shape, heads, -1)
 
 
-def layer(cfg: ModelConfig, x_ExN, lp: dict, batch_shape, cos, sin, attend, layer_cache,
-          reduce=None):
+def layer(
+    cfg: ModelConfig, x_ExN, lp: dict, batch_shape, cos, sin, attend, layer_cache, reduce=None
+):
     """One pre-norm decoder block on [E, N] activations; `lp` from `prepare_layer`.
 
     batch_shape: (B, T) with B * T = N. attend and reduce as in `llama._layer`.
@@ -90,9 +99,9 @@ def layer(cfg: ModelConfig, x_ExN, lp: dict, batch_shape, cos, sin, attend, laye
     reduce = reduce or (lambda x: x)
     eps = cfg.rms_norm_eps
     h_ExN = rms_norm_fm(x_ExN, lp["attn_norm"], eps)
-    heads = lp["q_proj"].shape[0] // cfg.head_dim        # per tp shard
+    heads = lp["q_proj"].shape[0] // cfg.head_dim  # per tp shard
     q_BxTxHxD = _heads(project(lp["q_proj"], h_ExN), batch_shape, heads)
-    kv_heads = lp["k_proj"].shape[0] // cfg.head_dim      # per tp shard
+    kv_heads = lp["k_proj"].shape[0] // cfg.head_dim  # per tp shard
     k_BxTxKxD = _heads(project(lp["k_proj"], h_ExN), batch_shape, kv_heads)
     v_BxTxKxD = _heads(project(lp["v_proj"], h_ExN), batch_shape, kv_heads)
     if cfg.attention_bias:

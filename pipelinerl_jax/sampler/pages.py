@@ -32,7 +32,8 @@ class PageAllocator:
         if num_pages < 2:
             raise ConfigError(
                 f"num_pages={num_pages}: the KV pool needs at least 2 pages (page 0 is reserved "
-                "as the null page); raise num_pages or the KV memory budget")
+                "as the null page); raise num_pages or the KV memory budget"
+            )
         self.num_pages = num_pages
         # Lowest pages first: pop() from the end of a reversed list is O(1).
         self._free = list(range(num_pages - 1, NULL_PAGE, -1))
@@ -89,7 +90,8 @@ class PageAllocator:
         for p in range(1, self.num_pages):
             if (p in free) != (self._refs[p] == 0):
                 raise AssertionError(
-                    f"page {p}: refcount {self._refs[p]}, in free list {p in free}")
+                    f"page {p}: refcount {self._refs[p]}, in free list {p in free}"
+                )
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -100,10 +102,11 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class PoolSize:
     """The resolved pool: page count, page size and what it costs and holds."""
-    num_pages: int          # including the null page
-    page_size: int          # tokens per page (S)
-    bytes_per_page: int     # K and V for every layer
-    max_seq_len: int        # context limit of one sequence
+
+    num_pages: int  # including the null page
+    page_size: int  # tokens per page (S)
+    bytes_per_page: int  # K and V for every layer
+    max_seq_len: int  # context limit of one sequence
 
     @property
     def total_bytes(self) -> int:
@@ -119,29 +122,45 @@ class PoolSize:
         return (self.num_pages - 1) * self.page_size
 
 
-def bytes_per_page(*, num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
-                   itemsize: int) -> int:
+def bytes_per_page(
+    *, num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, itemsize: int
+) -> int:
     return 2 * num_layers * page_size * num_kv_heads * head_dim * itemsize
 
 
-def size_pool(*, num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int,
-              page_size: int, max_seq_len: int, num_pages: int | None = None,
-              memory_bytes: int | None = None) -> PoolSize:
+def size_pool(
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    itemsize: int,
+    page_size: int,
+    max_seq_len: int,
+    num_pages: int | None = None,
+    memory_bytes: int | None = None,
+) -> PoolSize:
     """Resolves the pool from a page count or a memory budget (exactly one of them)."""
     if page_size < 1 or page_size % 8:
         raise ConfigError(f"page_size={page_size} must be a positive multiple of 8 (16 is usual)")
     if (num_pages is None) == (memory_bytes is None):
         raise ConfigError("size the KV pool with exactly one of num_pages or kv_memory_bytes")
-    per_page = bytes_per_page(num_layers=num_layers, page_size=page_size,
-                              num_kv_heads=num_kv_heads, head_dim=head_dim, itemsize=itemsize)
+    per_page = bytes_per_page(
+        num_layers=num_layers,
+        page_size=page_size,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        itemsize=itemsize,
+    )
     if num_pages is None:
         num_pages = int(memory_bytes // per_page)
         if num_pages < 2:
             raise ConfigError(
                 f"kv_memory_bytes={memory_bytes} holds {num_pages} pages of {per_page} bytes; "
-                "the pool needs at least 2 (one is the null page): raise the budget")
-    pool = PoolSize(num_pages=num_pages, page_size=page_size, bytes_per_page=per_page,
-                    max_seq_len=max_seq_len)
+                "the pool needs at least 2 (one is the null page): raise the budget"
+            )
+    pool = PoolSize(
+        num_pages=num_pages, page_size=page_size, bytes_per_page=per_page, max_seq_len=max_seq_len
+    )
     if num_pages < 2:
         raise ConfigError(f"num_pages={num_pages} must be >= 2 (page 0 is the null page)")
     return pool
@@ -150,12 +169,17 @@ def size_pool(*, num_layers: int, num_kv_heads: int, head_dim: int, itemsize: in
 def describe_pool(pool: PoolSize, num_slots: int) -> str:
     """One log line: memory, tokens, and how many sequences of what length fit."""
     per_slot = pool.total_tokens // max(num_slots, 1)
-    return (f"KV pool: {pool.num_pages - 1} pages x {pool.page_size} tokens = "
-            f"{pool.total_tokens} tokens, {pool.total_bytes / 2**20:.1f} MiB; fits "
-            f"{pool.full_length_sequences} sequences of max_seq_len={pool.max_seq_len}, or "
-            f"{num_slots} slots x {per_slot} tokens"
-            + ("" if per_slot >= pool.max_seq_len else
-               " (slots that all run to max_seq_len will be preempted)"))
+    return (
+        f"KV pool: {pool.num_pages - 1} pages x {pool.page_size} tokens = "
+        f"{pool.total_tokens} tokens, {pool.total_bytes / 2**20:.1f} MiB; fits "
+        f"{pool.full_length_sequences} sequences of max_seq_len={pool.max_seq_len}, or "
+        f"{num_slots} slots x {per_slot} tokens"
+        + (
+            ""
+            if per_slot >= pool.max_seq_len
+            else " (slots that all run to max_seq_len will be preempted)"
+        )
+    )
 
 
 def max_pages_per_slot(max_seq_len: int, page_size: int) -> int:

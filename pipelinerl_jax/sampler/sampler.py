@@ -47,29 +47,30 @@ KV_POLICIES = ("keep", "recompute")
 class SamplerConfig:
     """Sizes and policies of one sampler. Size the pool with num_pages or kv_memory_bytes;
     with neither, every slot gets room for max_seq_len tokens."""
-    num_slots: int = 8                  # sequences decoded at once (per sampler)
-    max_seq_len: int = 2048             # prompt + completion tokens a slot can hold
-    page_size: int = 16                 # tokens per KV cache page
-    num_pages: int | None = None        # including one null page per data shard
+
+    num_slots: int = 8  # sequences decoded at once (per sampler)
+    max_seq_len: int = 2048  # prompt + completion tokens a slot can hold
+    page_size: int = 16  # tokens per KV cache page
+    num_pages: int | None = None  # including one null page per data shard
     kv_memory_bytes: int | None = None  # or size the KV pool by bytes
-    chunk_steps: int = 16               # decode steps per jitted chunk
-    prefill_chunk: int = 512            # longest prefill piece (tokens); multiple of page_size
-    max_prefill_rows: int = 16          # prefill rows per call and shard
-    prefill_pad_tokens: bool = False    # pad every prefill piece to prefill_chunk tokens: one
-                                        #   compiled shape per power-of-two row count, all
-                                        #   compiled by warm_up(), so none compiles mid-run
-    max_stop_tokens: int = 8            # EOS + stop ids per request
-    kv_policy: str = "keep"             # "keep" | "recompute"
-    cache_dtype: str | None = None      # default: the model's compute dtype
-    truncated_logprobs: bool = False    # record logprobs of the top-k/top-p truncated
-                                        #   distribution, not the tempered one (sampling.py)
-    seed: int = 0                       # sampling seed (a run adds its own seed)
-    data_axis: str = "data"             # mesh axis the slots are split over
-    tp_axis: str = "tp"                 # mesh axis params / kv heads are split over (if any)
-    min_window_pages: int = 1           # attention reads >= this many pages per slot; set it
-                                        #   to max_seq_len / page_size for a single compile
-    attention: str = "auto"             # decode attention: "auto" | "staged" | "paged" |
-                                        #   "gather" (engine.EngineConfig says which is which)
+    chunk_steps: int = 16  # decode steps per jitted chunk
+    prefill_chunk: int = 512  # longest prefill piece (tokens); multiple of page_size
+    max_prefill_rows: int = 16  # prefill rows per call and shard
+    prefill_pad_tokens: bool = False  # pad every prefill piece to prefill_chunk tokens: one
+    #   compiled shape per power-of-two row count, all
+    #   compiled by warm_up(), so none compiles mid-run
+    max_stop_tokens: int = 8  # EOS + stop ids per request
+    kv_policy: str = "keep"  # "keep" | "recompute"
+    cache_dtype: str | None = None  # default: the model's compute dtype
+    truncated_logprobs: bool = False  # record logprobs of the top-k/top-p truncated
+    #   distribution, not the tempered one (sampling.py)
+    seed: int = 0  # sampling seed (a run adds its own seed)
+    data_axis: str = "data"  # mesh axis the slots are split over
+    tp_axis: str = "tp"  # mesh axis params / kv heads are split over (if any)
+    min_window_pages: int = 1  # attention reads >= this many pages per slot; set it
+    #   to max_seq_len / page_size for a single compile
+    attention: str = "auto"  # decode attention: "auto" | "staged" | "paged" |
+    #   "gather" (engine.EngineConfig says which is which)
 
     def validate(self) -> None:
         """Raises a one-line ConfigError naming the first bad field (the run config calls it
@@ -77,27 +78,31 @@ class SamplerConfig:
         if self.kv_policy not in KV_POLICIES:
             raise ConfigError(f"kv_policy={self.kv_policy!r}: use one of {KV_POLICIES}")
         if self.attention not in ATTENTION_IMPLS:
-            raise ConfigError(f"sampler attention={self.attention!r}: use one of "
-                              f"{ATTENTION_IMPLS}")
+            raise ConfigError(f"sampler attention={self.attention!r}: use one of {ATTENTION_IMPLS}")
         if self.prefill_chunk % self.page_size or self.prefill_chunk < self.page_size:
-            raise ConfigError(f"prefill_chunk={self.prefill_chunk} must be a positive multiple "
-                              f"of page_size={self.page_size}")
+            raise ConfigError(
+                f"prefill_chunk={self.prefill_chunk} must be a positive multiple "
+                f"of page_size={self.page_size}"
+            )
         if self.num_slots < 1 or self.chunk_steps < 1 or self.max_seq_len < 2:
-            raise ConfigError(f"num_slots={self.num_slots}, chunk_steps={self.chunk_steps} must "
-                              f"be >= 1 and max_seq_len={self.max_seq_len} >= 2")
+            raise ConfigError(
+                f"num_slots={self.num_slots}, chunk_steps={self.chunk_steps} must "
+                f"be >= 1 and max_seq_len={self.max_seq_len} >= 2"
+            )
 
 
 @dataclasses.dataclass
 class Sample:
     """One finished attempt."""
+
     request_id: int
     attempt: int
     prompt_ids: list[int]
     token_ids: list[int]
-    logprobs: list[float]               # behaviour logprobs, f32 values
-    versions: list[int]                 # policy version that produced each token
-    start_version: int | None           # version when the attempt was first admitted
-    finish_reason: str                  # "stop" | "length" | "error"
+    logprobs: list[float]  # behaviour logprobs, f32 values
+    versions: list[int]  # policy version that produced each token
+    start_version: int | None  # version when the attempt was first admitted
+    finish_reason: str  # "stop" | "length" | "error"
     error: str | None = None
     preemptions: int = 0
 
@@ -114,8 +119,16 @@ def _mix32(*values: int) -> int:
 class Sampler:
     """Continuous-batching generation over a paged KV cache with in-flight param swaps."""
 
-    def __init__(self, graphdef, params, config: SamplerConfig = SamplerConfig(), *,
-                 version: int = 0, eos_token_ids=(), mesh=None):
+    def __init__(
+        self,
+        graphdef,
+        params,
+        config: SamplerConfig = SamplerConfig(),
+        *,
+        version: int = 0,
+        eos_token_ids=(),
+        mesh=None,
+    ):
         cfg = config
         model_cfg = llama.config_of(graphdef)
         cfg.validate()
@@ -128,32 +141,61 @@ class Sampler:
         if num_pages is None and cfg.kv_memory_bytes is None:
             num_pages = cfg.num_slots * pages_per_slot + shards
         pool = pg.size_pool(
-            num_layers=model_cfg.num_layers, num_kv_heads=model_cfg.num_kv_heads,
-            head_dim=model_cfg.head_dim, itemsize=np.dtype(cache_dtype).itemsize,
-            page_size=cfg.page_size, max_seq_len=cfg.max_seq_len, num_pages=num_pages,
-            memory_bytes=None if num_pages is not None else cfg.kv_memory_bytes)
+            num_layers=model_cfg.num_layers,
+            num_kv_heads=model_cfg.num_kv_heads,
+            head_dim=model_cfg.head_dim,
+            itemsize=np.dtype(cache_dtype).itemsize,
+            page_size=cfg.page_size,
+            max_seq_len=cfg.max_seq_len,
+            num_pages=num_pages,
+            memory_bytes=None if num_pages is not None else cfg.kv_memory_bytes,
+        )
         num_pages = pool.num_pages - pool.num_pages % shards
         if num_pages // shards < 2:
-            raise ConfigError(f"KV pool of {pool.num_pages} pages is too small for {shards} "
-                              "data shards (each needs a null page and one more)")
+            raise ConfigError(
+                f"KV pool of {pool.num_pages} pages is too small for {shards} "
+                "data shards (each needs a null page and one more)"
+            )
         self.pool = dataclasses.replace(pool, num_pages=num_pages)
         logging.info("%s", pg.describe_pool(self.pool, cfg.num_slots))
-        self.engine = get_engine(graphdef, EngineConfig(
-            num_slots=cfg.num_slots, page_size=cfg.page_size, num_pages=num_pages,
-            pages_per_slot=pages_per_slot, max_stop_tokens=cfg.max_stop_tokens,
-            cache_dtype=cache_dtype, truncated_logprobs=cfg.truncated_logprobs,
-            attention=cfg.attention),
-            mesh=mesh, data_axis=cfg.data_axis, tp_axis=cfg.tp_axis)
+        self.engine = get_engine(
+            graphdef,
+            EngineConfig(
+                num_slots=cfg.num_slots,
+                page_size=cfg.page_size,
+                num_pages=num_pages,
+                pages_per_slot=pages_per_slot,
+                max_stop_tokens=cfg.max_stop_tokens,
+                cache_dtype=cache_dtype,
+                truncated_logprobs=cfg.truncated_logprobs,
+                attention=cfg.attention,
+            ),
+            mesh=mesh,
+            data_axis=cfg.data_axis,
+            tp_axis=cfg.tp_axis,
+        )
         self.scheduler = Scheduler(
-            num_slots=cfg.num_slots, num_pages=num_pages, page_size=cfg.page_size,
-            pages_per_slot=pages_per_slot, max_stop_tokens=cfg.max_stop_tokens,
-            num_shards=shards)
+            num_slots=cfg.num_slots,
+            num_pages=num_pages,
+            page_size=cfg.page_size,
+            pages_per_slot=pages_per_slot,
+            max_stop_tokens=cfg.max_stop_tokens,
+            num_shards=shards,
+        )
         self.state = init_state(
-            num_layers=model_cfg.num_layers, num_pages=num_pages, page_size=cfg.page_size,
-            num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
-            cache_dtype=cache_dtype, num_slots=cfg.num_slots, pages_per_slot=pages_per_slot,
-            max_stop_tokens=cfg.max_stop_tokens, chunk_steps=cfg.chunk_steps, seed=cfg.seed,
-            shardings=self.engine.shardings)
+            num_layers=model_cfg.num_layers,
+            num_pages=num_pages,
+            page_size=cfg.page_size,
+            num_kv_heads=model_cfg.num_kv_heads,
+            head_dim=model_cfg.head_dim,
+            cache_dtype=cache_dtype,
+            num_slots=cfg.num_slots,
+            pages_per_slot=pages_per_slot,
+            max_stop_tokens=cfg.max_stop_tokens,
+            chunk_steps=cfg.chunk_steps,
+            seed=cfg.seed,
+            shardings=self.engine.shardings,
+        )
         self._signature = _signature(params)
         self.input_shardings = self._input_shardings(params)
         self.params = self.prepare(params)
@@ -166,15 +208,23 @@ class Sampler:
 
     # --- requests -------------------------------------------------------------------------
 
-    def submit(self, prompt_ids, *, n: int = 1, params: SamplingParams = SamplingParams(),
-               request_id: int | None = None) -> int:
+    def submit(
+        self,
+        prompt_ids,
+        *,
+        n: int = 1,
+        params: SamplingParams = SamplingParams(),
+        request_id: int | None = None,
+    ) -> int:
         """Queues n attempts of one prompt; returns the request id.
 
         Invalid requests come back from the next step() as error samples.
         """
         if not 1 <= n <= self.config.num_slots:
-            raise ConfigError(f"n={n} attempts per prompt must be between 1 and num_slots="
-                              f"{self.config.num_slots}: raise num_slots or lower n")
+            raise ConfigError(
+                f"n={n} attempts per prompt must be between 1 and num_slots="
+                f"{self.config.num_slots}: raise num_slots or lower n"
+            )
         rid = self._next_request if request_id is None else int(request_id)
         self._next_request = max(self._next_request, rid + 1)
         prompt = [int(t) for t in prompt_ids]
@@ -182,12 +232,27 @@ class Sampler:
         error = self._request_error(prompt, params, stop_ids)
         seqs = []
         for attempt in range(n):
-            seed = _mix32(params.seed, attempt) if params.seed is not None else \
-                _mix32(self.config.seed, rid, attempt)
-            limit = min(len(prompt) + params.max_new_tokens, self.config.max_seq_len,
-                        self.scheduler.capacity_tokens() + 1)
-            seqs.append(Sequence(request_id=rid, attempt=attempt, prompt=prompt, params=params,
-                                 seed=seed, limit=limit, stop_ids=stop_ids))
+            seed = (
+                _mix32(params.seed, attempt)
+                if params.seed is not None
+                else _mix32(self.config.seed, rid, attempt)
+            )
+            limit = min(
+                len(prompt) + params.max_new_tokens,
+                self.config.max_seq_len,
+                self.scheduler.capacity_tokens() + 1,
+            )
+            seqs.append(
+                Sequence(
+                    request_id=rid,
+                    attempt=attempt,
+                    prompt=prompt,
+                    params=params,
+                    seed=seed,
+                    limit=limit,
+                    stop_ids=stop_ids,
+                )
+            )
         if error:
             self._errors.extend(self._to_sample(s, error=error) for s in seqs)
         else:
@@ -202,14 +267,20 @@ class Sampler:
         if bad:
             return f"token id {bad[0]} outside the vocabulary [0, {self.model_cfg.vocab_size})"
         if len(prompt) >= cfg.max_seq_len:
-            return (f"prompt of {len(prompt)} tokens leaves no room under max_seq_len="
-                    f"{cfg.max_seq_len}: shorten it or raise max_seq_len")
+            return (
+                f"prompt of {len(prompt)} tokens leaves no room under max_seq_len="
+                f"{cfg.max_seq_len}: shorten it or raise max_seq_len"
+            )
         if len(prompt) > self.scheduler.capacity_tokens():
-            return (f"prompt of {len(prompt)} tokens exceeds what the KV pool can ever hold "
-                    f"({self.scheduler.capacity_tokens()} tokens): raise num_pages")
+            return (
+                f"prompt of {len(prompt)} tokens exceeds what the KV pool can ever hold "
+                f"({self.scheduler.capacity_tokens()} tokens): raise num_pages"
+            )
         if len(stop_ids) > cfg.max_stop_tokens:
-            return (f"{len(stop_ids)} stop/EOS ids exceed max_stop_tokens="
-                    f"{cfg.max_stop_tokens}: raise it")
+            return (
+                f"{len(stop_ids)} stop/EOS ids exceed max_stop_tokens="
+                f"{cfg.max_stop_tokens}: raise it"
+            )
         return params.error()
 
     def has_work(self) -> bool:
@@ -231,8 +302,9 @@ class Sampler:
         engine = self.engine
         if engine.tp_axis is None:
             return jax.tree.map(lambda _: engine.replicated, params)
-        rules = tuple((name, engine.tp_axis if axis == shd.TP else None)
-                      for name, axis in shd.RULES)
+        rules = tuple(
+            (name, engine.tp_axis if axis == shd.TP else None) for name, axis in shd.RULES
+        )
         return shd.param_shardings(params, engine.mesh, rules)
 
     def prepare(self, params):
@@ -241,9 +313,11 @@ class Sampler:
         recompiles. Any thread may call it; the pipeline's publisher does, in the trainer
         thread, so the sampler's chunk boundary only swaps a reference."""
         if _signature(params) != self._signature:
-            raise ConfigError("new params' shapes/dtypes differ from the sampler's; load them "
-                              "with the same config and param_dtype (a swap must not "
-                              "recompile)")
+            raise ConfigError(
+                "new params' shapes/dtypes differ from the sampler's; load them "
+                "with the same config and param_dtype (a swap must not "
+                "recompile)"
+            )
         return self.engine.prepare_params(jax.device_put(params, self.input_shardings))
 
     def set_params(self, params, version: int, *, prepared: bool = False) -> None:
@@ -254,8 +328,10 @@ class Sampler:
         """
         if prepared:
             if jax.tree.structure(params) != jax.tree.structure(self.params):
-                raise ConfigError(f"set_params(version={version}, prepared=True): not the "
-                                  "output of this sampler's prepare()")
+                raise ConfigError(
+                    f"set_params(version={version}, prepared=True): not the "
+                    "output of this sampler's prepare()"
+                )
             placed = params
         else:
             placed = self.prepare(params)
@@ -288,22 +364,26 @@ class Sampler:
         if not running:
             return finished
         self._upload()
-        needed = max(pg.pages_for(sched.kv_after_chunk(s, k), self.config.page_size)
-                     for s in running)
+        needed = max(
+            pg.pages_for(sched.kv_after_chunk(s, k), self.config.page_size) for s in running
+        )
         window = pick_window(max(needed, self.config.min_window_pages), sched.pages_per_slot)
-        self.state = self.engine.decode_chunk(self.params, self.state, np.int32(self.version),
-                                              k=k, window=window)
+        self.state = self.engine.decode_chunk(
+            self.params, self.state, np.int32(self.version), k=k, window=window
+        )
         st = self.state
-        out = jax.device_get((st.out_tokens, st.out_logprobs, st.out_versions, st.out_valid,
-                              st.active))
+        out = jax.device_get(
+            (st.out_tokens, st.out_logprobs, st.out_versions, st.out_valid, st.active)
+        )
         self.stats["chunks"] += 1
         self.stats["decode_tokens"] += int(out[3].sum())
         done = sched.record(*out)
         finished.extend(self._to_sample(s) for s in done)
         return finished
 
-    def generate(self, prompts, *, n: int = 1, params: SamplingParams = SamplingParams(),
-                 progress=None) -> list[Sample]:
+    def generate(
+        self, prompts, *, n: int = 1, params: SamplingParams = SamplingParams(), progress=None
+    ) -> list[Sample]:
         """Submits every prompt, runs to completion; samples ordered by (request, attempt)."""
         ids = [self.submit(p, n=n, params=params) for p in prompts]
         wanted, results = set(ids), []
@@ -321,13 +401,18 @@ class Sampler:
         if not sched.dirty:
             return
         shardings = self.engine.shardings
-        self.state = self.state.replace(**{
-            name: jax.device_put(sched.mirror[name].astype(dtype), getattr(shardings, name))
-            for name, dtype in SLOT_FIELDS.items()})
+        self.state = self.state.replace(
+            **{
+                name: jax.device_put(sched.mirror[name].astype(dtype), getattr(shardings, name))
+                for name, dtype in SLOT_FIELDS.items()
+            }
+        )
         sched.dirty = False
 
     def _rows_sharding(self):
-        from jax.sharding import NamedSharding, PartitionSpec as Ps
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as Ps
+
         return NamedSharding(self.engine.mesh, Ps(self.config.data_axis))
 
     def _run_prefill(self, rows: list[PrefillRow]) -> None:
@@ -335,36 +420,45 @@ class Sampler:
         if not rows:
             return
         cfg, sched = self.config, self.scheduler
-        by_shard = [sorted((r for r in rows if sched.shard_of(r.slot) == d),
-                           key=lambda r: -len(r.tokens)) for d in range(sched.num_shards)]
+        by_shard = [
+            sorted((r for r in rows if sched.shard_of(r.slot) == d), key=lambda r: -len(r.tokens))
+            for d in range(sched.num_shards)
+        ]
         sharding = self._rows_sharding()
         while any(by_shard):
-            batch = [lst[:cfg.max_prefill_rows] for lst in by_shard]
-            by_shard = [lst[cfg.max_prefill_rows:] for lst in by_shard]
+            batch = [lst[: cfg.max_prefill_rows] for lst in by_shard]
+            by_shard = [lst[cfg.max_prefill_rows :] for lst in by_shard]
             per_shard = _pow2_at_least(max(len(lst) for lst in batch))
             longest = max(len(r.tokens) for lst in batch for r in lst)
             start = 0
             while start < longest:
                 remaining = longest - start
-                t = cfg.prefill_chunk if remaining > cfg.prefill_chunk or cfg.prefill_pad_tokens \
+                t = (
+                    cfg.prefill_chunk
+                    if remaining > cfg.prefill_chunk or cfg.prefill_pad_tokens
                     else min(cfg.prefill_chunk, max(cfg.page_size, _pow2_at_least(remaining)))
+                )
                 n_rows = per_shard * sched.num_shards
                 tokens = np.zeros((n_rows, t), np.int32)
                 positions = np.full((n_rows, t), -1, np.int32)
                 tables = np.zeros((n_rows, sched.pages_per_slot), np.int32)
                 for d, lst in enumerate(batch):
-                    tables[d * per_shard:(d + 1) * per_shard] = d * sched.pages_per_shard
+                    tables[d * per_shard : (d + 1) * per_shard] = d * sched.pages_per_shard
                     for i, row in enumerate(lst):
-                        piece = row.tokens[start:start + t]
+                        piece = row.tokens[start : start + t]
                         r = d * per_shard + i
-                        tokens[r, :len(piece)] = piece
-                        positions[r, :len(piece)] = np.arange(start, start + len(piece))
+                        tokens[r, : len(piece)] = piece
+                        positions[r, : len(piece)] = np.arange(start, start + len(piece))
                         tables[r] = sched.mirror["block_tables"][row.slot]
-                window = 0 if start == 0 else pick_window(
-                    pg.pages_for(start, cfg.page_size), sched.pages_per_slot)
+                window = (
+                    0
+                    if start == 0
+                    else pick_window(pg.pages_for(start, cfg.page_size), sched.pages_per_slot)
+                )
                 put = lambda a: jax.device_put(a, sharding)
-                self.state = self.engine.prefill(self.params, self.state, put(tokens),
-                                                 put(positions), put(tables), window=window)
+                self.state = self.engine.prefill(
+                    self.params, self.state, put(tokens), put(positions), put(tables), window=window
+                )
                 self.stats["prefill_tokens"] += int((positions >= 0).sum())
                 start += t
 
@@ -386,11 +480,17 @@ class Sampler:
         per_shard, shapes = 1, 0
         while per_shard <= cap:
             n_rows = per_shard * sched.num_shards
-            tables = np.repeat(np.arange(sched.num_shards, dtype=np.int32) * sched.pages_per_shard,
-                               per_shard)[:, None].repeat(sched.pages_per_slot, axis=1)
+            tables = np.repeat(
+                np.arange(sched.num_shards, dtype=np.int32) * sched.pages_per_shard, per_shard
+            )[:, None].repeat(sched.pages_per_slot, axis=1)
             self.state = self.engine.prefill(
-                self.params, self.state, put(np.zeros((n_rows, cfg.prefill_chunk), np.int32)),
-                put(np.full((n_rows, cfg.prefill_chunk), -1, np.int32)), put(tables), window=0)
+                self.params,
+                self.state,
+                put(np.zeros((n_rows, cfg.prefill_chunk), np.int32)),
+                put(np.full((n_rows, cfg.prefill_chunk), -1, np.int32)),
+                put(tables),
+                window=0,
+            )
             per_shard, shapes = per_shard * 2, shapes + 1
         jax.block_until_ready(self.state)
         return shapes
@@ -399,29 +499,38 @@ class Sampler:
         if not copies:
             return
         sched = self.scheduler
-        by_shard = [[c for c in copies if c[0] // sched.pages_per_shard == d]
-                    for d in range(sched.num_shards)]
+        by_shard = [
+            [c for c in copies if c[0] // sched.pages_per_shard == d]
+            for d in range(sched.num_shards)
+        ]
         # One shape for every boundary (padded with null -> null copies): a copy is cheap, a
         # compile per new count is not, and at most one copy per slot is ever needed.
-        per_shard = max(sched.num_slots // sched.num_shards,
-                        max(len(lst) for lst in by_shard))
+        per_shard = max(sched.num_slots // sched.num_shards, max(len(lst) for lst in by_shard))
         src = np.zeros(per_shard * sched.num_shards, np.int32)
         dst = np.zeros_like(src)
         for d, lst in enumerate(by_shard):
-            src[d * per_shard:(d + 1) * per_shard] = d * sched.pages_per_shard
-            dst[d * per_shard:(d + 1) * per_shard] = d * sched.pages_per_shard
+            src[d * per_shard : (d + 1) * per_shard] = d * sched.pages_per_shard
+            dst[d * per_shard : (d + 1) * per_shard] = d * sched.pages_per_shard
             for i, (s, t) in enumerate(lst):
                 src[d * per_shard + i], dst[d * per_shard + i] = s, t
         sharding = self._rows_sharding()
-        self.state = self.engine.copy_pages(self.state, jax.device_put(src, sharding),
-                                            jax.device_put(dst, sharding))
+        self.state = self.engine.copy_pages(
+            self.state, jax.device_put(src, sharding), jax.device_put(dst, sharding)
+        )
 
     def _to_sample(self, seq: Sequence, error: str | None = None) -> Sample:
-        return Sample(request_id=seq.request_id, attempt=seq.attempt, prompt_ids=seq.prompt,
-                      token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
-                      versions=list(seq.versions), start_version=seq.start_version,
-                      finish_reason="error" if error else seq.finish_reason, error=error,
-                      preemptions=seq.preemptions)
+        return Sample(
+            request_id=seq.request_id,
+            attempt=seq.attempt,
+            prompt_ids=seq.prompt,
+            token_ids=list(seq.tokens),
+            logprobs=list(seq.logprobs),
+            versions=list(seq.versions),
+            start_version=seq.start_version,
+            finish_reason="error" if error else seq.finish_reason,
+            error=error,
+            preemptions=seq.preemptions,
+        )
 
 
 def _signature(params):

@@ -55,8 +55,9 @@ def log_softmax_at(x_BxV, tokens_B, max_Bx1=None, *, axis: int = -1):
         max_Bx1 = jnp.max(x_BxV, axis=axis, keepdims=True)
     max_Bx1 = jnp.where(jnp.isfinite(max_Bx1), max_Bx1, 0.0)
     lse_B = jnp.log(jnp.sum(jnp.exp(x_BxV - max_Bx1), axis=axis)) + jnp.squeeze(max_Bx1, axis)
-    picked_B = jnp.squeeze(jnp.take_along_axis(x_BxV, jnp.expand_dims(tokens_B, axis),
-                                               axis=axis), axis)
+    picked_B = jnp.squeeze(
+        jnp.take_along_axis(x_BxV, jnp.expand_dims(tokens_B, axis), axis=axis), axis
+    )
     return picked_B - lse_B
 
 
@@ -74,7 +75,7 @@ def _top_k_key_threshold(keys_VxB, k_B):
     def step(_, carry):
         lo, hi = carry
         span = hi - lo
-        mid = lo + span // 2 + (span & 1)   # ceil midpoint without uint32 overflow
+        mid = lo + span // 2 + (span & 1)  # ceil midpoint without uint32 overflow
         ok = jnp.sum(keys_VxB >= mid[None, :], axis=0) >= k_B
         return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
 
@@ -117,20 +118,27 @@ def filter_key_threshold(scaled_VxB, top_k_B, top_p_B):
     vocab = scaled_VxB.shape[0]
     keys_VxB = _ordered_key(scaled_VxB)
     k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, vocab), vocab)
-    kth_B = jax.lax.cond(jnp.any(k_B < vocab), _top_k_key_threshold,
-                         lambda keys, k: jnp.zeros(k.shape, jnp.uint32), keys_VxB, k_B)
+    kth_B = jax.lax.cond(
+        jnp.any(k_B < vocab),
+        _top_k_key_threshold,
+        lambda keys, k: jnp.zeros(k.shape, jnp.uint32),
+        keys_VxB,
+        k_B,
+    )
 
     def nucleus(scaled_VxB, keys_VxB, kth_B):
         in_top_k_VxB = keys_VxB >= kth_B[None, :]
         probs_VxB = jax.nn.softmax(jnp.where(in_top_k_VxB, scaled_VxB, -jnp.inf), axis=0)
         t_B = _top_p_prob_threshold(probs_VxB, top_p_B)
-        kept_VxB = in_top_k_VxB & (jax.lax.bitcast_convert_type(probs_VxB, jnp.uint32)
-                                   >= t_B[None, :])
+        kept_VxB = in_top_k_VxB & (
+            jax.lax.bitcast_convert_type(probs_VxB, jnp.uint32) >= t_B[None, :]
+        )
         smallest_B = jnp.min(jnp.where(kept_VxB, keys_VxB, jnp.uint32(0xFFFFFFFF)), axis=0)
         return jnp.where(top_p_B < 1.0, smallest_B, kth_B)
 
-    return jax.lax.cond(jnp.any(top_p_B < 1.0), nucleus, lambda s, k, kth: kth,
-                        scaled_VxB, keys_VxB, kth_B)
+    return jax.lax.cond(
+        jnp.any(top_p_B < 1.0), nucleus, lambda s, k, kth: kth, scaled_VxB, keys_VxB, kth_B
+    )
 
 
 def filter_top_k_top_p(scaled_BxV, top_k_B, top_p_B):
@@ -158,15 +166,18 @@ def _inverse_cdf(masked_VxB, u_B):
     max_1xB = jnp.max(masked_VxB, axis=0, keepdims=True)
     probs_VxB = jnp.exp(masked_VxB - max_1xB)
     probs_RxCxB = jnp.pad(probs_VxB, ((0, blocks * _BLOCK - vocab), (0, 0))).reshape(
-        blocks, _BLOCK, batch)
+        blocks, _BLOCK, batch
+    )
     block_mass_RxB = jnp.sum(probs_RxCxB, axis=1)
     block_cdf_RxB = jnp.cumsum(block_mass_RxB, axis=0)
     total_B = block_cdf_RxB[-1]
     target_B = jnp.minimum(u_B * total_B, jnp.nextafter(total_B, 0.0))
     # First block whose cumulative mass exceeds the target: it has positive mass.
     block_B = jnp.minimum(jnp.sum(block_cdf_RxB <= target_B[None, :], axis=0), blocks - 1)
-    before_B = jnp.take_along_axis(block_cdf_RxB, block_B[None, :], axis=0)[0] - \
-        jnp.take_along_axis(block_mass_RxB, block_B[None, :], axis=0)[0]
+    before_B = (
+        jnp.take_along_axis(block_cdf_RxB, block_B[None, :], axis=0)[0]
+        - jnp.take_along_axis(block_mass_RxB, block_B[None, :], axis=0)[0]
+    )
     col_CxB = jnp.take_along_axis(probs_RxCxB, block_B[None, None, :], axis=0)[0]
     col_cdf_CxB = jnp.cumsum(col_CxB, axis=0)
     inner_B = jnp.sum(col_cdf_CxB <= (target_B - before_B)[None, :], axis=0)
@@ -188,12 +199,14 @@ def sample(logits_BxV, temperature_B, top_k_B, top_p_B, u_B, *, truncated: bool 
 
     temperature_B <= 0 means greedy for that row. u_B: uniforms in [0, 1), one per row.
     """
-    return sample_vocab_major(logits_BxV.T, temperature_B, top_k_B, top_p_B, u_B,
-                              truncated=truncated)
+    return sample_vocab_major(
+        logits_BxV.T, temperature_B, top_k_B, top_p_B, u_B, truncated=truncated
+    )
 
 
-def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
-                       truncated: bool = False):
+def sample_vocab_major(
+    logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *, truncated: bool = False
+):
     """`sample` on vocabulary-major [V, B] logits, as the engine's LM head makes them.
 
     Everything reduces over axis 0 of [V, B]: a transpose of the logits to [B, V] and the
@@ -211,15 +224,22 @@ def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
     def sampled(logits_VxB, u_B):
         temp_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
         needs_filter = jnp.any(~greedy_B & ((top_k_B > 0) | (top_p_B < 1.0)))
-        return jax.lax.cond(needs_filter, functools.partial(draw, filtered=True),
-                            functools.partial(draw, filtered=False), logits_VxB, temp_B, u_B)
+        return jax.lax.cond(
+            needs_filter,
+            functools.partial(draw, filtered=True),
+            functools.partial(draw, filtered=False),
+            logits_VxB,
+            temp_B,
+            u_B,
+        )
 
     def draw(logits_VxB, temp_B, u_B, *, filtered: bool):
         scaled_VxB = masked_VxB = logits_VxB / temp_B[None, :]
         if filtered:
             threshold_B = filter_key_threshold(scaled_VxB, top_k_B, top_p_B)
-            masked_VxB = jnp.where(_ordered_key(scaled_VxB) >= threshold_B[None, :],
-                                   scaled_VxB, -jnp.inf)
+            masked_VxB = jnp.where(
+                _ordered_key(scaled_VxB) >= threshold_B[None, :], scaled_VxB, -jnp.inf
+            )
         tokens_B, max_B, total_B = _inverse_cdf(masked_VxB, u_B)
         if filtered and not truncated:
             # The kept set holds the maximum, so the draw's max is the unfiltered one too.
@@ -229,11 +249,17 @@ def sample_vocab_major(logits_VxB, temperature_B, top_k_B, top_p_B, u_B, *,
         return tokens_B, _picked(scaled_VxB, tokens_B) - max_B - jnp.log(total_B)
 
     greedy_tokens_B, greedy_logprobs_B = jax.lax.cond(
-        jnp.any(greedy_B), lambda logits_VxB, _: _greedy_vocab_major(logits_VxB), nothing,
-        logits_VxB, u_B)
+        jnp.any(greedy_B),
+        lambda logits_VxB, _: _greedy_vocab_major(logits_VxB),
+        nothing,
+        logits_VxB,
+        u_B,
+    )
     tokens_B, logprobs_B = jax.lax.cond(jnp.any(~greedy_B), sampled, nothing, logits_VxB, u_B)
-    return (jnp.where(greedy_B, greedy_tokens_B, tokens_B),
-            jnp.where(greedy_B, greedy_logprobs_B, logprobs_B))
+    return (
+        jnp.where(greedy_B, greedy_tokens_B, tokens_B),
+        jnp.where(greedy_B, greedy_logprobs_B, logprobs_B),
+    )
 
 
 def _picked(x_VxB, tokens_B):

@@ -35,12 +35,13 @@ from pipelinerl_jax.sampler.state import SLOT_FIELDS
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling settings."""
-    temperature: float = 1.0        # 0 = greedy
-    top_k: int = 0                  # 0 = off
-    top_p: float = 1.0              # 1 = off
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
     max_new_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = ()   # besides the sampler's EOS ids
-    seed: int | None = None         # None: derived from (sampler seed, request id, attempt)
+    stop_token_ids: tuple[int, ...] = ()  # besides the sampler's EOS ids
+    seed: int | None = None  # None: derived from (sampler seed, request id, attempt)
 
     def error(self) -> str | None:
         """A one-line reason why these params are invalid, or None."""
@@ -58,20 +59,21 @@ class SamplingParams:
 @dataclasses.dataclass(eq=False)
 class Sequence:
     """One attempt of one request, from submission to retirement."""
+
     request_id: int
     attempt: int
     prompt: list[int]
     params: SamplingParams
-    seed: int                          # uint32 sampling seed of this attempt
-    limit: int                         # total length at which it stops ("length")
-    stop_ids: tuple[int, ...]          # EOS + request stop ids
-    tokens: list[int] = dataclasses.field(default_factory=list)      # generated
+    seed: int  # uint32 sampling seed of this attempt
+    limit: int  # total length at which it stops ("length")
+    stop_ids: tuple[int, ...]  # EOS + request stop ids
+    tokens: list[int] = dataclasses.field(default_factory=list)  # generated
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     start_version: int | None = None
     slot: int | None = None
-    pages: list[int] = dataclasses.field(default_factory=list)       # global ids
-    admitted_at: int = -1              # admission counter (preemption picks the largest)
+    pages: list[int] = dataclasses.field(default_factory=list)  # global ids
+    admitted_at: int = -1  # admission counter (preemption picks the largest)
     preemptions: int = 0
     finish_reason: str | None = None
 
@@ -87,6 +89,7 @@ class Sequence:
 @dataclasses.dataclass
 class PrefillRow:
     """Write K/V of `tokens` (positions 0..len-1) into the pages of `slot`'s block table."""
+
     slot: int
     tokens: list[int]
 
@@ -94,11 +97,21 @@ class PrefillRow:
 class Scheduler:
     """Slot table, waiting queue and page allocators (one per data shard)."""
 
-    def __init__(self, *, num_slots: int, num_pages: int, page_size: int, pages_per_slot: int,
-                 max_stop_tokens: int, num_shards: int = 1):
+    def __init__(
+        self,
+        *,
+        num_slots: int,
+        num_pages: int,
+        page_size: int,
+        pages_per_slot: int,
+        max_stop_tokens: int,
+        num_shards: int = 1,
+    ):
         if num_slots % num_shards or num_pages % num_shards:
-            raise ValueError(f"num_slots={num_slots} and num_pages={num_pages} must divide by "
-                             f"the {num_shards} data shards")
+            raise ValueError(
+                f"num_slots={num_slots} and num_pages={num_pages} must divide by "
+                f"the {num_shards} data shards"
+            )
         self.num_slots, self.page_size, self.num_shards = num_slots, page_size, num_shards
         self.pages_per_shard = num_pages // num_shards
         self.slots_per_shard = num_slots // num_shards
@@ -112,15 +125,19 @@ class Scheduler:
         self.mirror = {name: None for name in SLOT_FIELDS}
         self.mirror.update(
             block_tables=np.zeros((num_slots, pages_per_slot), np.int32),
-            last_token=np.zeros(num_slots, np.int32), lengths=np.ones(num_slots, np.int32),
-            limit=np.ones(num_slots, np.int32), active=np.zeros(num_slots, np.bool_),
-            temperature=np.zeros(num_slots, np.float32), top_k=np.zeros(num_slots, np.int32),
+            last_token=np.zeros(num_slots, np.int32),
+            lengths=np.ones(num_slots, np.int32),
+            limit=np.ones(num_slots, np.int32),
+            active=np.zeros(num_slots, np.bool_),
+            temperature=np.zeros(num_slots, np.float32),
+            top_k=np.zeros(num_slots, np.int32),
             top_p=np.ones(num_slots, np.float32),
             stop_tokens=np.full((num_slots, max_stop_tokens), -1, np.int32),
-            seeds=np.zeros(num_slots, np.uint32))
+            seeds=np.zeros(num_slots, np.uint32),
+        )
         for slot in range(num_slots):
             self.mirror["block_tables"][slot] = self._null(slot)
-        self.dirty = True   # mirrors differ from the device state
+        self.dirty = True  # mirrors differ from the device state
 
     # --- bookkeeping ----------------------------------------------------------------------
 
@@ -166,7 +183,7 @@ class Scheduler:
     def _set_table(self, seq: Sequence) -> None:
         row = self.mirror["block_tables"][seq.slot]
         row[:] = self._null(seq.slot)
-        row[:len(seq.pages)] = seq.pages
+        row[: len(seq.pages)] = seq.pages
         self.dirty = True
 
     # --- 1. reserve pages for the next chunk ----------------------------------------------
@@ -175,7 +192,7 @@ class Scheduler:
         """Gives running sequences pages for k steps; returns the sequences it preempted."""
         preempted = []
         for seq in sorted(self.running, key=lambda s: s.admitted_at):
-            if seq.slot is None:      # preempted earlier in this loop
+            if seq.slot is None:  # preempted earlier in this loop
                 continue
             need = pages_for(self.kv_after_chunk(seq, k), self.page_size) - len(seq.pages)
             while need > 0:
@@ -185,8 +202,10 @@ class Scheduler:
                     self._set_table(seq)
                     need = 0
                 except OutOfPages:
-                    victim = max((s for s in self.running if self.shard_of(s.slot) == shard),
-                                 key=lambda s: s.admitted_at)
+                    victim = max(
+                        (s for s in self.running if self.shard_of(s.slot) == shard),
+                        key=lambda s: s.admitted_at,
+                    )
                     self._preempt(victim)
                     preempted.append(victim)
                     if victim is seq:
@@ -238,10 +257,10 @@ class Scheduler:
             free = [s for s in self._shard_slots(shard) if self.slots[s] is None]
             # Attempts sharing one prefill must hold identical tokens (fresh attempts do;
             # a preempted sequence is queued alone).
-            members = list(itertools.takewhile(lambda s: s.all_tokens == lead.all_tokens,
-                                               group[:len(free)]))
-            own = [pages_for(self.kv_after_chunk(s, k), self.page_size) - shared
-                   for s in members]
+            members = list(
+                itertools.takewhile(lambda s: s.all_tokens == lead.all_tokens, group[: len(free)])
+            )
+            own = [pages_for(self.kv_after_chunk(s, k), self.page_size) - shared for s in members]
             alloc = self.allocators[shard]
             while members and shared + sum(own) > alloc.num_free:
                 members.pop()
@@ -285,19 +304,19 @@ class Scheduler:
         m["top_k"][slot] = p.top_k
         m["top_p"][slot] = p.top_p
         m["stop_tokens"][slot] = -1
-        m["stop_tokens"][slot, :len(seq.stop_ids)] = seq.stop_ids
+        m["stop_tokens"][slot, : len(seq.stop_ids)] = seq.stop_ids
         m["seeds"][slot] = seq.seed
         self.dirty = True
 
     def recompute_rows(self) -> list[PrefillRow]:
         """Prefill rows that rewrite every running sequence's K/V (kv policy "recompute")."""
-        return [PrefillRow(slot=s.slot, tokens=s.all_tokens[:-1])
-                for s in self.running if s.length > 1]
+        return [
+            PrefillRow(slot=s.slot, tokens=s.all_tokens[:-1]) for s in self.running if s.length > 1
+        ]
 
     # --- 4. results of a chunk ------------------------------------------------------------
 
-    def record(self, tokens_BxC, logprobs_BxC, versions_BxC, valid_BxC,
-               active_B) -> list[Sequence]:
+    def record(self, tokens_BxC, logprobs_BxC, versions_BxC, valid_BxC, active_B) -> list[Sequence]:
         """Appends a chunk's outputs; retires and returns the sequences that finished."""
         finished = []
         counts_B = valid_BxC.sum(axis=1)
@@ -311,8 +330,9 @@ class Scheduler:
             self.mirror["lengths"][slot] = seq.length
             self.mirror["last_token"][slot] = seq.all_tokens[-1]
             if not active_B[slot]:
-                seq.finish_reason = "stop" if seq.tokens and seq.tokens[-1] in seq.stop_ids \
-                    else "length"
+                seq.finish_reason = (
+                    "stop" if seq.tokens and seq.tokens[-1] in seq.stop_ids else "length"
+                )
                 self._release(seq)
                 finished.append(seq)
         return finished
@@ -323,9 +343,11 @@ class Scheduler:
             alloc.check()
             base = shard * self.pages_per_shard
             holders = collections.Counter(
-                p - base for s in self.running if self.shard_of(s.slot) == shard for p in s.pages)
+                p - base for s in self.running if self.shard_of(s.slot) == shard for p in s.pages
+            )
             for page in range(1, alloc.num_pages):
                 if alloc.refcount(page) != holders.get(page, 0):
                     raise AssertionError(
                         f"shard {shard} page {page}: refcount {alloc.refcount(page)} != "
-                        f"holders {holders.get(page, 0)}")
+                        f"holders {holders.get(page, 0)}"
+                    )

@@ -41,8 +41,7 @@ def stage(k_pages, v_pages, block_tables_BxW, cached_B):
     num_layers, _, kv_heads, page_size, head_dim = k_pages.shape
     batch, window = block_tables_BxW.shape
     n = window * page_size
-    valid_BxWxS = (jnp.arange(n).reshape(window, page_size)[None]
-                   < cached_B[:, None, None])
+    valid_BxWxS = jnp.arange(n).reshape(window, page_size)[None] < cached_B[:, None, None]
     keep_Bx1xWxSx1 = valid_BxWxS[:, None, :, :, None]
     k_stage, v_stage = [], []
     for layer in range(num_layers):
@@ -56,8 +55,7 @@ def stage(k_pages, v_pages, block_tables_BxW, cached_B):
     return tuple(k_stage), tuple(v_stage)
 
 
-def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float,
-                         cache_dtype=None):
+def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float, cache_dtype=None):
     """attend() for one token per row over the staged window (and the token itself).
 
     Carry: (layer, (k_pages, v_pages, k_stage, v_stage)); the step's K/V is written into the
@@ -66,26 +64,55 @@ def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float
     cache_dtype: given when the carried pool and stage are `attend.bits_view`s of 16-bit
     floats (the engine carries them that way through the chunk; `attend.set_at` says why).
     """
+
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_carry):
         layer, (k_pages, v_pages, k_stage, v_stage) = layer_and_carry
-        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, block_tables_BxM,
-                                 positions_B[:, None], write_B[:, None], cache_dtype)
-        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, block_tables_BxM,
-                                 positions_B[:, None], write_B[:, None], cache_dtype)
+        k_pages = write_layer_kv(
+            k_pages,
+            layer,
+            k_Bx1xKxD,
+            block_tables_BxM,
+            positions_B[:, None],
+            write_B[:, None],
+            cache_dtype,
+        )
+        v_pages = write_layer_kv(
+            v_pages,
+            layer,
+            v_Bx1xKxD,
+            block_tables_BxM,
+            positions_B[:, None],
+            write_B[:, None],
+            cache_dtype,
+        )
         k_BxKxDxN, v_BxKxNxD = k_stage[layer], v_stage[layer]
         batch, kv_heads, head_dim, n = k_BxKxDxN.shape
         rows_B = jnp.arange(batch)
         # Out of range for rows that do not write: mode="drop" leaves their stage untouched.
         at_B = jnp.where(write_B, positions_B, n)
-        k_BxKxDxN = set_at(k_BxKxDxN, (rows_B, slice(None), slice(None), at_B),
-                           k_Bx1xKxD[:, 0], dtype=cache_dtype, mode="drop")
-        v_BxKxNxD = set_at(v_BxKxNxD, (rows_B, slice(None), at_B, slice(None)),
-                           v_Bx1xKxD[:, 0], dtype=cache_dtype, mode="drop")
+        k_BxKxDxN = set_at(
+            k_BxKxDxN,
+            (rows_B, slice(None), slice(None), at_B),
+            k_Bx1xKxD[:, 0],
+            dtype=cache_dtype,
+            mode="drop",
+        )
+        v_BxKxNxD = set_at(
+            v_BxKxNxD,
+            (rows_B, slice(None), at_B, slice(None)),
+            v_Bx1xKxD[:, 0],
+            dtype=cache_dtype,
+            mode="drop",
+        )
         out_BxHxD = dense_decode_attention(
-            q_Bx1xHxD[:, 0], float_view(k_BxKxDxN, cache_dtype),
-            float_view(v_BxKxNxD, cache_dtype), positions_B, scale=scale)
-        k_stage = k_stage[:layer] + (k_BxKxDxN,) + k_stage[layer + 1:]
-        v_stage = v_stage[:layer] + (v_BxKxNxD,) + v_stage[layer + 1:]
+            q_Bx1xHxD[:, 0],
+            float_view(k_BxKxDxN, cache_dtype),
+            float_view(v_BxKxNxD, cache_dtype),
+            positions_B,
+            scale=scale,
+        )
+        k_stage = k_stage[:layer] + (k_BxKxDxN,) + k_stage[layer + 1 :]
+        v_stage = v_stage[:layer] + (v_BxKxNxD,) + v_stage[layer + 1 :]
         return out_BxHxD[:, None], (layer, (k_pages, v_pages, k_stage, v_stage))
 
     return attend

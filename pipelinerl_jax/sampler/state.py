@@ -18,45 +18,65 @@ from flax import struct
 
 # Per-slot fields the host mirrors and uploads (name -> numpy dtype); see SamplerState.
 SLOT_FIELDS = {
-    "block_tables": np.int32, "last_token": np.int32, "lengths": np.int32, "limit": np.int32,
-    "active": np.bool_, "temperature": np.float32, "top_k": np.int32, "top_p": np.float32,
-    "stop_tokens": np.int32, "seeds": np.uint32,
+    "block_tables": np.int32,
+    "last_token": np.int32,
+    "lengths": np.int32,
+    "limit": np.int32,
+    "active": np.bool_,
+    "temperature": np.float32,
+    "top_k": np.int32,
+    "top_p": np.float32,
+    "stop_tokens": np.int32,
+    "seeds": np.uint32,
 }
 
 
 @struct.dataclass
 class SamplerState:
     """Device state of the sampler (a registered pytree; all fields are arrays)."""
-    k_pages: jax.Array        # [L, P, K, S, D] cache dtype: keys; page 0 is the null page
-    v_pages: jax.Array        # [L, P, K, S, D] cache dtype: values
-    block_tables: jax.Array   # [B, M] int32: page of each slot's m-th S-token block (0 = none)
-    last_token: jax.Array     # [B] int32: token at position lengths-1, input of the next step
-    lengths: jax.Array        # [B] int32: tokens in the sequence; K/V cached for lengths-1
-    limit: jax.Array          # [B] int32: the sequence ends when lengths reaches this
-    active: jax.Array         # [B] bool: slot is decoding (False: empty or finished)
-    temperature: jax.Array    # [B] f32: 0 = greedy
-    top_k: jax.Array          # [B] int32: 0 = off
-    top_p: jax.Array          # [B] f32: 1 = off
-    stop_tokens: jax.Array    # [B, X] int32: EOS and stop ids, -1 padded
-    seeds: jax.Array          # [B] uint32: per-sequence sampling seed
-    rng_key: jax.Array        # [2] uint32: base key data; the draw for a token is keyed by
-                              #   (rng_key, seed, position), so it never depends on the slot,
-                              #   the chunking or preemption
-    out_tokens: jax.Array     # [B, C] int32: tokens sampled in the last chunk
-    out_logprobs: jax.Array   # [B, C] f32: their behaviour logprobs
-    out_versions: jax.Array   # [B, C] int32: policy version that produced each token
-    out_valid: jax.Array      # [B, C] bool: the slot was active at that step
+
+    k_pages: jax.Array  # [L, P, K, S, D] cache dtype: keys; page 0 is the null page
+    v_pages: jax.Array  # [L, P, K, S, D] cache dtype: values
+    block_tables: jax.Array  # [B, M] int32: page of each slot's m-th S-token block (0 = none)
+    last_token: jax.Array  # [B] int32: token at position lengths-1, input of the next step
+    lengths: jax.Array  # [B] int32: tokens in the sequence; K/V cached for lengths-1
+    limit: jax.Array  # [B] int32: the sequence ends when lengths reaches this
+    active: jax.Array  # [B] bool: slot is decoding (False: empty or finished)
+    temperature: jax.Array  # [B] f32: 0 = greedy
+    top_k: jax.Array  # [B] int32: 0 = off
+    top_p: jax.Array  # [B] f32: 1 = off
+    stop_tokens: jax.Array  # [B, X] int32: EOS and stop ids, -1 padded
+    seeds: jax.Array  # [B] uint32: per-sequence sampling seed
+    rng_key: jax.Array  # [2] uint32: base key data; the draw for a token is keyed by
+    #   (rng_key, seed, position), so it never depends on the slot,
+    #   the chunking or preemption
+    out_tokens: jax.Array  # [B, C] int32: tokens sampled in the last chunk
+    out_logprobs: jax.Array  # [B, C] f32: their behaviour logprobs
+    out_versions: jax.Array  # [B, C] int32: policy version that produced each token
+    out_valid: jax.Array  # [B, C] bool: the slot was active at that step
 
 
-def init_state(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
-               head_dim: int, cache_dtype, num_slots: int, pages_per_slot: int,
-               max_stop_tokens: int, chunk_steps: int, seed: int,
-               shardings: "SamplerState | None" = None) -> SamplerState:
+def init_state(
+    *,
+    num_layers: int,
+    num_pages: int,
+    page_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cache_dtype,
+    num_slots: int,
+    pages_per_slot: int,
+    max_stop_tokens: int,
+    chunk_steps: int,
+    seed: int,
+    shardings: SamplerState | None = None,
+) -> SamplerState:
     """A fresh state: zeroed pages (finite garbage only), all slots empty."""
     page_shape = (num_layers, num_pages, num_kv_heads, page_size, head_dim)
     b, c = num_slots, chunk_steps
     host = dict(
-        k_pages=None, v_pages=None,
+        k_pages=None,
+        v_pages=None,
         block_tables=np.zeros((b, pages_per_slot), np.int32),
         last_token=np.zeros((b,), np.int32),
         lengths=np.ones((b,), np.int32),
@@ -81,15 +101,15 @@ def init_state(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads:
     fields = {name: put(name, v) for name, v in host.items() if v is not None}
     for name in ("k_pages", "v_pages"):
         sharding = getattr(shardings, name) if shardings is not None else None
-        fields[name] = jax.jit(lambda: jnp.zeros(page_shape, cache_dtype),
-                               out_shardings=sharding)()
+        fields[name] = jax.jit(lambda: jnp.zeros(page_shape, cache_dtype), out_shardings=sharding)()
     return SamplerState(**fields)
 
 
 def state_shardings(mesh, data_axis: str | None, tp_axis: str | None = None) -> SamplerState:
     """NamedShardings: pages split along P and slot fields along B over `data_axis`; with
     tensor parallelism the pages are also split along K (kv heads) over `tp_axis`."""
-    from jax.sharding import NamedSharding, PartitionSpec as Ps
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as Ps
 
     def spec(*axes):
         return NamedSharding(mesh, Ps(*axes))
@@ -97,8 +117,21 @@ def state_shardings(mesh, data_axis: str | None, tp_axis: str | None = None) -> 
     per_slot = spec(data_axis)
     pages = spec(None, data_axis, tp_axis) if tp_axis else spec(None, data_axis)
     return SamplerState(
-        k_pages=pages, v_pages=pages, block_tables=per_slot, last_token=per_slot,
-        lengths=per_slot, limit=per_slot, active=per_slot, temperature=per_slot,
-        top_k=per_slot, top_p=per_slot, stop_tokens=per_slot, seeds=per_slot,
-        rng_key=spec(), out_tokens=per_slot, out_logprobs=per_slot, out_versions=per_slot,
-        out_valid=per_slot)
+        k_pages=pages,
+        v_pages=pages,
+        block_tables=per_slot,
+        last_token=per_slot,
+        lengths=per_slot,
+        limit=per_slot,
+        active=per_slot,
+        temperature=per_slot,
+        top_k=per_slot,
+        top_p=per_slot,
+        stop_tokens=per_slot,
+        seeds=per_slot,
+        rng_key=spec(),
+        out_tokens=per_slot,
+        out_logprobs=per_slot,
+        out_versions=per_slot,
+        out_valid=per_slot,
+    )
