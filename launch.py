@@ -75,7 +75,7 @@ def main(argv, overrides):
     except ConfigError as e:
         _fail("config error", e)
     from pipelinerl_jax.pipeline.coordinator import PipelineError
-    from pipelinerl_jax.pipeline.run import run
+    from pipelinerl_jax.pipeline.runner import run
 
     try:
         run(cfg, _WORKDIR.value)

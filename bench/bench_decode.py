@@ -118,7 +118,7 @@ def hf_generate_fn(
 
 def our_sampler(path: Path, dtype: str, batch: int, new_tokens: int, chunk_steps: int):
     from pipelinerl_jax.models import hf_io
-    from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 
     _, graphdef, params = hf_io.load_hf(path, param_dtype=dtype)
     page = 16
@@ -131,7 +131,7 @@ def our_sampler(path: Path, dtype: str, batch: int, new_tokens: int, chunk_steps
         max_prefill_rows=min(batch, 64),
         prefill_chunk=max(page, min(512, max_len)),
     )
-    return Sampler(graphdef, params, config), params
+    return PagedSampler(graphdef, params, config), params
 
 
 def bench_pair(

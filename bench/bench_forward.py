@@ -35,7 +35,7 @@ from bench.common import (  # noqa: E402
     warn_if_busy,
     write_result,
 )
-from pipelinerl_jax.models import hf_io, llama  # noqa: E402
+from pipelinerl_jax.models import decoder, hf_io  # noqa: E402
 from pipelinerl_jax.models.config import ModelConfig  # noqa: E402
 
 
@@ -93,12 +93,12 @@ def main() -> None:
     rows = []
     for dtype in args.dtypes.split(","):
         cfg = bench_config(dtype)
-        graphdef, params = llama.init(cfg, jax.random.key(0))
+        graphdef, params = decoder.init(cfg, jax.random.key(0))
         tokens_j = jnp.asarray(tokens, jnp.int32)
         positions_j = jnp.asarray(positions, jnp.int32)
 
         def ours():
-            return llama.jit_forward(graphdef, params, tokens_j, positions_j).block_until_ready()
+            return decoder.jit_forward(graphdef, params, tokens_j, positions_j).block_until_ready()
 
         with tempfile.TemporaryDirectory() as tmp:
             hf_io.save_hf(tmp, cfg, params)

@@ -149,14 +149,14 @@ def sampler_loop(cfg, graphdef, params, data, num_slots, *, warmup, chunks) -> d
     from jax.sharding import Mesh
 
     from pipelinerl_jax.data.datasets import PromptStream
-    from pipelinerl_jax.sampler.sampler import Sampler
+    from pipelinerl_jax.sampler.sampler import PagedSampler
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     tokenizer, source, encode = data
     g = cfg.group_size
     mesh = Mesh(np.asarray(jax.devices()[:1]), (cfg.sampler.data_axis,))
     scfg = dataclasses.replace(cfg.sampler, num_slots=num_slots, seed=cfg.sampler.seed + cfg.seed)
-    sampler = Sampler(
+    sampler = PagedSampler(
         graphdef,
         params,
         scfg,
@@ -203,8 +203,7 @@ def build_batch_s(cfg, samples, repeats: int = 5) -> float:
     """Host seconds to pack one step's batch from real samples (median)."""
     import numpy as np
 
-    from pipelinerl_jax.rl.batch import Sample as TrainSample
-    from pipelinerl_jax.rl.batch import build_batch
+    from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 
     by_group = {}
     for s in samples:
@@ -212,7 +211,7 @@ def build_batch_s(cfg, samples, repeats: int = 5) -> float:
     full = [grp for grp in by_group.values() if len(grp) == cfg.group_size]
     rng = np.random.default_rng(0)
     batch = [
-        TrainSample(
+        ScoredSample(
             prompt_tokens=s.prompt_ids,
             completion_tokens=s.token_ids,
             completion_logprobs=s.logprobs,
@@ -379,7 +378,7 @@ def main():
     import numpy as np
 
     from pipelinerl_jax import config as config_lib
-    from pipelinerl_jax.pipeline import run as run_lib
+    from pipelinerl_jax.pipeline import runner as run_lib
     from pipelinerl_jax.plan import model, validate
     from pipelinerl_jax.plan.utilisation import UtilisationCurve
 

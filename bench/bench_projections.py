@@ -4,8 +4,8 @@
     .venv/bin/python bench/bench_projections.py --quick  # a small check that everything runs
 
 Why this exists: it isolates the part of an f32 decode step that XLA's matmul library decides.
-Ours is the sampler's own block (`sampler.layer.layer`: norms, q/k/v/o, RoPE, gate/up/down,
-residuals) over the 8 layers of the bench model, with attention replaced by "output = q", at
+Ours is the model's block in the sampler's CPU layout (`models.block.decoder_block` with
+`FeatureMajor`: norms, q/k/v/o, RoPE, gate/up/down, residuals) over the 8 layers of the bench model, with attention replaced by "output = q", at
 N = 1 / 8 / 32 / 64 tokens; the peer is the same arithmetic in torch (F.linear, token-major,
 as transformers runs it). Every layer has its own weights (12.6 MB in f32), so a pass streams
 101 MB of weights through the caches as a real step does; a single matmul timed in a loop
@@ -34,8 +34,7 @@ def ours_stack(cfg, dparams, tokens: int):
     import jax
     import jax.numpy as jnp
 
-    from pipelinerl_jax.models import rope
-    from pipelinerl_jax.sampler import layer as block
+    from pipelinerl_jax.models import block, decoder, rope
 
     batch_shape = (tokens, 1)
     positions_Nx1 = jnp.arange(tokens, dtype=jnp.int32)[:, None] + 7
@@ -44,11 +43,15 @@ def ours_stack(cfg, dparams, tokens: int):
     def attend_q(q, k, v, carry):
         return q, carry
 
+    family, layout = decoder.family_of(cfg), block.FeatureMajor(batch_shape)
+
     @jax.jit
     def run(layers, x_ExN):
         cos, sin = rope.cos_sin(positions_Nx1, inv_freq, x_ExN.dtype)
         for index, lp in enumerate(layers):
-            x_ExN, _ = block.layer(cfg, x_ExN, lp, batch_shape, cos, sin, attend_q, (index, ()))
+            x_ExN, _ = block.decoder_block(
+                cfg, family, layout, x_ExN, lp, batch_shape, cos, sin, attend_q, (index, ())
+            )
         return x_ExN
 
     x_ExN = jnp.asarray(inputs(cfg, tokens).T)
@@ -131,13 +134,13 @@ def main():
     import jax
     import torch
 
-    from pipelinerl_jax.models import llama
+    from pipelinerl_jax.models import decoder
     from pipelinerl_jax.sampler import forward as fwd
 
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
     cfg = common.bench_model_config(args.quick)
-    _, params = llama.init(cfg, jax.random.key(0))
+    _, params = decoder.init(cfg, jax.random.key(0))
     dparams = fwd.decode_params(cfg, params)
     weight_bytes = sum(
         w.nbytes for lp in dparams["layers"] for name, w in lp.items() if name.endswith("_proj")

@@ -34,9 +34,9 @@ import numpy as np  # noqa: E402
 
 from bench import common  # noqa: E402
 from pipelinerl_jax import trainer as tr  # noqa: E402
-from pipelinerl_jax.models import hf_io, llama  # noqa: E402
+from pipelinerl_jax.models import decoder, hf_io  # noqa: E402
 from pipelinerl_jax.models.config import ModelConfig  # noqa: E402
-from pipelinerl_jax.rl.batch import Sample, build_batch  # noqa: E402
+from pipelinerl_jax.rl.batch import ScoredSample, build_batch  # noqa: E402
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig  # noqa: E402
 
 LR, CLIP_C, GRAD_CLIP, WEIGHT_DECAY = 1e-5, 5.0, 1.0, 0.01
@@ -48,7 +48,7 @@ def make_batch(cfg: ModelConfig, num_seq: int, seq_len: int, prompt_len: int):
     for i in range(num_seq):
         c = seq_len - prompt_len
         samples.append(
-            Sample(
+            ScoredSample(
                 rng.integers(0, cfg.vocab_size, prompt_len).tolist(),
                 rng.integers(0, cfg.vocab_size, c).tolist(),
                 (-rng.random(c) * 4 - 8).tolist(),
@@ -72,7 +72,7 @@ def jax_step(cfg: ModelConfig, params, batch, token_chunk: int):
         grad_clip_norm=GRAD_CLIP,
         loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk),
     )
-    graphdef, abstract_params = llama.abstract_init(cfg)
+    graphdef, abstract_params = decoder.abstract_init(cfg)
     trainer = tr.Trainer(tcfg, graphdef, abstract_params, tr.trainer_mesh(jax.devices()[:1]))
     box = {"state": trainer.init_state(params)}
     dev_batch = trainer.put_batch(batch)
@@ -162,7 +162,7 @@ def main(argv=None) -> dict:
     for dtype in args.dtypes.split(","):
         repeats = 2 if args.quick else (args.repeats if dtype == "float32" else args.repeats_bf16)
         cfg = common.bench_model_config(args.quick, dtype)
-        _, params = llama.init(cfg, jax.random.key(0))
+        _, params = decoder.init(cfg, jax.random.key(0))
         batch = make_batch(cfg, num_seq, seq_len, prompt_len)
         ours = jax_step(cfg, params, batch, args.token_chunk)
         t0 = time.perf_counter()

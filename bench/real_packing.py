@@ -39,7 +39,7 @@ ROUNDS = 3
 
 
 def samples(rng, groups: int = 4, group_size: int = 4, vocab: int = 49152):
-    from pipelinerl_jax.rl.batch import Sample
+    from pipelinerl_jax.rl.batch import ScoredSample
 
     out = []
     for g in range(groups):
@@ -47,7 +47,7 @@ def samples(rng, groups: int = 4, group_size: int = 4, vocab: int = 49152):
         for _ in range(group_size):
             c = int(min(144, max(8, rng.lognormal(3.0, 0.6) + 35)))
             out.append(
-                Sample(
+                ScoredSample(
                     prompt,
                     rng.integers(0, vocab, c).tolist(),
                     (-rng.random(c)).tolist(),

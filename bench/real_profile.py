@@ -83,7 +83,7 @@ def real_config(steps: int, warm_cache: bool):
 def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
     """Runs cfg.steps pipeline steps with timed engine calls; returns (figures, components)."""
     from pipelinerl_jax import memory
-    from pipelinerl_jax.pipeline import run as run_lib
+    from pipelinerl_jax.pipeline import runner as run_lib
 
     timers = Timers()
     step_wall, snapshots, stats = {}, {}, {}
@@ -168,7 +168,7 @@ def alone(c, cfg, rounds: int = 3) -> dict:
     import jax
     import numpy as np
 
-    from pipelinerl_jax.rl.batch import Sample, build_batch
+    from pipelinerl_jax.rl.batch import ScoredSample, build_batch
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
@@ -181,7 +181,7 @@ def alone(c, cfg, rounds: int = 3) -> dict:
         out = c.sampler.generate(prompts, n=cfg.group_size, params=sampling)
         dt = time.perf_counter() - t0
         samples = [
-            Sample(
+            ScoredSample(
                 prompt_tokens=s.prompt_ids,
                 completion_tokens=s.token_ids,
                 completion_logprobs=s.logprobs,

@@ -38,7 +38,7 @@ def variants() -> dict:
     from configs import smollm2_math
     from pipelinerl_jax.config import from_config_dict
     from pipelinerl_jax.data.prompts import PromptConfig
-    from pipelinerl_jax.pipeline.run import prompt_config
+    from pipelinerl_jax.pipeline.runner import prompt_config
 
     described = (
         "Solve the math problem step by step. At the end, write the final answer as a "
@@ -93,7 +93,7 @@ def main() -> None:
     from pipelinerl_jax.models import hf_io
     from pipelinerl_jax.models.tokenizer import Tokenizer
     from pipelinerl_jax.rewards.math import math_reward
-    from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     load = common.warn_if_busy()
@@ -105,7 +105,7 @@ def main() -> None:
     tokenizer = Tokenizer.from_dir(MODEL_DIR)
     _, graphdef, params = hf_io.load_hf(MODEL_DIR)
     problems = held_out_problems("word_problems", {"difficulty": 1}, args.problems)
-    sampler = Sampler(
+    sampler = PagedSampler(
         graphdef,
         params,
         SamplerConfig(

@@ -1,6 +1,6 @@
 """Run checkpoints with Orbax: train state, pipeline bookkeeping, and the model's shape.
 
-    ckpt = RunCheckpointer(workdir, keep=3, model_config=llama.config_of(graphdef))
+    ckpt = RunCheckpointer(workdir, keep=3, model_config=decoder.config_of(graphdef))
     restored = ckpt.restore_latest(abstract_state(trainer, abstract_params))
     if restored is not None:
         step, state, extra = restored

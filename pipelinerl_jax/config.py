@@ -1,9 +1,10 @@
 """Run configuration: an ml_collections ConfigDict (configs/*.py) -> frozen dataclasses.
 
 The ConfigDict is what users edit and override from the command line
-(`--config.trainer.learning_rate=1e-6`); library code only ever sees the frozen `RunConfig`
-built here. Every check that can fail does so here, before any compilation, with a one-line
-`ConfigError` naming the field and the fix.
+(`--config.trainer.learning_rate=1e-6`) or from Python (`presets.tiny(steps=2)`: the
+ConfigDicts of configs/*.py live in pipelinerl_jax/presets.py); library code only ever sees
+the frozen `RunConfig` built here. Every check that can fail does so here, before any
+compilation, with a one-line `ConfigError` naming the field and the fix.
 
 The ConfigDict's layout: the top-level fields (TOP_FIELDS) and one section per entry of
 SECTIONS. Each field's meaning is the `#` comment beside it in its dataclass (config_schema.py
@@ -236,7 +237,7 @@ def _items(d: dict) -> tuple:
 
 
 def from_config_dict(cfg) -> RunConfig:
-    """Validates a ConfigDict (see configs/default.py for every field) into a RunConfig."""
+    """Validates a ConfigDict (presets.demo_config() sets every field) into a RunConfig."""
     top = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     _check_keys(top, _section(cfg, "generation"))
     mode = _top_value(top, "mode")
@@ -273,7 +274,7 @@ def from_config_dict(cfg) -> RunConfig:
         )
     from pipelinerl_jax.models.config import ModelConfig
 
-    # The dtypes and remat come from the model section itself (pipeline.run.model_config).
+    # The dtypes and remat come from the model section itself (pipeline.runner.model_config).
     arch = {f.name for f in dataclasses.fields(ModelConfig)} - {
         "param_dtype",
         "compute_dtype",

@@ -116,15 +116,21 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides) -> None:
     """Sets each (path, text) on cfg, in order (a later one wins)."""
     with cfg.unlocked():  # a file may lock its ConfigDict; overrides may still add fields
         for path, text in overrides:
-            value = parse_value(config_schema.find(path), text)
-            *parents, leaf = path.split(".")
-            node = cfg
-            for part in parents:
-                child = node.get(part, None)
-                if not isinstance(child, (dict, ml_collections.ConfigDict)):
-                    child = _set(node, part, ml_collections.ConfigDict())
-                node = child
-            _set(node, leaf, value)
+            set_path(cfg, path, parse_value(config_schema.find(path), text))
+
+
+def set_path(cfg: ml_collections.ConfigDict, path: str, value) -> None:
+    """cfg.<path> = value for a dotted path, making the sections on the way that cfg lacks
+    (cfg must be unlocked to add fields). The path is not checked here: from_config_dict
+    names an unknown one."""
+    *parents, leaf = path.split(".")
+    node = cfg
+    for part in parents:
+        child = node.get(part, None)
+        if not isinstance(child, (dict, ml_collections.ConfigDict)):
+            child = _set(node, part, ml_collections.ConfigDict())
+        node = child
+    _set(node, leaf, value)
 
 
 def _set(node, key: str, value):

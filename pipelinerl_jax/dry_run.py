@@ -2,7 +2,7 @@
 
 From a validated RunConfig: the task's options (built, not drawn from), the dataset files
 (found, not read), the reward function (imported), the devices split into the sampler and
-trainer meshes as the run splits them (`pipeline.run.split_devices`), the model's shape (from
+trainer meshes as the run splits them (`pipeline.runner.split_devices`), the model's shape (from
 model.hf_dir's config.json or model.init; no weights) and the run's own start-up memory
 estimate (`memory.estimate`, refused with one line when it cannot fit, as a run is). Prints the
 resolved config as JSON, then the devices, the parameter count and the memory estimate.
@@ -22,7 +22,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print) -> dict:
     from pipelinerl_jax import memory
     from pipelinerl_jax.data.datasets import resolve_files
     from pipelinerl_jax.data.tasks import make_task
-    from pipelinerl_jax.pipeline.run import model_config, split_devices
+    from pipelinerl_jax.pipeline.runner import model_config, split_devices
     from pipelinerl_jax.rewards.tables import reward_fn_spec
 
     if cfg.data.task:
@@ -33,7 +33,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print) -> dict:
     devices = jax.devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
     model_cfg = model_config(cfg)
-    # The same estimate and refusal as the run's start-up check (pipeline.run.check_memory).
+    # The same estimate and refusal as the run's start-up check (pipeline.runner.check_memory).
     est = memory.estimate(cfg, model_cfg, shared_device=True)
     shared = " (shared)" if sampler_devices == trainer_devices else ""
     out = {

@@ -103,8 +103,9 @@ def evaluate_problems(
 ) -> dict:
     """Generates k attempts per problem, scores them, and summarises (see the module doc).
 
-    sampler: an idle pipelinerl_jax.sampler.Sampler (its other requests' samples would be
-      consumed here, so it must have no work queued; raises RuntimeError otherwise).
+    sampler: an idle `sampler.protocol.Sampler`, e.g. a `PagedSampler` (its other requests'
+      samples would be consumed here, so it must have no work queued; raises RuntimeError
+      otherwise).
     tokenizer: encode / decode (and apply_chat_template for the chat template).
     reward_fn: a RewardPool, a reward name or "module:callable", or a callable
       (completion, problem) -> Verdict | float.

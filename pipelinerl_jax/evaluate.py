@@ -290,7 +290,7 @@ def evaluate_cli(fv) -> dict:
     prompt_config = _prompt_config(fv, task, run_config)
 
     from pipelinerl_jax import eval_lib
-    from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     k = 1 if fv.greedy else fv.k
@@ -316,7 +316,7 @@ def evaluate_cli(fv) -> dict:
         cfg.max_position_embeddings, longest + sampling.max_new_tokens
     )
     max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size
-    sampler = Sampler(
+    sampler = PagedSampler(
         graphdef,
         params,
         SamplerConfig(

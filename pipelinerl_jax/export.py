@@ -68,7 +68,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict | None:
-    """The run's config.json (written by pipeline/run.py) as a dict, or None if absent."""
+    """The run's config.json (written by pipeline/runner.py) as a dict, or None if absent."""
     path = Path(workdir) / "config.json"
     if not path.exists():
         return None
@@ -106,7 +106,7 @@ def load_model(workdir: str | os.PathLike, step: int | None = None):
         RunCheckpointer,
         model_config_from_json,
     )
-    from pipelinerl_jax.models import llama
+    from pipelinerl_jax.models import decoder
 
     workdir = Path(workdir)
     if not workdir.is_dir():
@@ -136,7 +136,7 @@ def load_model(workdir: str | os.PathLike, step: int | None = None):
                         "there is no config.json; cannot tell the model's shape"
                     )
                 cfg = model_config_from_run(run_config)
-            graphdef, abstract_params = llama.abstract_init(cfg)
+            graphdef, abstract_params = decoder.abstract_init(cfg)
             return s, cfg, graphdef, ckpt.restore_params(s, abstract_params)
         except CorruptCheckpointError as e:
             if step is not None:

@@ -123,7 +123,7 @@ def generate_file(fv: flags.FlagValues) -> dict:
     prompts = read_prompts(fv.prompts, tokenizer, fv.chat)
     cfg, graphdef, params = hf_io.load_hf(fv.model_dir, param_dtype=fv.dtype)
 
-    from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     sampling = SamplingParams(
@@ -147,7 +147,7 @@ def generate_file(fv: flags.FlagValues) -> dict:
         prefill_chunk=min(512, max_seq_len),
         seed=fv.seed,
     )
-    sampler = Sampler(graphdef, params, config, eos_token_ids=tokenizer.eos_token_ids)
+    sampler = PagedSampler(graphdef, params, config, eos_token_ids=tokenizer.eos_token_ids)
     for i, p in enumerate(prompts):
         sampler.submit(p["ids"], n=fv.n, params=sampling, request_id=i)
 

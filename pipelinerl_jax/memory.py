@@ -29,7 +29,7 @@ micro-batch, B sampler slots):
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
 - eval_sampler: with held-out evaluation on (eval_every or eval.at_start), the evaluation's own
   sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
-  built for each evaluation and dropped after, pipeline/run.py build_evaluator).
+  built for each evaluation and dropped after, pipeline/runner.py build_evaluator).
 - activations: the train step's. With remat: the residual stream [R/M, T, E] saved per layer,
   plus one layer's recomputed internals. Without: every layer's internals, plus one more for
   the cotangents of the layer being differentiated. Either way plus the LM head's working set
@@ -211,16 +211,10 @@ def _sampler_kv_pool(cfg, model_cfg: ModelConfig) -> tuple[pg.PoolSize, int]:
 
 
 def _uses_staged(attention: str) -> bool:
-    """Whether decode attention resolves to "staged" (engine.py: "auto" is staged off GPUs)."""
-    if attention == "staged":
-        return True
-    if attention != "auto":
-        return False
-    import jax
+    """Whether decode attention resolves to the "staged" strategy (sampler/strategies.py)."""
+    from pipelinerl_jax.sampler import strategies
 
-    from pipelinerl_jax.kernels.paged_attention import triton_available
-
-    return not (jax.default_backend() == "gpu" and triton_available())
+    return strategies.resolve(attention) == "staged"
 
 
 def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> MemoryEstimate:

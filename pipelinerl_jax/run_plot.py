@@ -3,7 +3,7 @@
     plot_run(train_records, eval_records, Path(workdir) / "curves.png")
     python -m pipelinerl_jax.run_plot --workdir=/tmp/run      # redraw from metrics.jsonl
 
-The run writes `<workdir>/curves.png` at every checkpoint and at its end (see pipeline/run.py)
+The run writes `<workdir>/curves.png` at every checkpoint and at its end (see pipeline/runner.py)
 from the same records as metrics.jsonl. Held-out evaluations, when the run has them, are drawn
 as points on the reward (avg@k) and success (pass@k) panels. Drawn with matplotlib's
 object API on the Agg canvas: no display, no pyplot global state, so the trainer thread can

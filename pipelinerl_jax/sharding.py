@@ -6,17 +6,25 @@ axis: FSDP shards the hidden ("embed") axis over "fsdp", tensor parallelism shar
 and vocabulary over "tp". A rule is skipped (that dimension is replicated) when the mesh has no
 such axis, when the dimension does not divide by the mesh axis size, or when the mesh axis is
 already used by an earlier dimension of the same array.
+
+The mesh axes a rule table maps to are the only ones it knows: `check_mesh` rejects a mesh with
+any other axis name (its dimensions would silently be replicated). `make_mesh` is the one mesh
+builder (the trainer's, the sampler's, the pipeline's).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from pipelinerl_jax.errors import ConfigError
+
 FSDP, TP = "fsdp", "tp"
+Rules = Iterable[tuple[str, str | None]]  # (logical axis, mesh axis or None) pairs
 
 # logical axis -> mesh axis (or None: replicated). The one table every layout derives from.
 RULES: tuple[tuple[str, str | None], ...] = (
@@ -32,11 +40,32 @@ RULES: tuple[tuple[str, str | None], ...] = (
 )
 
 
+def mesh_axes(rules: Rules = RULES) -> tuple[str, ...]:
+    """The mesh axes `rules` map logical axes to (the batch axis included), in rule order."""
+    return tuple(dict.fromkeys(axis for _, axis in rules if axis is not None))
+
+
+def batch_axis(rules: Rules = RULES) -> str | None:
+    """The mesh axis batch rows are split over: the "batch" rule's (None: replicated)."""
+    return dict(rules).get("batch")
+
+
+def check_mesh(mesh: Mesh, rules: Rules = RULES) -> None:
+    """ConfigError unless every axis of `mesh` is one the rules map to."""
+    known = mesh_axes(rules)
+    unknown = [name for name in mesh.axis_names if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"mesh axes {unknown} are unknown to the sharding rules (known axes: {list(known)}); "
+            "name the mesh axes after them or pass rules that map logical axes onto these"
+        )
+
+
 def logical_to_spec(
     names: Sequence[str | None],
     shape: Sequence[int],
     mesh: Mesh,
-    rules: Iterable[tuple[str, str | None]] = RULES,
+    rules: Rules = RULES,
 ) -> PartitionSpec:
     """PartitionSpec for one array from its logical axis names, with divisibility fallback."""
     table = dict(rules)
@@ -59,12 +88,10 @@ def _names(var: nnx.Variable) -> tuple | None:
     return meta.get("out_sharding", meta.get("sharding_names"))
 
 
-def param_shardings(
-    params: nnx.State, mesh: Mesh, rules: Iterable[tuple[str, str | None]] = RULES
-) -> nnx.State:
+def param_shardings(params: nnx.State, mesh: Mesh, rules: Rules = RULES) -> nnx.State:
     """A pytree like `params` (same structure, usable with device_put and jit) of NamedShardings.
 
-    `params` may hold arrays or jax.ShapeDtypeStruct (from `llama.abstract_init`).
+    `params` may hold arrays or jax.ShapeDtypeStruct (from `decoder.abstract_init`).
     """
     rules = tuple(rules)
 
@@ -77,19 +104,20 @@ def param_shardings(
     return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def param_specs(
-    params: nnx.State, mesh: Mesh, rules: Iterable[tuple[str, str | None]] = RULES
-) -> nnx.State:
+def param_specs(params: nnx.State, mesh: Mesh, rules: Rules = RULES) -> nnx.State:
     """Like `param_shardings` but PartitionSpecs (for shard_map / with_sharding_constraint)."""
     shardings = param_shardings(params, mesh, rules)
     return jax.tree.map(lambda s: s.spec, shardings)
 
 
-def batch_sharding(mesh: Mesh, ndim: int, batch_size: int | None = None) -> NamedSharding:
+def batch_sharding(
+    mesh: Mesh, ndim: int, batch_size: int | None = None, rules: Rules = RULES
+) -> NamedSharding:
     """Leading (batch) axis split over the data-parallel mesh axis, the rest replicated."""
+    rules = tuple(rules)
     names = ("batch",) + (None,) * (ndim - 1)
-    shape = (batch_size if batch_size is not None else mesh.shape.get(FSDP, 1),) + (1,) * (ndim - 1)
-    return NamedSharding(mesh, logical_to_spec(names, shape, mesh))
+    size = batch_size if batch_size is not None else mesh.shape.get(batch_axis(rules), 1)
+    return NamedSharding(mesh, logical_to_spec(names, (size,) + (1,) * (ndim - 1), mesh, rules))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -104,11 +132,21 @@ def make_mesh(
     """A mesh with Auto axis types: the model leaves propagation to XLA (GSPMD).
 
     jax.make_mesh defaults to Explicit axes, under which the forward's einsums would each need
-    an explicit out_sharding; Auto lets the param shardings alone decide the layout.
+    an explicit out_sharding; Auto lets the param shardings alone decide the layout. With
+    `devices`, they fill the mesh in order (row-major: the last axis holds consecutive
+    devices); without, jax.make_mesh picks an order suited to the hardware's topology.
     """
+    shape, axis_names = tuple(shape), tuple(axis_names)
+    if len(shape) != len(axis_names):
+        raise ConfigError(f"mesh shape {shape} and axis names {axis_names} differ in length")
     axis_types = (jax.sharding.AxisType.Auto,) * len(axis_names)
     if devices is None:
-        return jax.make_mesh(tuple(shape), tuple(axis_names), axis_types=axis_types)
+        return jax.make_mesh(shape, axis_names, axis_types=axis_types)
     import numpy as np
 
-    return Mesh(np.asarray(devices).reshape(tuple(shape)), tuple(axis_names), axis_types=axis_types)
+    devices = np.asarray(devices)
+    if devices.size != math.prod(shape):
+        raise ConfigError(
+            f"a mesh of shape {shape} needs {math.prod(shape)} devices, got {devices.size}"
+        )
+    return Mesh(devices.reshape(shape), axis_names, axis_types=axis_types)

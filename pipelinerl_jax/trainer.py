@@ -3,12 +3,18 @@
 The step runs on a trainer mesh with axes ("fsdp", "tp"): params and optimizer moments are
 sharded by the logical-axis rules of pipelinerl_jax.sharding, batch rows are split over "fsdp".
 It is compiled once, with explicit in/out shardings, and donates the old state. Inside:
-gradient accumulation over micro-batches with lax.scan (f32 accumulators), the objective from
-rl/losses.py, optax AdamW (warm-up + cosine or constant, global-norm clipping, no decay on
-norms and biases). Moments are always f32: the optimizer sees f32 views of the params and the
-update is cast back, so bf16 params work. A non-finite loss or gradient skips the update (the
-state is returned unchanged apart from its counters); `check_skips` on the host stops the run
-after too many skips in a row.
+gradient accumulation over micro-batches with lax.scan (f32 accumulators), the loss
+(`default_loss_fn`: the model forward and the registered objective of rl/objectives.py),
+global-norm clipping, then optax AdamW (warm-up + cosine or constant, no decay on norms and
+biases). Moments are always f32: the optimizer sees f32 views of the params and the update is
+cast back, so bf16 params work. A non-finite loss or gradient skips the update (the state is
+returned unchanged apart from its counters); `check_skips` on the host stops the run after too
+many skips in a row.
+
+Three pieces can be swapped without editing the library: `Trainer(..., loss_fn=, optimizer=,
+rules=)` takes a loss function with `default_loss_fn`'s signature, any optax
+GradientTransformation in place of AdamW, and logical-axis rules in place of sharding.RULES
+(the mesh must then use only the mesh axes those rules name).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -28,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl import losses
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.rl.config import LossConfig, linear_schedule
@@ -92,7 +99,8 @@ def trainer_mesh(devices=None, *, tp: int = 1) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     if tp < 1 or len(devices) % tp:
         raise ConfigError(f"trainer tp={tp} must divide the {len(devices)} trainer devices")
-    return Mesh(np.array(devices).reshape(len(devices) // tp, tp), (sharding.FSDP, sharding.TP))
+    # Devices passed explicitly: a tp group is always consecutive devices, on any topology.
+    return sharding.make_mesh((len(devices) // tp, tp), (sharding.FSDP, sharding.TP), devices)
 
 
 def learning_rate_schedule(cfg: TrainerConfig) -> optax.Schedule:
@@ -135,17 +143,19 @@ def _f32(tree):
     return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
 
 
-def _micro_split(x, m: int, mesh: Mesh):
+def _micro_split(x, m: int, mesh: Mesh, batch_axis: str | None):
     """[R, ...] -> [M, R/M, ...] with micro-batch k = rows k, k+M, ...: stays shard-local."""
     x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
-    spec = P(None, sharding.FSDP) if sharding.FSDP in mesh.shape else P()
+    spec = P(None, batch_axis) if batch_axis in mesh.shape else P()
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -> llama.AttentionFn:
+def blocked_causal_attention(
+    segment_ids_BxT, block: int, prefix_ids_BxT=None
+) -> decoder.AttentionFn:
     """Segment-causal attention computed per query block, skipping the blocks above the diagonal.
 
-    Same result as llama.segment_causal_attention; for query block [a, b) only keys [0, b) can
+    Same result as decoder.segment_causal_attention; for query block [a, b) only keys [0, b) can
     be visible, so scores are [b - a, b] instead of [b - a, T]. q, k, v are moved to head-major
     layout once so every block's matmuls read contiguous [T, D] panels (per-block einsums over
     the token-major layout made XLA CPU transpose K and V again for every block). Blocks are
@@ -172,7 +182,7 @@ def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -
                 k_BxKxSxD[:, :, :b],
                 preferred_element_type=jnp.float32,
             ) * (1.0 / math.sqrt(D))
-            mask_BxQxS = llama.segment_visible(seg_BxT, prefix_ids_BxT, slice(a, b), slice(0, b))
+            mask_BxQxS = decoder.segment_visible(seg_BxT, prefix_ids_BxT, slice(a, b), slice(0, b))
             s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
             p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
             outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v_BxKxSxD[:, :, :b]))
@@ -182,37 +192,77 @@ def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -
     return attend
 
 
-def _loss_fn(
-    params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef, attention_block
+# loss_fn(params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef,
+#         attention_block) -> (loss, stats): see default_loss_fn.
+LossFn = Callable[..., tuple[jax.Array, dict]]
+
+
+def default_loss_fn(
+    params,
+    ref_params,
+    batch: TrainBatch,
+    *,
+    graphdef,
+    loss_cfg: LossConfig,
+    kl_coef,
+    entropy_coef,
+    attention_block: int,
 ):
+    """(loss, stats) of one (micro-)batch: the Trainer's loss unless it is given `loss_fn=`.
+
+    Differentiated with respect to `params` (nnx.State); `ref_params` are the frozen reference
+    params when loss_cfg uses a KL term, else None. `batch` is a TrainBatch whose token fields
+    may be one micro-batch's rows. kl_coef and entropy_coef are this step's scheduled values
+    (traced scalars); graphdef, loss_cfg and attention_block are the Trainer's.
+
+    `loss` is the scalar to differentiate (a sum over tokens: micro-batches add up). `stats` is
+    a dict of additive sums merged with losses.accumulate ("max_" keys by maximum) and turned
+    into metrics by losses.finalize; it must hold "loss" (the step is skipped when it is not
+    finite). A replacement may call this function and add terms of its own, e.g.
+
+        loss, stats = default_loss_fn(params, ref_params, batch, **kw)
+        return loss + extra, {**stats, "loss": stats["loss"] + extra, "extra": extra}
+
+    It is traced inside the jitted step (once per micro-batch: a term that is not a sum over
+    the micro-batch's tokens, like a weight penalty, counts trainer.micro_batches times).
+    """
     if attention_block > 0:
         attend = blocked_causal_attention(batch.segment_ids, attention_block, batch.prefix_ids)
     else:
-        attend = llama.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
+        attend = decoder.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
     ref_lp = None
     if ref_params is not None:
-        ref_hidden, _ = llama.forward_hidden(
+        ref_hidden, _ = decoder.forward_hidden(
             graphdef, ref_params, batch.tokens, batch.positions, attend=attend
         )
         ref_lp, _ = chunked_logprobs(
             ref_hidden,
-            llama.lm_head_weight(ref_params),
+            decoder.lm_head_weight(ref_params),
             batch.targets,
             temperature=loss_cfg.temperature,
             vocab_chunk=loss_cfg.vocab_chunk,
         )
         ref_lp = jax.lax.stop_gradient(ref_lp)
-    hidden, _ = llama.forward_hidden(graphdef, params, batch.tokens, batch.positions, attend=attend)
+    hidden, _ = decoder.forward_hidden(
+        graphdef, params, batch.tokens, batch.positions, attend=attend
+    )
     return losses.loss_from_hidden(
         loss_cfg,
         hidden,
-        llama.lm_head_weight(params),
+        decoder.lm_head_weight(params),
         batch,
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
         ref_logprobs=ref_lp,
         num_sequences=batch.num_sequences,
     )
+
+
+def _learning_rate(opt_state) -> jax.Array | None:
+    """The learning rate a custom optimizer reports in its state (optax.inject_hyperparams)."""
+    found = optax.tree_utils.tree_get_all_with_path(opt_state, "learning_rate")
+    scalars = [v for _, v in found if jnp.ndim(v) == 0]
+    return jnp.asarray(scalars[0], jnp.float32) if scalars else None
 
 
 def _train_step(
@@ -223,6 +273,9 @@ def _train_step(
     cfg: TrainerConfig,
     tx: optax.GradientTransformation,
     mesh: Mesh,
+    loss_fn: LossFn,
+    batch_axis: str | None,
+    default_tx: bool,
 ):
     lc = cfg.loss
     kl_coef = linear_schedule(lc.kl_coef, lc.kl_coef_end, lc.kl_schedule_steps, state.step)
@@ -230,7 +283,7 @@ def _train_step(
         lc.entropy_coef, lc.entropy_coef_end, lc.entropy_schedule_steps, state.step
     )
     loss_fn = functools.partial(
-        _loss_fn,
+        loss_fn,
         graphdef=graphdef,
         loss_cfg=lc,
         kl_coef=kl_coef,
@@ -244,7 +297,7 @@ def _train_step(
         grads, stats = grad_fn(state.params, ref, batch)
         grads = _f32(grads)
     else:
-        micro = {k: _micro_split(getattr(batch, k), m, mesh) for k in TOKEN_FIELDS}
+        micro = {k: _micro_split(getattr(batch, k), m, mesh, batch_axis) for k in TOKEN_FIELDS}
 
         def accumulate(acc, xs):
             g, s = grad_fn(state.params, ref, batch.replace(**xs))
@@ -297,9 +350,13 @@ def _train_step(
     metrics.update(
         losses.advantage_metrics(batch.sequence_advantages, batch.rewards, batch.sequence_mask)
     )
+    # The built-in schedule is a function of applied updates; a custom optimizer's rate is
+    # reported only if its state carries one (absent otherwise, rather than a wrong value).
+    lr = learning_rate_schedule(cfg)(state.version) if default_tx else _learning_rate(new_opt)
+    if lr is not None:
+        metrics["lr"] = lr
     metrics.update(
         grad_norm=grad_norm,
-        lr=learning_rate_schedule(cfg)(state.version),
         kl_coef=jnp.asarray(kl_coef, jnp.float32),
         entropy_coef=jnp.asarray(ent_coef, jnp.float32),
         skipped=skipped,
@@ -311,12 +368,41 @@ def _train_step(
 
 
 class Trainer:
-    """Owns the mesh layout, the optimizer and the compiled step for one model and config."""
+    """Owns the mesh layout, the optimizer and the compiled step for one model and config.
 
-    def __init__(self, cfg: TrainerConfig, graphdef, abstract_params, mesh: Mesh):
+    loss_fn: replaces `default_loss_fn` (same signature and contract); optimizer: an optax
+    GradientTransformation replacing `make_optimizer(cfg)` (it sees f32 params and gradients,
+    so its state is f32; the step still clips by cfg.grad_clip_norm first: set it to 0 to leave
+    clipping to the optimizer; the "lr" metric is reported if its state has a scalar
+    "learning_rate", as with optax.inject_hyperparams); rules: logical-axis rules replacing
+    sharding.RULES for params, optimizer state and batch rows (the "batch" rule's mesh axis).
+    The mesh may only use axes the rules map to (ConfigError otherwise).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        graphdef,
+        abstract_params,
+        mesh: Mesh,
+        *,
+        loss_fn: LossFn | None = None,
+        optimizer: optax.GradientTransformation | None = None,
+        rules: sharding.Rules | None = None,
+    ):
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(f"Trainer(loss_fn=...) must be callable, got {loss_fn!r}")
+        if optimizer is not None and not isinstance(optimizer, optax.GradientTransformation):
+            raise TypeError(
+                f"Trainer(optimizer=...) must be an optax GradientTransformation, got {optimizer!r}"
+            )
+        self.rules = tuple(sharding.RULES if rules is None else rules)
+        sharding.check_mesh(mesh, self.rules)
         self.cfg, self.graphdef, self.mesh = cfg, graphdef, mesh
-        self.tx = make_optimizer(cfg)
-        self.param_shardings = sharding.param_shardings(abstract_params, mesh)
+        self.loss_fn = default_loss_fn if loss_fn is None else loss_fn
+        self.tx = make_optimizer(cfg) if optimizer is None else optimizer
+        self.batch_axis = sharding.batch_axis(self.rules)
+        self.param_shardings = sharding.param_shardings(abstract_params, mesh, self.rules)
         repl = sharding.replicated(mesh)
         opt_shapes = jax.eval_shape(lambda p: self.tx.init(_f32(p)), abstract_params)
         self.opt_shardings = optax.tree_map_params(
@@ -338,28 +424,40 @@ class Trainer:
             consecutive_skips=repl,
         )
         self._step = jax.jit(
-            functools.partial(_train_step, graphdef=graphdef, cfg=cfg, tx=self.tx, mesh=mesh),
+            functools.partial(
+                _train_step,
+                graphdef=graphdef,
+                cfg=cfg,
+                tx=self.tx,
+                mesh=mesh,
+                loss_fn=self.loss_fn,
+                batch_axis=self.batch_axis,
+                default_tx=optimizer is None,
+            ),
             in_shardings=(self.state_shardings, self._batch_shardings),
             out_shardings=(self.state_shardings, repl),
             donate_argnums=0,
         )
 
+    def _row_devices(self) -> int:
+        return self.mesh.shape.get(self.batch_axis, 1)
+
     def batch_shardings(self) -> TrainBatch:
-        """Rows over "fsdp"; the per-sequence fields replicated."""
-        fsdp = self.mesh.shape.get(sharding.FSDP, 1)
-        rows_sh = NamedSharding(self.mesh, P(sharding.FSDP) if fsdp > 1 else P())
+        """Rows over the batch axis ("fsdp"); the per-sequence fields replicated."""
+        rows = P(self.batch_axis) if self._row_devices() > 1 else P()
+        rows_sh = NamedSharding(self.mesh, rows)
         repl = sharding.replicated(self.mesh)
         return TrainBatch(
             **{k: rows_sh for k in TOKEN_FIELDS}, **{k: repl for k in SEQUENCE_FIELDS}
         )
 
     def check_rows(self, num_rows: int) -> None:
-        """Rows must split evenly into micro-batches and over the fsdp devices."""
-        fsdp = self.mesh.shape.get(sharding.FSDP, 1)
-        if num_rows % (self.cfg.micro_batches * fsdp):
+        """Rows must split evenly into micro-batches and over the batch axis's devices."""
+        devices = self._row_devices()
+        if num_rows % (self.cfg.micro_batches * devices):
             raise ConfigError(
                 f"batch.num_rows={num_rows} must be a multiple of trainer.micro_batches="
-                f"{self.cfg.micro_batches} x fsdp devices={fsdp}"
+                f"{self.cfg.micro_batches} x {self.batch_axis or 'batch'} devices={devices}"
             )
 
     def put_batch(self, batch: TrainBatch) -> TrainBatch:
@@ -408,7 +506,7 @@ def check_skips(metrics: dict, max_consecutive_skips: int) -> None:
     if run >= max_consecutive_skips:
         raise NonFiniteLossError(
             f"{run} consecutive train steps had a non-finite loss or gradient (at policy version "
-            f"{int(metrics['version'])}, loss {float(metrics['loss'])}); stopping. Check rewards and "
-            "sampler logprobs for NaN/Inf, lower trainer.learning_rate, or raise "
+            f"{int(metrics['version'])}, loss {float(metrics['loss'])}); stopping. Check rewards "
+            "and sampler logprobs for NaN/Inf, lower trainer.learning_rate, or raise "
             "trainer.max_consecutive_skips"
         )

@@ -23,7 +23,7 @@ import pytest
 
 from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
@@ -74,7 +74,7 @@ def assert_bit_identical(a, b):
 
 @pytest.fixture(scope="module")
 def setup():
-    graphdef, params = llama.init(CFG, jax.random.key(0))
+    graphdef, params = decoder.init(CFG, jax.random.key(0))
     abstract_params = jax.eval_shape(lambda: params)
     trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
     state = trainer.init_state(params)
@@ -112,7 +112,7 @@ def test_round_trip_bit_identical(setup, tmp_path):
     meta = ck.RunCheckpointer(tmp_path).read_json(7, "meta")
     assert ck.model_config_from_json(meta["model_config"]) == CFG
     # Params alone (what export reads), onto a fresh model's structure.
-    params = ck.RunCheckpointer(tmp_path).restore_params(7, llama.abstract_init(CFG)[1])
+    params = ck.RunCheckpointer(tmp_path).restore_params(7, decoder.abstract_init(CFG)[1])
     assert_bit_identical(params, saved.params)
 
 
@@ -207,7 +207,7 @@ def test_structure_mismatch_is_a_config_error(setup, tmp_path):
     with ck.RunCheckpointer(tmp_path) as ckpt:
         ckpt.save(5, state, {})
     wider = dataclasses.replace(CFG, intermediate_size=96)
-    graphdef, abstract_params = llama.abstract_init(wider)
+    graphdef, abstract_params = decoder.abstract_init(wider)
     other = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
     with pytest.raises(
         ConfigError,
@@ -339,10 +339,10 @@ _SHARDED = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from test_checkpoint import CFG, assert_bit_identical, randomize
     from pipelinerl_jax import checkpoint as ck
-    from pipelinerl_jax.models import llama
+    from pipelinerl_jax.models import decoder
     from pipelinerl_jax.trainer import Trainer, TrainerConfig, trainer_mesh
     assert len(jax.devices()) == 8
-    graphdef, abstract_params = llama.abstract_init(CFG)
+    graphdef, abstract_params = decoder.abstract_init(CFG)
     trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh(tp=2))
     step, state, extra = ck.RunCheckpointer(sys.argv[1]).restore_latest(
         ck.abstract_state(trainer, abstract_params))

@@ -7,7 +7,7 @@ from configs import default as default_config
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, build_messages
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import run as run_lib
+from pipelinerl_jax.pipeline import runner as run_lib
 
 
 def _cfg(**overrides):

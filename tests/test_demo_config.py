@@ -14,7 +14,7 @@ from configs import default as default_config
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline.run import completion_text
+from pipelinerl_jax.pipeline.runner import completion_text
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pipelinerl_jax import eval_lib, evaluate
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.prompts import PromptConfig
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task, partial_credit
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.rewards.workers import RewardPool
@@ -266,7 +266,7 @@ def test_cli_workdir_task_checkpoint(tmp_path, capsys):
     rng = np.random.default_rng(1)
     params = jax.tree.map(
         lambda x: jax.numpy.asarray(0.3 * rng.standard_normal(x.shape), x.dtype),
-        llama.abstract_init(TASK_CFG)[1],
+        decoder.abstract_init(TASK_CFG)[1],
     )
     z = lambda v: jax.numpy.asarray(v, jax.numpy.int32)
     state = TrainState(

@@ -24,7 +24,7 @@ from tokenizers import models, pre_tokenizers
 
 from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax import export
-from pipelinerl_jax.models import hf_io, llama
+from pipelinerl_jax.models import decoder, hf_io
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.trainer import TrainState
 
@@ -51,7 +51,7 @@ CFG = ModelConfig(
 
 def random_params(seed):
     """Random weights, norms around 1 (so that they matter in the comparison)."""
-    _, params = llama.abstract_init(CFG)
+    _, params = decoder.abstract_init(CFG)
     rng = np.random.default_rng(seed)
 
     def one(path, x):
@@ -100,10 +100,10 @@ def test_export_round_trip_through_transformers(run_dir, tmp_path, capsys):
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 12))
     with torch.no_grad():
         ref = model(torch.tensor(tokens)).logits.float().numpy()
-    graphdef, _ = llama.abstract_init(CFG)
+    graphdef, _ = decoder.abstract_init(CFG)
     positions = np.broadcast_to(np.arange(12), (2, 12))
     ours = np.asarray(
-        llama.jit_forward(graphdef, random_params(2), jnp.asarray(tokens), jnp.asarray(positions))
+        decoder.jit_forward(graphdef, random_params(2), jnp.asarray(tokens), jnp.asarray(positions))
     )
     assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6
     gen = json.loads((out / "generation_config.json").read_text())

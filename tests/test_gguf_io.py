@@ -33,7 +33,7 @@ from tokenizers import models, pre_tokenizers, trainers
 
 from pipelinerl_jax import export
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import gguf_io, hf_io, llama, real_model
+from pipelinerl_jax.models import decoder, gguf_io, hf_io, real_model
 from pipelinerl_jax.models.tokenizer import Tokenizer
 
 E, F, H, K, D, L = 64, 128, 4, 2, 16, 2  # rows of 64/128: multiples of the 32-value blocks
@@ -233,7 +233,7 @@ def our_logits(model_dir, tokens_BxT, param_dtype="float32"):
     _, graphdef, params = hf_io.load_hf(model_dir, param_dtype=param_dtype)
     positions = np.broadcast_to(np.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
     return np.asarray(
-        llama.jit_forward(graphdef, params, jnp.asarray(tokens_BxT), jnp.asarray(positions))
+        decoder.jit_forward(graphdef, params, jnp.asarray(tokens_BxT), jnp.asarray(positions))
     )
 
 

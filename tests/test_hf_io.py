@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from pipelinerl_jax.models import hf_io, llama
+from pipelinerl_jax.models import decoder, hf_io
 
 VOCAB = 160
 T = 24
@@ -50,12 +50,15 @@ FAMILIES = {
     "qwen2_bias_tied": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
     "qwen3_qknorm": (transformers.Qwen3Config, dict(head_dim=16, tie_word_embeddings=False)),
     "mistral": (transformers.MistralConfig, dict(sliding_window=None, tie_word_embeddings=False)),
+    # gemma: (1 + w) norms, tanh GELU, sqrt(E)-scaled embeddings, head_dim != E / H.
+    "gemma": (transformers.GemmaConfig, dict(head_dim=16, tie_word_embeddings=True)),
 }
 MODEL_CLASSES = {
     "llama": transformers.LlamaForCausalLM,
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
     "mistral": transformers.MistralForCausalLM,
+    "gemma": transformers.GemmaForCausalLM,
 }
 
 
@@ -84,7 +87,7 @@ def our_logits(graphdef, params, tokens: np.ndarray) -> np.ndarray:
     B, T_ = tokens.shape
     positions = np.broadcast_to(np.arange(T_), (B, T_))
     return np.asarray(
-        llama.jit_forward(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions))
+        decoder.jit_forward(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions))
     )
 
 
@@ -142,7 +145,7 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, tokens):
     assert gen["eos_token_id"] == cfg.eos_token_id
 
 
-@pytest.mark.parametrize("family", ["qwen2_bias_tied", "qwen3_qknorm"])
+@pytest.mark.parametrize("family", ["qwen2_bias_tied", "qwen3_qknorm", "gemma"])
 def test_load_export_load_is_bit_identical(tmp_path, family):
     make_checkpoint(tmp_path / "src", family)
     for dtype in ("float32", "bfloat16"):

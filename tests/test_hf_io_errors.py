@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import hf_io, llama
+from pipelinerl_jax.models import decoder, hf_io
 from pipelinerl_jax.models.config import ModelConfig
 
 CFG = ModelConfig(
@@ -36,7 +36,7 @@ CFG = ModelConfig(
 
 @pytest.fixture
 def ckpt(tmp_path):
-    _, params = llama.init(CFG, jax.random.key(0))
+    _, params = decoder.init(CFG, jax.random.key(0))
     hf_io.save_hf(tmp_path / "m", CFG, params)
     return tmp_path / "m"
 
@@ -101,7 +101,7 @@ def test_missing_and_unexpected_tensor(ckpt):
 
 
 def test_missing_shard(tmp_path):
-    _, params = llama.init(CFG, jax.random.key(0))
+    _, params = decoder.init(CFG, jax.random.key(0))
     hf_io.save_hf(tmp_path / "m", CFG, params, max_shard_bytes=4096)
     index = json.loads((tmp_path / "m" / hf_io.INDEX_FILE).read_text())
     shard = sorted(set(index["weight_map"].values()))[1]

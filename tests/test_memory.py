@@ -1,7 +1,7 @@
 """memory.py: the start-up estimate's items by hand on the default's tiny model, how the knobs
 move them, its calibration against measured peak RSS, and the one-line refusal.
 
-Nothing is compiled: params are shapes from llama.abstract_init / jax.eval_shape.
+Nothing is compiled: params are shapes from decoder.abstract_init / jax.eval_shape.
 """
 
 import dataclasses
@@ -15,7 +15,7 @@ from configs import default as default_config
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax import memory
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import pages as pg
@@ -36,7 +36,7 @@ def _run_config(**overrides):
 
 
 def _model_config(cfg, **overrides) -> ModelConfig:
-    """The ModelConfig pipeline.run.build_model makes for a fresh-init config."""
+    """The ModelConfig pipeline.runner.build_model makes for a fresh-init config."""
     fields = dict(cfg.model.init)
     fields.update(
         param_dtype=cfg.model.param_dtype,
@@ -60,7 +60,7 @@ def tiny():
 def test_state_items_match_the_model_by_hand(tiny):
     cfg, m = tiny
     est = memory.estimate(cfg, m)
-    _, abstract = llama.abstract_init(m)
+    _, abstract = decoder.abstract_init(m)
     count = m.num_params()
     assert est.params == _nbytes(abstract) == count * 4
     assert est.optimizer == 2 * count * 4  # AdamW mu + nu, f32

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import block, decoder
 from pipelinerl_jax.models.config import ModelConfig
 
 # Every optional piece on at once (q/k/v bias, qk-norm, llama3 rope, untied head).
@@ -44,7 +44,7 @@ CFG = ModelConfig(
 
 @pytest.fixture(scope="module")
 def model():
-    graphdef, params = llama.init(CFG, jax.random.key(1))
+    graphdef, params = decoder.init(CFG, jax.random.key(1))
     # Random norms so that norm weights matter in the checks below.
     pure = nnx.to_pure_dict(params)
     rng = np.random.default_rng(0)
@@ -66,7 +66,7 @@ def forward_2x8(graphdef, params, tokens, positions=None, segments=None):
         positions = np.broadcast_to(np.arange(8), (2, 8))
     if segments is None:
         segments = np.zeros((2, 8), int)
-    return llama.jit_forward(
+    return decoder.jit_forward(
         graphdef,
         params,
         jnp.asarray(tokens, jnp.int32),
@@ -77,14 +77,14 @@ def forward_2x8(graphdef, params, tokens, positions=None, segments=None):
 
 def test_params_stacked_named_and_counted(model):
     graphdef, params = model
-    assert llama.config_of(graphdef) == CFG
+    assert decoder.config_of(graphdef) == CFG
     assert sum(x.size for x in jax.tree.leaves(params)) == CFG.num_params()
     for path, var in nnx.to_flat_state(params):
         names = var.get_metadata()["out_sharding"]
         assert len(names) == var.get_value().ndim, path
         if path[0] == "layers":
             assert names[0] == "layers" and var.get_value().shape[0] == CFG.num_layers
-    assert llama.lm_head_weight(params).shape == (CFG.hidden_size, CFG.vocab_size)
+    assert decoder.lm_head_weight(params).shape == (CFG.hidden_size, CFG.vocab_size)
 
 
 def test_packed_rows_equal_sequences_one_by_one(model):
@@ -116,7 +116,7 @@ def test_eager_forward_agrees_with_jit(model):
     graphdef, params = model
     tokens = np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 8))
     positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
-    eager = llama.forward(graphdef, params, jnp.asarray(tokens), positions)
+    eager = decoder.forward(graphdef, params, jnp.asarray(tokens), positions)
     assert rel_err(forward_2x8(graphdef, params, tokens), eager) < 1e-5
 
 
@@ -130,7 +130,7 @@ def dense_cache_attend(positions_BxT):
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v, start, axis=1)
         S = k_cache.shape[1]
         mask_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
-        return llama.masked_attention(q, k_cache, v_cache, mask_BxTxS), (k_cache, v_cache)
+        return decoder.masked_attention(q, k_cache, v_cache, mask_BxTxS), (k_cache, v_cache)
 
     return attend
 
@@ -147,7 +147,7 @@ def test_cached_decoding_equals_full_forward(model):
 
     @jax.jit
     def step(params, cache, tokens_BxT, positions_BxT):
-        hidden, cache = llama.forward_hidden(
+        hidden, cache = decoder.forward_hidden(
             graphdef,
             params,
             tokens_BxT,
@@ -155,7 +155,7 @@ def test_cached_decoding_equals_full_forward(model):
             attend=dense_cache_attend(positions_BxT),
             cache=cache,
         )
-        return llama.logits_from_hidden(params, hidden), cache
+        return decoder.logits_from_hidden(params, hidden), cache
 
     outs = []
     for t in range(T):
@@ -167,12 +167,12 @@ def test_cached_decoding_equals_full_forward(model):
 
 def test_remat_same_values_and_grads(model):
     graphdef, params = model
-    g_remat, _ = llama.abstract_init(dataclasses.replace(CFG, remat=True))
+    g_remat, _ = decoder.abstract_init(dataclasses.replace(CFG, remat=True))
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, CFG.vocab_size, (2, 8)))
     positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
 
     def loss(params, graphdef):
-        logits = llama.forward(graphdef, params, tokens, positions)
+        logits = decoder.forward(graphdef, params, tokens, positions)
         return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
     grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
@@ -187,7 +187,7 @@ def test_bf16_compute_with_f32_params(model):
     """bf16 activations (params cast per layer): logits f32, within 5% of f32 compute (bf16
     keeps 8 mantissa bits, ~0.4% per rounding; measured ~1% after 2 layers)."""
     graphdef, params = model
-    g16, _ = llama.abstract_init(dataclasses.replace(CFG, compute_dtype="bfloat16"))
+    g16, _ = decoder.abstract_init(dataclasses.replace(CFG, compute_dtype="bfloat16"))
     tokens = np.random.default_rng(4).integers(0, CFG.vocab_size, (2, 8))
     ref = forward_2x8(graphdef, params, tokens)
     low = forward_2x8(g16, params, tokens)
@@ -212,7 +212,7 @@ def test_dense_values_and_grads_accumulate_in_f32(dtype):
     g = rng.standard_normal((2, 5, 12))
 
     def loss(x, w):
-        return jnp.sum(llama._dense(x, w, 2).astype(jnp.float32) * g)
+        return jnp.sum(block.dense(x, w, 2).astype(jnp.float32) * g)
 
     value, (dx, dw) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
     assert dx.dtype == x.dtype and dw.dtype == w.dtype

@@ -5,13 +5,17 @@ in the main thread (as SIGINT would) while the trainer thread runs a chosen step
 import _thread
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 from pipelinerl_jax.checkpoint import RunCheckpointer
+from pipelinerl_jax.data.datasets import PromptStream
+from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.metrics import METRICS_FILE, read_records
-from pipelinerl_jax.pipeline import run as run_lib
+from pipelinerl_jax.pipeline import runner as run_lib
+from pipelinerl_jax.pipeline.checkpointing import interrupted
 
 
 class InterruptingTrainer:
@@ -104,3 +108,40 @@ def test_ctrl_c_without_a_workdir_says_there_is_nothing_to_resume():
         "interrupted at step 2: no checkpoint saved (checkpoints need --workdir and "
         "checkpoint_every > 0); a relaunch starts over from step 0"
     ]
+
+
+class _Checkpoints:
+    """What interrupted() uses of checkpointing.Checkpoints: the schedule and save()."""
+
+    def __init__(self, every: int, last_saved: int | None):
+        self.cfg, self.last_saved, self.saved = (
+            SimpleNamespace(checkpoint_every=every),
+            last_saved,
+            [],
+        )
+
+    def save(self, coord):
+        self.saved.append(coord.step)
+        self.last_saved = coord.step
+
+
+@pytest.mark.parametrize("step, last, saves", [(9, 5, True), (2, 0, False), (10, 10, False)])
+def test_ctrl_c_with_a_stream_without_state_saves_as_usual_and_promises_no_resume(
+    step, last, saves
+):
+    """The checkpoint still holds the params (export, evaluate), so the save policy is the
+    same; only the promise of a resume goes, since the stream's position is not in it."""
+    for stream, resumes in (
+        (iter(range(3)), False),
+        (PromptStream(make_task("copy_digits").source()), True),
+    ):
+        coord = SimpleNamespace(step=step, stream=stream, stopped=lambda: True)
+        ckpt, lines = _Checkpoints(10, last), []
+        interrupted(coord, ckpt, lines.append)
+        assert ckpt.saved == ([step] if saves else [])
+        (line,) = lines
+        assert line.startswith(f"interrupted at step {step}: ")
+        assert ("relaunching with the same --workdir" in line) == resumes
+        assert ("cannot be resumed (its prompt stream has no get_state/set_state)" in line) == (
+            not resumes
+        )

@@ -21,7 +21,7 @@ from pipelinerl_jax import checkpoint as checkpoint_lib
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.metrics import METRICS_FILE, TENSORBOARD_DIR, read_records, run_history
 from pipelinerl_jax.pipeline import checkpointing
-from pipelinerl_jax.pipeline import run as run_lib
+from pipelinerl_jax.pipeline import runner as run_lib
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

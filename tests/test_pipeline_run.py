@@ -20,8 +20,8 @@ import pytest
 
 from configs import default as default_config
 from pipelinerl_jax import config as config_lib
-from pipelinerl_jax.models import llama
-from pipelinerl_jax.pipeline import run as run_lib
+from pipelinerl_jax.models import decoder
+from pipelinerl_jax.pipeline import runner as run_lib
 
 
 def tiny_config(**overrides):
@@ -106,17 +106,17 @@ def _replay_step(graphdef, params, cache, token, pos):
         kc = jax.lax.dynamic_update_slice_in_dim(kc, k, pos, axis=1)
         vc = jax.lax.dynamic_update_slice_in_dim(vc, v, pos, axis=1)
         mask = (jnp.arange(S) <= pos)[None, None, :]
-        return llama.masked_attention(q, kc, vc, mask), (kc, vc)
+        return decoder.masked_attention(q, kc, vc, mask), (kc, vc)
 
-    hidden, cache = llama.forward_hidden(
+    hidden, cache = decoder.forward_hidden(
         graphdef, params, token[None, None], pos[None, None], attend=attend, cache=cache
     )
-    return jax.nn.log_softmax(llama.logits_from_hidden(params, hidden)[0, 0]), cache
+    return jax.nn.log_softmax(decoder.logits_from_hidden(params, hidden)[0, 0]), cache
 
 
 def replay_logprobs(graphdef, params_of, tokens, versions, prompt_len, max_len=32):
     """Token-by-token dense-cache decode where each position uses its own version's params."""
-    cfg = llama.config_of(graphdef)
+    cfg = decoder.config_of(graphdef)
     shape = (cfg.num_layers, 1, max_len, cfg.num_kv_heads, cfg.head_dim)
     cache = (jnp.zeros(shape), jnp.zeros(shape))
     logprobs = []
@@ -133,9 +133,9 @@ def replay_logprobs(graphdef, params_of, tokens, versions, prompt_len, max_len=3
 
 def run_scripted(cfg):
     components = run_lib.build(cfg)
-    graphdef = components.sampler.engine.graphdef
+    graphdef = components.graphdef
     params_a = components.state.params
-    params_b = llama.init(llama.config_of(graphdef), jax.random.key(99))[1]
+    params_b = decoder.init(decoder.config_of(graphdef), jax.random.key(99))[1]
     trainer = ScriptedTrainer(params_a, params_b)
     components.trainer, components.state = trainer, FakeState(params_a)
     summary = run_lib.run(cfg, None, components=components, echo=lambda *_: None)
@@ -200,13 +200,13 @@ def test_recompute_policy_matches_new_params_over_the_full_prefix():
     seqs = [s for b in trainer.batches for s in sequences_of(b)]
     mixed = [s for s in seqs if len(set(s[1])) > 1]
     assert mixed
-    cfg_model = llama.config_of(graphdef)
+    cfg_model = decoder.config_of(graphdef)
     for tokens, versions, behaviour, prompt_len in mixed[:6]:
         for j, version in enumerate(versions):
             n = prompt_len + j  # the prefix that produced completion token j
             padded = np.zeros(32, np.int32)
             padded[:n] = tokens[:n]  # causal: what follows position n-1 cannot change it
-            logits = llama.jit_forward(
+            logits = decoder.jit_forward(
                 graphdef,
                 trainer.params_of(int(version)),
                 jnp.asarray(padded[None]),

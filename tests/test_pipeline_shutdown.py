@@ -12,7 +12,7 @@ import pytest
 from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import run as run_lib
+from pipelinerl_jax.pipeline import runner as run_lib
 from pipelinerl_jax.pipeline.coordinator import PipelineError
 
 ROOT = Path(__file__).resolve().parents[1]

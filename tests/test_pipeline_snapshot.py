@@ -4,10 +4,12 @@ trained, through a JSON round trip, and where each kind goes on resume."""
 import json
 
 import numpy as np
+import pytest
 from test_pipeline_run import tiny_config
 
 from pipelinerl_jax.data.datasets import PromptStream
 from pipelinerl_jax.data.tasks import make_task
+from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline.admission import Admission
 from pipelinerl_jax.pipeline.coordinator import Coordinator
 from pipelinerl_jax.pipeline.groups import Group
@@ -99,3 +101,28 @@ def test_snapshot_restore_round_trip():
     for g, old in zip(resumed.requeue, (partial, fresh)):
         assert g.problem == old.problem and g.prompt_ids == old.prompt_ids
         assert g.samples == [] and g.rewards == []
+
+
+def test_a_stream_without_state_snapshots_none_and_restores_nothing():
+    """A generator's position cannot be saved: the snapshot says so (data None), and neither
+    such a snapshot nor a generator can be restored; the refusal leaves the coordinator as
+    it was."""
+    cfg = tiny_config()
+    task = make_task("reverse_digits")
+    rng = np.random.default_rng()
+    generator = (task.problem(int(i)) for i in rng.integers(0, task.num_problems, 100))
+    admission = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag)
+    coord = _coordinator(cfg, generator, admission)
+    coord.step = int(rng.integers(1, 50))
+    snap = json.loads(json.dumps(coord.snapshot()))
+    assert snap["data"] is None and snap["step"] == coord.step
+
+    grain = _coordinator(cfg, PromptStream(task.source(), seed=1), admission)
+    with pytest.raises(ConfigError, match="holds no stream position"):
+        grain.restore(snap)
+    with_position = {**snap, "data": grain.stream.get_state(), "started": 7}
+    fresh = Admission(groups_per_step=cfg.groups_per_step, max_lag=cfg.max_lag)
+    again = _coordinator(cfg, (p for p in [task.problem(0)]), fresh)
+    with pytest.raises(ConfigError, match=r"\(generator\) has no get_state/set_state"):
+        again.restore(with_position)
+    assert again.step == 0 and fresh.started == 0 and not again.pending

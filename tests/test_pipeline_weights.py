@@ -1,4 +1,8 @@
-"""The publisher copies params without aliasing the trainer's (donated) buffers."""
+"""The publisher stages the sampler's prepared copy of each version, newest only, handed over
+once it has arrived. (That PagedSampler.prepare never aliases the trainer's donated buffers is
+test_sampler_protocol.py's.)"""
+
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -12,23 +16,14 @@ def _params(seed):
     return {"w": jax.random.normal(k1, (8, 4)), "b": jax.random.normal(k2, (4,))}
 
 
-def test_published_copy_survives_donation_of_the_source():
-    params = _params(0)
-    expected = jax.tree.map(np.asarray, params)
+def _copy(params):
+    """A prepare that only copies (what PagedSampler.prepare does before its conversion)."""
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    publisher = Publisher(jax.tree.map(lambda _: sharding, params))
-    assert publisher.publish(params, version=1)
-    # The trainer's next step donates its params: the staged copy must not be those buffers.
-    step = jax.jit(lambda p: jax.tree.map(lambda x: x * 2.0, p), donate_argnums=0)
-    step(params)
-    staged = publisher.wait_newer(0, timeout=10.0)
-    assert staged.version == 1
-    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, staged.params), expected)
+    return jax.device_put(params, sharding, may_alias=False)
 
 
 def test_take_newer_keeps_only_the_newest_and_counts_skips():
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    publisher = Publisher(jax.tree.map(lambda _: sharding, _params(0)))
+    publisher = Publisher(_copy)
     publisher.publish(_params(1), 1)
     publisher.publish(_params(2), 2)
     assert publisher.skipped == 1
@@ -41,10 +36,7 @@ def test_take_newer_keeps_only_the_newest_and_counts_skips():
 
 
 def test_filtered_versions_are_not_published():
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    publisher = Publisher(
-        jax.tree.map(lambda _: sharding, _params(0)), publishes=lambda v: v % 4 == 0
-    )
+    publisher = Publisher(_copy, publishes=lambda v: v % 4 == 0)
     assert not publisher.publish(_params(1), 1)
     assert publisher.publish(_params(4), 4)
     assert publisher.wait_newer(0, timeout=0.1).version == 4
@@ -64,8 +56,7 @@ class _Pending:
 def test_take_newer_waits_until_every_leaf_arrived():
     from pipelinerl_jax.pipeline.weights import Staged
 
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    publisher = Publisher(jax.tree.map(lambda _: sharding, _params(0)))
+    publisher = Publisher(_copy)
     leaf = _Pending()
     # An arrived leaf: jnp.ones is dispatched asynchronously, and on a busy machine it may not
     # have run yet when take_newer looks.
@@ -78,22 +69,33 @@ def test_take_newer_waits_until_every_leaf_arrived():
     assert publisher.take_newer(5).version == 6
 
 
-def test_prepare_runs_in_the_publishing_thread_on_a_private_copy():
-    """The sampler's layout conversion is staged with the copy (the trainer thread pays it,
-    not the sampler's chunk boundary), and it never sees the trainer's own buffers."""
-    params = _params(0)
-    expected = np.asarray(params["w"]) * 3.0
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    seen = []
+def test_prepare_runs_once_per_version_in_the_publishing_thread():
+    """The sampler's conversion is staged with the publication (the trainer thread pays it,
+    not the sampler's chunk boundary), and its output is what the sampler is handed."""
+    rng = np.random.default_rng()
+    scale = float(rng.uniform(2.0, 5.0))
+    params = {"w": jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)}
+    expected = np.asarray(params["w"]) * scale
+    threads = []
 
-    def prepare(copy):
-        seen.append(copy["w"])
-        return {"w3": copy["w"] * 3.0}
+    def prepare(p):
+        threads.append(threading.get_ident())
+        return {"w_scaled": jax.device_put(p["w"], may_alias=False) * scale}
 
-    publisher = Publisher(jax.tree.map(lambda _: sharding, params), prepare=prepare)
+    publisher = Publisher(prepare, publishes=lambda v: v != 2)
     publisher.publish(params, version=1)
-    assert seen and seen[0] is not params["w"]
+    publisher.publish(params, version=2)  # filtered: never prepared
+    assert threads == [threading.get_ident()]
     jax.jit(lambda p: jax.tree.map(lambda x: x * 2.0, p), donate_argnums=0)(params)
     staged = publisher.wait_newer(0, timeout=10.0)
-    assert staged.prepared and staged.version == 1
-    np.testing.assert_allclose(np.asarray(staged.params["w3"]), expected)
+    assert staged.version == 1 and set(staged.params) == {"w_scaled"}
+    np.testing.assert_allclose(np.asarray(staged.params["w_scaled"]), expected, rtol=1e-6)
+
+
+def test_host_leaves_count_as_arrived():
+    """A sampler in another process may stage host arrays: nothing to wait for."""
+    publisher = Publisher(lambda p: jax.tree.map(np.asarray, p))
+    publisher.publish(_params(3), 3)
+    staged = publisher.take_newer(2)  # when_ready: numpy leaves have no is_ready
+    assert staged is not None and staged.version == 3
+    np.testing.assert_array_equal(staged.params["b"], np.asarray(_params(3)["b"]))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.rl.batch import Sample, build_batch, pack_first_fit
+from pipelinerl_jax.rl.batch import ScoredSample, build_batch, pack_first_fit
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
 
 
@@ -43,7 +43,7 @@ def test_packing_errors():
 
 def _sample(prompt, completion, reward, group, finished=True, version=3):
     lp = [-0.1 * (i + 1) for i in range(len(completion))]
-    return Sample(
+    return ScoredSample(
         prompt,
         completion,
         lp,
@@ -126,10 +126,10 @@ def test_build_batch_filters_and_overlong():
 def test_build_batch_bad_samples():
     cfg = BatchConfig(seq_len=8, num_rows=2, max_sequences=2, max_sequence_len=5)
     with pytest.raises(ConfigError, match="equal lengths"):
-        build_batch([Sample([1], [2, 3], [-1.0], [0, 0], 1.0, 0)], cfg)
+        build_batch([ScoredSample([1], [2, 3], [-1.0], [0, 0], 1.0, 0)], cfg)
     with pytest.raises(ConfigError, match="max_sequence_len=5"):
         build_batch([_sample([1, 2, 3], [4, 5, 6], 1.0, 0)], cfg)
     with pytest.raises(ConfigError, match="max_sequences=2"):
         build_batch([_sample([1], [2], 1.0, 0)] * 3, cfg)
     with pytest.raises(ConfigError, match="NaN"):
-        build_batch([Sample([1], [2, 3], [-1.0, np.nan], [0, 0], 1.0, 0)], cfg)
+        build_batch([ScoredSample([1], [2, 3], [-1.0, np.nan], [0, 0], 1.0, 0)], cfg)

@@ -11,7 +11,7 @@ advantages, pipeline mode with lag, in-flight weight swaps) is the default run's
 
 import json
 
-from pipelinerl_jax.pipeline import run as run_lib
+from pipelinerl_jax.pipeline import runner as run_lib
 from tests.test_pipeline_run import tiny_config
 
 STEPS = 30

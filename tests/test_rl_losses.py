@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipelinerl_jax.rl import losses
-from pipelinerl_jax.rl.batch import Sample, build_batch
+from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
 from pipelinerl_jax.rl.logprobs import full_logprobs
 
@@ -116,7 +116,7 @@ def _samples():
     out = []
     for i, (p, c) in enumerate([(2, 3), (1, 5), (3, 1), (2, 2), (1, 4)]):
         out.append(
-            Sample(
+            ScoredSample(
                 rng.integers(0, 11, p).tolist(),
                 rng.integers(0, 11, c).tolist(),
                 (-rng.random(c) * 2).tolist(),

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pipelinerl_jax import trainer as tr
-from pipelinerl_jax.models import llama
-from pipelinerl_jax.rl.batch import Sample, build_batch
+from pipelinerl_jax.models import decoder
+from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import OBJECTIVES, BatchConfig, LossConfig
 from tests.test_trainer import VOCAB, tiny_model
 
@@ -27,7 +27,7 @@ BATCH_CFG = BatchConfig(
 
 def sequence_logprobs(graphdef, params, batch):
     """Sum of target logprobs per sequence index [S] (the quantity the advantage scales)."""
-    logits = llama.jit_forward(graphdef, params, batch.tokens, batch.positions, batch.segment_ids)
+    logits = decoder.jit_forward(graphdef, params, batch.tokens, batch.positions, batch.segment_ids)
     lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     lp = np.take_along_axis(lp, np.asarray(batch.targets)[..., None], axis=-1)[..., 0]
     out = np.zeros(BATCH_CFG.max_sequences + 1)
@@ -38,17 +38,17 @@ def sequence_logprobs(graphdef, params, batch):
 @pytest.fixture(scope="module")
 def model_and_batch():
     cfg = tiny_model(num_layers=1)  # one layer: the check is about the loss, not depth
-    graphdef, params = llama.init(cfg, jax.random.key(7))
+    graphdef, params = decoder.init(cfg, jax.random.key(7))
     rng = np.random.default_rng(11)
     data = []
     for g in range(GROUPS):
         for reward in (1.0, 0.0):
             prompt = rng.integers(0, VOCAB, 3).tolist()
             completion = rng.integers(0, VOCAB, 6).tolist()
-            data.append(Sample(prompt, completion, [0.0] * 6, [0] * 6, reward, g))
+            data.append(ScoredSample(prompt, completion, [0.0] * 6, [0] * 6, reward, g))
     batch, _ = build_batch(data, BATCH_CFG)
     # On-policy: mu = pi, so every importance ratio is 1 and nothing is clipped.
-    logits = llama.jit_forward(graphdef, params, batch.tokens, batch.positions, batch.segment_ids)
+    logits = decoder.jit_forward(graphdef, params, batch.tokens, batch.positions, batch.segment_ids)
     lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     lp = np.take_along_axis(lp, batch.targets[..., None], axis=-1)[..., 0]
     batch = batch.replace(behaviour_logprobs=(lp * batch.loss_mask).astype(np.float32))
@@ -71,7 +71,7 @@ def test_one_step_raises_positive_and_lowers_negative_advantage_logprobs(
         attention_block=0,
         loss=LossConfig(objective=objective),
     )
-    trainer = tr.Trainer(tcfg, graphdef, llama.abstract_init(cfg)[1], tr.trainer_mesh())
+    trainer = tr.Trainer(tcfg, graphdef, decoder.abstract_init(cfg)[1], tr.trainer_mesh())
     before = sequence_logprobs(graphdef, params, batch)[: 2 * GROUPS]
     state, metrics = trainer.train_step(trainer.init_state(params), batch)
     assert int(metrics["skipped"]) == 0

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pipelinerl_jax import trainer as tr
-from pipelinerl_jax.models import llama
-from pipelinerl_jax.rl.batch import Sample, build_batch
+from pipelinerl_jax.models import decoder
+from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig
 from tests.test_trainer import VOCAB, tiny_model, two_losses_and_grads
 
@@ -21,7 +21,7 @@ def _group_samples(prompt_lengths, completion_lengths, seed):
         prompt = rng.integers(0, VOCAB, p).tolist()
         for c in cs:
             out.append(
-                Sample(
+                ScoredSample(
                     prompt,
                     rng.integers(0, VOCAB, c).tolist(),
                     (-rng.random(c) * 2 - 3).tolist(),
@@ -36,9 +36,9 @@ def _group_samples(prompt_lengths, completion_lengths, seed):
 
 def test_shared_layout_by_hand():
     samples = [
-        Sample([11, 12, 13], [14, 15], [-0.1, -0.2], [3, 4], 1.0, 0),
-        Sample([11, 12, 13], [16], [-0.3], [3], 0.0, 0),
-        Sample([21], [22, 23], [-0.4, -0.5], [5, 5], 0.5, 1),
+        ScoredSample([11, 12, 13], [14, 15], [-0.1, -0.2], [3, 4], 1.0, 0),
+        ScoredSample([11, 12, 13], [16], [-0.3], [3], 0.0, 0),
+        ScoredSample([21], [22, 23], [-0.4, -0.5], [5, 5], 0.5, 1),
     ]
     cfg = BatchConfig(
         seq_len=12, num_rows=2, max_sequences=3, max_sequence_len=5, share_prompts=True
@@ -65,7 +65,7 @@ def test_shared_layout_by_hand():
 
 def _logprobs_by_sequence(graphdef, params, batch):
     """Per sample, its completion's target logprobs in order, read off the packed batch."""
-    logits = llama.jit_forward(
+    logits = decoder.jit_forward(
         graphdef, params, batch.tokens, batch.positions, batch.segment_ids, batch.prefix_ids
     )
     lp = np.take_along_axis(
@@ -80,7 +80,7 @@ def _logprobs_by_sequence(graphdef, params, batch):
 @pytest.mark.parametrize("seq_len", [24, 40])
 def test_shared_prompts_same_logprobs_loss_and_grads(seq_len):
     cfg = tiny_model()
-    graphdef, params = llama.init(cfg, jax.random.key(4))
+    graphdef, params = decoder.init(cfg, jax.random.key(4))
     data = _group_samples([6, 9, 1], [[5, 2, 7], [3, 6], [4, 6]], seed=5)
     plain = BatchConfig(seq_len=16, num_rows=7, max_sequences=7, max_sequence_len=16)
     shared = BatchConfig(
@@ -122,8 +122,8 @@ def test_long_groups_are_cut_into_runs_with_their_own_prefix():
 def test_empty_micro_batches_are_skipped_exactly():
     """A step over 6 one-row micro-batches, 4 of them empty, equals one unsplit step."""
     cfg = tiny_model()
-    graphdef, params = llama.init(cfg, jax.random.key(7))
-    abstract = llama.abstract_init(cfg)[1]
+    graphdef, params = decoder.init(cfg, jax.random.key(7))
+    abstract = decoder.abstract_init(cfg)[1]
     data = _group_samples([6, 9], [[5, 2, 7], [3, 8]], seed=8)
     batch, stats = build_batch(
         data,

@@ -1,10 +1,11 @@
 """The sampler's attention hooks against the kernels' pure-jnp paged attention oracle.
 
 `decode_attend` / `prefill_attend` attend over (pages before the current tokens) + (the current
-tokens' own K/V, not yet in the pages); the oracle attends over pages that already contain
-them. So the test writes the new K/V into a copy of the pool with `write_new_kv` and compares.
-`decode_attend_paged` writes first and calls the dispatcher itself: its pool must equal that
-copy. NaN planted in unused pool rows checks that garbage never leaks into live outputs.
+tokens' own K/V, not yet in the pages), then write that K/V; the oracle attends over pages that
+already contain it. So the test writes the new K/V into a copy of the pool with
+`write_layer_kv` and compares outputs, and the hooks' carried pools with that copy.
+`decode_attend_paged` writes first and calls the dispatcher itself. NaN planted in unused pool
+rows checks that garbage never leaks into live outputs.
 """
 
 import jax
@@ -49,43 +50,60 @@ def test_decode_attend_matches_oracle():
 
     @jax.jit
     def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
-        attend = attn.decode_attend(k_pool, v_pool, tables, positions, scale=SCALE)
-        paged = attn.decode_attend_paged(
-            tables, positions, jnp.ones(batch, bool), width, scale=SCALE, impl="ref"
+        write = jnp.ones(batch, bool)
+        gather = attn.decode_attend(
+            tables, positions, write, width, scale=SCALE, scatter=attn.plain_set
         )
-        write = jnp.ones((batch, 1), bool)
-        k_full = attn.write_new_kv(
-            k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape), tables, positions[:, None], write
-        )
-        v_full = attn.write_new_kv(
-            v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape), tables, positions[:, None], write
-        )
+        paged = attn.decode_attend_paged(tables, positions, write, width, scale=SCALE, impl="ref")
+        full = _written(k_pool, v_pool, k_new, v_new, tables, positions[:, None], write[:, None])
         ours, via_paged, want = [], [], []
-        pools = (k_pool, v_pool)
+        gather_pools = paged_pools = (k_pool, v_pool)
         for layer in range(L):
-            out, (_, kv) = attend(q, k_new, v_new, (layer, ()))
+            out, (_, gather_pools) = gather(q, k_new, v_new, (layer, gather_pools))
             ours.append(out[:, 0])
-            out, (_, pools) = paged(q, k_new, v_new, (layer, pools))
+            out, (_, paged_pools) = paged(q, k_new, v_new, (layer, paged_pools))
             via_paged.append(out[:, 0])
             want.append(
                 paged_decode_attention_ref(
-                    q[:, 0], k_full[layer], v_full[layer], tables, positions + 1, scale=SCALE
+                    q[:, 0], full[0][layer], full[1][layer], tables, positions + 1, scale=SCALE
                 )
             )
-        return jnp.stack(ours), jnp.stack(via_paged), jnp.stack(want), kv, pools, (k_full, v_full)
+        return (
+            jnp.stack(ours),
+            jnp.stack(via_paged),
+            jnp.stack(want),
+            gather_pools,
+            paged_pools,
+            full,
+        )
 
-    ours, via_paged, want, kv, pools, full = both(
+    ours, via_paged, want, gather_pools, paged_pools, full = both(
         k_pool, v_pool, tables, positions, q, k_new, v_new
     )
     assert np.isfinite(np.asarray(ours)).all()
     np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(via_paged), np.asarray(want), rtol=2e-5, atol=2e-5)
-    np.testing.assert_array_equal(np.asarray(kv[0][0]), k_new)
-    for got, expected in zip(pools, full):  # the paged hook wrote the same pool
-        np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(expected)))
-        np.testing.assert_array_equal(
-            np.nan_to_num(np.asarray(got)), np.nan_to_num(np.asarray(expected))
-        )
+    for pools in (gather_pools, paged_pools):  # both hooks wrote the same pool
+        for got, expected in zip(pools, full):
+            _assert_same_pool(got, expected)
+
+
+def _written(k_pool, v_pool, k_new, v_new, tables, positions, write):
+    """The pools with every layer's new K/V (the same for each layer) written."""
+    out = []
+    for pool, new in ((k_pool, k_new), (v_pool, v_new)):
+        for layer in range(L):
+            pool = attn.write_layer_kv(
+                pool, layer, new, tables, positions, write, scatter=attn.plain_set
+            )
+        out.append(pool)
+    return tuple(out)
+
+
+def _assert_same_pool(got, expected):
+    got, expected = np.asarray(got), np.asarray(expected)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.nan_to_num(got), np.nan_to_num(expected))
 
 
 def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
@@ -112,21 +130,19 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
 
     @jax.jit
     def both(k_pool, v_pool, tables, positions, q, k_new, v_new):
-        out, _ = attn.prefill_attend(k_pool, v_pool, tables[:, :window], positions, scale=SCALE)(
-            q, k_new, v_new, (layer, ())
+        attend = attn.prefill_attend(tables, window, positions, scale=SCALE, scatter=attn.plain_set)
+        out, (_, pools) = attend(q, k_new, v_new, (layer, (k_pool, v_pool)))
+        full = _written(k_pool, v_pool, k_new, v_new, tables, positions, positions >= 0)
+        # The hook wrote only its own layer.
+        written = tuple(p.at[1 - layer].set(f[1 - layer]) for p, f in zip(pools, full))
+        want = paged_prefill_attention_ref(
+            q, full[0][layer], full[1][layer], tables, positions, scale=SCALE
         )
-        write = positions >= 0
-        k_full = attn.write_new_kv(
-            k_pool, jnp.broadcast_to(k_new, (L,) + k_new.shape), tables, positions, write
-        )
-        v_full = attn.write_new_kv(
-            v_pool, jnp.broadcast_to(v_new, (L,) + v_new.shape), tables, positions, write
-        )
-        return out, paged_prefill_attention_ref(
-            q, k_full[layer], v_full[layer], tables, positions, scale=SCALE
-        )
+        return out, want, written, full
 
-    out, want = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
+    out, want, written, full = both(k_pool, v_pool, tables, positions, q, k_new, v_new)
+    for got, expected in zip(written, full):
+        _assert_same_pool(got, expected)
     assert np.isnan(k_pool[layer, tables[2, :window]]).all()  # the planted NaN is gathered
     valid = positions >= 0
     assert np.isfinite(np.asarray(out)).all()  # padding queries stay finite too
@@ -135,28 +151,25 @@ def test_prefill_attend_matches_oracle_with_cached_prefix_and_padding():
     )
 
 
-def test_write_new_kv_targets_pages_and_null_page():
+@pytest.mark.parametrize("scatter", [attn.plain_set, attn.set_at])
+def test_write_layer_kv_targets_pages_and_null_page(scatter):
     pool = jnp.zeros((2, 5, 2, 4, 1))  # [L, P, K, S, D]
-    new = jnp.arange(1, 7, dtype=jnp.float32).reshape(1, 2, 3, 1, 1) * jnp.asarray(
-        [1.0, 10.0]
-    ).reshape(2, 1, 1, 1, 1)
-    new = jnp.concatenate([new, -new], axis=3)  # [L, B, T, K, D]; head 1 negated
+    new = jnp.arange(1, 7, dtype=jnp.float32).reshape(2, 3, 1, 1)
+    new = jnp.concatenate([new, -new], axis=2)  # [B, T, K, D]; head 1 negated
     tables = jnp.asarray([[3, 1], [2, 4]], jnp.int32)
     positions = jnp.asarray([[3, 4, 5], [0, 1, -1]], jnp.int32)
-    out = jax.jit(attn.write_new_kv)(pool, new, tables, positions, positions >= 0)
-    one = jax.jit(attn.write_layer_kv, static_argnums=1)(
-        pool, 1, new[1], tables, positions, positions >= 0
-    )
-    np.testing.assert_array_equal(np.asarray(one)[1], np.asarray(out)[1])
-    assert not np.asarray(one)[0].any()  # the other layer is untouched
-    np.testing.assert_array_equal(np.asarray(out)[:, :, 1], -np.asarray(out)[:, :, 0])
-    out = np.asarray(out)[:, :, 0, :, 0]  # head 0: [L, P, S]
-    for layer, mult in ((0, 1.0), (1, 10.0)):
-        assert out[layer, 3, 3] == 1 * mult and out[layer, 1, 0] == 2 * mult
-        assert out[layer, 1, 1] == 3 * mult
-        assert out[layer, 2, 0] == 4 * mult and out[layer, 2, 1] == 5 * mult
-        assert out[layer, 0, 0] == 6 * mult  # the padding write went to the null page
-        assert np.count_nonzero(out[layer]) == 6
+    write = jax.jit(attn.write_layer_kv, static_argnames="scatter")
+    for layer in (1, jnp.int32(1)):  # a Python int (unrolled layers) or traced (a layer scan)
+        out = np.asarray(
+            write(pool, layer, new, tables, positions, positions >= 0, scatter=scatter)
+        )
+        assert not out[0].any()  # the other layer is untouched
+        np.testing.assert_array_equal(out[:, :, 1], -out[:, :, 0])
+        out = out[1, :, 0, :, 0]  # layer 1, head 0: [P, S]
+        assert out[3, 3] == 1 and out[1, 0] == 2 and out[1, 1] == 3
+        assert out[2, 0] == 4 and out[2, 1] == 5
+        assert out[0, 0] == 6  # the padding write went to the null page
+        assert np.count_nonzero(out) == 6
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])

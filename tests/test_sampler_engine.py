@@ -23,8 +23,8 @@ import pytest
 import torch
 import transformers
 
-from pipelinerl_jax.models import hf_io, llama
-from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+from pipelinerl_jax.models import decoder, hf_io
+from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 
 VOCAB, MAX_NEW, MAX_LEN, PAGE = 96, 12, 48, 8
@@ -102,7 +102,7 @@ def test_greedy_matches_transformers_with_eos_mid_batch(models, prompts):
     eos = free_run[4]  # prompt 1 stops after 5 tokens; others may too
     refs = [_hf_greedy(hf, p, eos=eos) for p in prompts]
     assert min(gap for *_, gap in refs) > 1e-4, "near-tied logits: pick another seed"
-    sampler = Sampler(graphdef, params, CONFIG, eos_token_ids=(eos,))
+    sampler = PagedSampler(graphdef, params, CONFIG, eos_token_ids=(eos,))
     samples = sampler.generate(prompts, params=GREEDY)
     assert sampler.stats["chunks"] > MAX_NEW // CONFIG.chunk_steps  # slots were refilled
     stopped = 0
@@ -122,7 +122,7 @@ SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW)
 
 def test_sampling_batch_equals_one_at_a_time(models, prompts):
     _, graphdef, params, _ = models
-    sampler = Sampler(graphdef, params, CONFIG)
+    sampler = PagedSampler(graphdef, params, CONFIG)
     seeded = [
         SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, seed=100 + i)
         for i in range(len(prompts))
@@ -153,15 +153,15 @@ def test_padded_prefill_warms_up_every_shape_and_samples_the_same(models, prompt
         SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=7 + i)
         for i in range(len(short))
     ]
-    plain = Sampler(graphdef, params, CONFIG)
+    plain = PagedSampler(graphdef, params, CONFIG)
     expected = [plain.generate([p], params=sp)[0] for p, sp in zip(short, seeded)]
-    padded = Sampler(graphdef, params, dataclasses.replace(CONFIG, prefill_pad_tokens=True))
+    padded = PagedSampler(graphdef, params, dataclasses.replace(CONFIG, prefill_pad_tokens=True))
     pages_before = [np.asarray(x) for x in (padded.state.k_pages, padded.state.v_pages)]
     assert padded.warm_up() == 3
     for before, after in zip(pages_before, (padded.state.k_pages, padded.state.v_pages)):
         # Padding writes go to the null page 0 ([L, P, K, S, D]), which nothing reads unmasked.
         np.testing.assert_array_equal(before[:, 1:], np.asarray(after)[:, 1:])
-    assert Sampler(graphdef, params, CONFIG).warm_up() == 0  # unpadded: nothing to warm
+    assert PagedSampler(graphdef, params, CONFIG).warm_up() == 0  # unpadded: nothing to warm
     padded.generate([short[0]], params=seeded[0])  # the decode chunk's first use
     watch = CompileWatch().install()
     try:
@@ -181,13 +181,13 @@ def test_group_attempts_share_prefill_and_equal_unshared_admission(models, promp
     _, graphdef, params, _ = models
     prompt = prompts[2]  # 17 tokens: 16 cached = 2 full pages shared
     sp = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=7)
-    sampler = Sampler(graphdef, params, CONFIG)
+    sampler = PagedSampler(graphdef, params, CONFIG)
     group = sampler.generate([prompt], n=3, params=sp)
     assert sampler.stats["prefill_tokens"] == len(prompt) - 1  # prefilled once
     assert len({tuple(s.token_ids) for s in group}) == 3
     # Same group while 3 of 4 slots are busy: attempt 0 is admitted alone, 1 and 2 later
     # (their own prefill, sharing with each other): the outputs must not change.
-    sampler = Sampler(graphdef, params, CONFIG)
+    sampler = PagedSampler(graphdef, params, CONFIG)
     for p in prompts[:3]:
         sampler.submit(p, params=GREEDY)
     rid = sampler.submit(prompt, n=3, params=sp)
@@ -196,7 +196,7 @@ def test_group_attempts_share_prefill_and_equal_unshared_admission(models, promp
     for a, b in zip(group, late):
         assert a.token_ids == b.token_ids
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-6)
-    greedy = Sampler(graphdef, params, CONFIG).generate([prompt], n=3, params=GREEDY)
+    greedy = PagedSampler(graphdef, params, CONFIG).generate([prompt], n=3, params=GREEDY)
     assert greedy[0].token_ids == greedy[1].token_ids == greedy[2].token_ids
 
 
@@ -211,7 +211,7 @@ def _drain(sampler):
 
 
 def _dense_step_fn(graphdef):
-    cfg = llama.config_of(graphdef)
+    cfg = decoder.config_of(graphdef)
 
     @jax.jit
     def step(params, cache_k, cache_v, token, pos):
@@ -220,12 +220,12 @@ def _dense_step_fn(graphdef):
         def attend(q, k, v, layer_cache):
             ck, cv = layer_cache
             ck, cv = ck.at[pos].set(k[0, 0]), cv.at[pos].set(v[0, 0])
-            out = llama.masked_attention(
+            out = decoder.masked_attention(
                 q, ck[None], cv[None], (jnp.arange(MAX_LEN) <= pos)[None, None, :]
             )
             return out, (ck, cv)
 
-        hidden, (ck, cv) = llama.forward_hidden(
+        hidden, (ck, cv) = decoder.forward_hidden(
             graphdef,
             params,
             jnp.asarray([[token]]),
@@ -233,7 +233,7 @@ def _dense_step_fn(graphdef):
             attend=attend,
             cache=(cache_k, cache_v),
         )
-        logits = llama.logits_from_hidden(params, hidden)[0, 0]
+        logits = decoder.logits_from_hidden(params, hidden)[0, 0]
         return ck, cv, jnp.argmax(logits)
 
     def run(params_at_step, prompt, steps):
@@ -254,7 +254,7 @@ def _dense_step_fn(graphdef):
 @pytest.mark.parametrize("policy", ["keep", "recompute"])
 def test_param_swap_between_chunks(models, prompts, policy):
     _, graphdef, params_a, params_b = models
-    sampler = Sampler(graphdef, params_a, dataclasses.replace(CONFIG, kv_policy=policy))
+    sampler = PagedSampler(graphdef, params_a, dataclasses.replace(CONFIG, kv_policy=policy))
     prompt = prompts[1]  # 9 tokens
     sampler.submit(prompt, params=GREEDY)
     assert sampler.step() == [] and sampler.step() == []  # 2 chunks = 8 tokens with version 0
@@ -276,7 +276,7 @@ def test_param_swap_between_chunks(models, prompts, policy):
     assert sample.token_ids == (keep if policy == "keep" else recompute)
     from pipelinerl_jax.errors import ConfigError
 
-    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), llama.arrays(params_b))
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), decoder.arrays(params_b))
     with pytest.raises(ConfigError, match="shapes/dtypes"):
         sampler.set_params(bf16, version=2)
 
@@ -288,8 +288,8 @@ def test_bf16_sampler_tracks_f32(models, prompts, tmp_path):
     hf.save_pretrained(tmp_path, safe_serialization=True)
     _, graphdef16, params16 = hf_io.load_hf(tmp_path, param_dtype="bfloat16")
     sp = SamplingParams(temperature=0.0, max_new_tokens=2)
-    f32 = Sampler(graphdef, params, CONFIG).generate(prompts, params=sp)
-    bf16 = Sampler(graphdef16, params16, CONFIG)
+    f32 = PagedSampler(graphdef, params, CONFIG).generate(prompts, params=sp)
+    bf16 = PagedSampler(graphdef16, params16, CONFIG)
     assert bf16.state.k_pages.dtype == jnp.bfloat16
     low = bf16.generate(prompts, params=sp)
     checked = 0
@@ -311,7 +311,7 @@ def test_bf16_decode_chunk_makes_no_f32_copy_of_the_pool(models, prompts, tmp_pa
     hf, _, _, _ = models
     hf.save_pretrained(tmp_path, safe_serialization=True)
     _, graphdef16, params16 = hf_io.load_hf(tmp_path, param_dtype="bfloat16")
-    sampler = Sampler(graphdef16, params16, CONFIG)
+    sampler = PagedSampler(graphdef16, params16, CONFIG)
     engine, state = sampler.engine, sampler.state
     window = engine.ecfg.pages_per_slot
     hlo = (
@@ -330,7 +330,7 @@ def test_bf16_decode_chunk_makes_no_f32_copy_of_the_pool(models, prompts, tmp_pa
 
 def test_bad_requests_become_error_samples(models):
     _, graphdef, params, _ = models
-    sampler = Sampler(graphdef, params, CONFIG)
+    sampler = PagedSampler(graphdef, params, CONFIG)
     sampler.submit([], params=GREEDY)
     sampler.submit([1] * MAX_LEN, params=GREEDY)
     sampler.submit([VOCAB + 5], params=GREEDY)
@@ -351,7 +351,7 @@ def test_bad_requests_become_error_samples(models):
         ({"kv_policy": "drop"}, "kv_policy='drop'"),
     ):
         with pytest.raises(ConfigError, match=match):
-            Sampler(graphdef, params, dataclasses.replace(CONFIG, **bad))
+            PagedSampler(graphdef, params, dataclasses.replace(CONFIG, **bad))
 
 
 def test_window_buckets():

@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(
     from jax.sharding import Mesh
     from pipelinerl_jax.errors import ConfigError
     from pipelinerl_jax.models import hf_io
-    from pipelinerl_jax.sampler.sampler import Sampler, SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     ckpt, prompts_path, data, tp, attention = sys.argv[1:6]
     data, tp = int(data), int(tp)
@@ -42,7 +42,7 @@ CHILD = textwrap.dedent(
     config = SamplerConfig(num_slots=2 * data, max_seq_len=48, page_size=16,
                            num_pages=3 * data, chunk_steps=4, prefill_chunk=16,
                            max_prefill_rows=2, min_window_pages=3, attention=attention)
-    sampler = Sampler(graphdef, params, config, mesh=mesh)
+    sampler = PagedSampler(graphdef, params, config, mesh=mesh)
     pages_spec = tuple(sampler.state.k_pages.sharding.spec)     # [L, P, K, S, D]
     q_spec = tuple(sampler.params["layers"][0]["q_proj"].sharding.spec)
     # n=2: the attempts of a prompt share its full pages and copy its partial last page.
@@ -62,11 +62,11 @@ CHILD = textwrap.dedent(
         # Temperature sampling (seeded per request, so both samplers draw the same uniforms):
         # the tp group draws one token per row, as one device does.
         hot = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, seed=11)
-        one = Sampler(graphdef, params, config, mesh=Mesh(grid[:, :1], ("data", "tp")))
+        one = PagedSampler(graphdef, params, config, mesh=Mesh(grid[:, :1], ("data", "tp")))
         out["sampled_tp"] = [s.token_ids for s in sampler.generate(prompts, params=hot)]
         out["sampled_one"] = [s.token_ids for s in one.generate(prompts, params=hot)]
         try:
-            Sampler(graphdef, params, config, mesh=Mesh(np.asarray(jax.devices()[:4])
+            PagedSampler(graphdef, params, config, mesh=Mesh(np.asarray(jax.devices()[:4])
                                                         .reshape(1, 4), ("data", "tp")))
             out["bad_tp_error"] = None
         except ConfigError as e:
@@ -120,7 +120,10 @@ def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
     assert got["preemptions"] > 0, "the tiny pool should have forced preemption"
     assert got["pages_spec"][1] == "data"
     if tp > 1:
-        assert got["pages_spec"][2] == "tp" and got["q_spec"] == ["tp"]  # [H * D, E] split by heads
+        # Split by heads: [H * D, E] output-major in the CPU strategies' feature-major layout,
+        # [E, H, D] as stored in the paged (GPU) strategy's token-major one.
+        want_q = [None, "tp"] if attention == "paged" else ["tp"]
+        assert got["pages_spec"][2] == "tp" and got["q_spec"] == want_q
     assert len(got["tokens"]) == 2 * len(prompts)
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([prompt])

@@ -10,11 +10,13 @@ import textwrap
 from pathlib import Path
 
 import jax
+import pytest
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.config import ModelConfig
 
 MESH = AbstractMesh((2, 4), ("fsdp", "tp"))
@@ -56,8 +58,22 @@ def test_logical_to_spec_rules_and_fallbacks():
     assert spec(("embed", "mlp"), (32, 64), MESH, custom) == P(None, "fsdp")
 
 
+def test_mesh_axes_known_to_the_rules():
+    assert sharding.mesh_axes() == ("tp", "fsdp") and sharding.batch_axis() == "fsdp"
+    sharding.check_mesh(MESH)
+    sharding.check_mesh(AbstractMesh((8,), ("fsdp",)))  # a subset of the known axes is fine
+    with pytest.raises(ConfigError, match=r"mesh axes \['x'\] are unknown.*\['tp', 'fsdp'\]"):
+        sharding.check_mesh(AbstractMesh((2, 4), ("fsdp", "x")))
+    custom = (("embed", "x"), ("mlp", None), ("batch", "x"))
+    sharding.check_mesh(AbstractMesh((2,), ("x",)), custom)
+    assert sharding.mesh_axes(custom) == ("x",) and sharding.batch_axis(custom) == "x"
+    assert sharding.batch_axis((("embed", "fsdp"),)) is None  # no batch rule: rows replicated
+    with pytest.raises(ConfigError, match="differ in length"):
+        sharding.make_mesh((1, 1), ("fsdp",))
+
+
 def test_param_specs_cover_every_param():
-    _, abstract = llama.abstract_init(CFG)
+    _, abstract = decoder.abstract_init(CFG)
     specs = sharding.param_specs(abstract, MESH)
     assert jax.tree.structure(specs) == jax.tree.structure(abstract)
     pure = {
@@ -77,14 +93,14 @@ SCRIPT = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from pipelinerl_jax import sharding
-    from pipelinerl_jax.models import hf_io, llama
+    from pipelinerl_jax.models import decoder, hf_io
     sys.path.insert(0, sys.argv[2])
     from test_sharding import CFG
     mesh = sharding.make_mesh((2, 4), ("fsdp", "tp"))
-    graphdef, abstract = llama.abstract_init(CFG)
+    graphdef, abstract = decoder.abstract_init(CFG)
     shardings = sharding.param_shardings(abstract, mesh)
     # The trainer's route: jit(init, out_shardings=...) straight onto the mesh.
-    params = jax.jit(lambda k: llama.init_params(CFG, k), out_shardings=shardings)(jax.random.key(0))
+    params = jax.jit(lambda k: decoder.init_params(CFG, k), out_shardings=shardings)(jax.random.key(0))
     assert params["embed"].get_value().sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
     hf_io.save_hf(sys.argv[1], CFG, params)
     params = jax.device_put(params, jax.devices()[0])
@@ -95,9 +111,9 @@ SCRIPT = textwrap.dedent("""
     assert q.addressable_shards[0].data.size * 8 == q.size
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, CFG.vocab_size, (4, 8)))
     positions = jnp.broadcast_to(jnp.arange(8), (4, 8))
-    ref = llama.jit_forward(graphdef, params, tokens, positions)
+    ref = decoder.jit_forward(graphdef, params, tokens, positions)
     tokens_s = jax.device_put(tokens, sharding.batch_sharding(mesh, 2))
-    out = llama.jit_forward(graphdef, loaded, tokens_s, positions)
+    out = decoder.jit_forward(graphdef, loaded, tokens_s, positions)
     out, ref = np.asarray(out), np.asarray(ref)
     err = float(np.abs(out - ref).max() / np.abs(ref).max())
     assert err < 1e-5, err

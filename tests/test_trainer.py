@@ -9,9 +9,9 @@ import pytest
 
 from pipelinerl_jax import trainer as tr
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.config import ModelConfig
-from pipelinerl_jax.rl.batch import Sample, build_batch
+from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
 
 VOCAB = 64
@@ -44,7 +44,7 @@ def samples(lengths, seed=0):
     out = []
     for i, (p, c) in enumerate(lengths):
         out.append(
-            Sample(
+            ScoredSample(
                 rng.integers(0, VOCAB, p).tolist(),
                 rng.integers(0, VOCAB, c).tolist(),
                 (-rng.random(c) * 2 - 3).tolist(),
@@ -61,7 +61,7 @@ def two_losses_and_grads(graphdef, params, batch_a, block_a, batch_b, block_b):
     trainer's attention_block (0: the model's plain segment attention)."""
 
     def value_and_grad(batch, block):
-        fn = lambda p: tr._loss_fn(
+        fn = lambda p: tr.default_loss_fn(
             p,
             None,
             batch,
@@ -87,7 +87,7 @@ def test_blocked_attention_matches_model_attention():
     blocked, plain = jax.jit(
         lambda q, kv, v, seg: (
             tr.blocked_causal_attention(seg, 4)(q, kv, v, None)[0],
-            llama.segment_causal_attention(seg)(q, kv, v, None)[0],
+            decoder.segment_causal_attention(seg)(q, kv, v, None)[0],
         )
     )(q, kv, v, seg)
     np.testing.assert_allclose(blocked, plain, rtol=1e-5, atol=1e-6)
@@ -95,7 +95,7 @@ def test_blocked_attention_matches_model_attention():
 
 def test_packed_rows_equal_unpacked_loss_and_grads():
     cfg = tiny_model()
-    graphdef, params = llama.init(cfg, jax.random.key(1))
+    graphdef, params = decoder.init(cfg, jax.random.key(1))
     data = samples([(3, 7), (5, 5), (4, 8), (2, 9)])  # 10-12 tokens each
     # Rows of 12: one sample per row. Rows of 24: two per row, attention in blocks of 5.
     unpacked, _ = build_batch(
@@ -116,7 +116,7 @@ def test_packed_rows_equal_unpacked_loss_and_grads():
 @pytest.fixture(scope="module")
 def f32_trainer():
     cfg = tiny_model()
-    graphdef, params = llama.init(cfg, jax.random.key(2))
+    graphdef, params = decoder.init(cfg, jax.random.key(2))
     tcfg = tr.TrainerConfig(
         learning_rate=1e-2,
         lr_schedule="constant",
@@ -125,7 +125,7 @@ def f32_trainer():
         weight_decay=0.0,
         max_consecutive_skips=2,
     )
-    trainer = tr.Trainer(tcfg, graphdef, llama.abstract_init(cfg)[1], tr.trainer_mesh())
+    trainer = tr.Trainer(tcfg, graphdef, decoder.abstract_init(cfg)[1], tr.trainer_mesh())
     data = samples([(3, 6), (4, 5), (2, 7), (3, 4)], seed=3)
     batch, _ = build_batch(
         data, BatchConfig(seq_len=24, num_rows=2, max_sequences=4, max_sequence_len=12)
@@ -136,7 +136,7 @@ def f32_trainer():
 
 
 def _target_logprob(graphdef, params, batch):
-    logits = llama.jit_forward(graphdef, params, batch.tokens, batch.positions, batch.segment_ids)
+    logits = decoder.jit_forward(graphdef, params, batch.tokens, batch.positions, batch.segment_ids)
     lp = jax.nn.log_softmax(logits, axis=-1)
     lp = np.take_along_axis(np.asarray(lp), batch.targets[..., None], axis=-1)[..., 0]
     return float((lp * batch.loss_mask).sum() / batch.loss_mask.sum())
@@ -179,7 +179,7 @@ def test_non_finite_loss_is_skipped_and_counted(f32_trainer):
 
 def test_bf16_params_f32_moments_kl_entropy_micro_batches():
     cfg = tiny_model(param_dtype="bfloat16", compute_dtype="bfloat16")
-    graphdef, params = llama.init(cfg, jax.random.key(4))
+    graphdef, params = decoder.init(cfg, jax.random.key(4))
     loss = LossConfig(
         objective="ppo",
         kl_coef=0.1,
@@ -190,7 +190,7 @@ def test_bf16_params_f32_moments_kl_entropy_micro_batches():
     tcfg = tr.TrainerConfig(
         learning_rate=1e-2, warmup_steps=1, total_steps=10, micro_batches=2, loss=loss
     )
-    trainer = tr.Trainer(tcfg, graphdef, llama.abstract_init(cfg)[1], tr.trainer_mesh())
+    trainer = tr.Trainer(tcfg, graphdef, decoder.abstract_init(cfg)[1], tr.trainer_mesh())
     batch, _ = build_batch(
         samples([(3, 6), (4, 5), (2, 7), (3, 4)]),
         BatchConfig(seq_len=16, num_rows=4, max_sequences=4, max_sequence_len=12),
@@ -219,7 +219,7 @@ def test_optimizer_pieces():
     assert float(lr(60)) == pytest.approx(0.55) and float(lr(110)) == pytest.approx(0.1)
     const = tr.learning_rate_schedule(dataclasses.replace(cfg, lr_schedule="constant"))
     assert float(const(3)) == pytest.approx(0.3) and float(const(500)) == 1.0
-    _, params = llama.abstract_init(tiny_model())
+    _, params = decoder.abstract_init(tiny_model())
     mask = {
         jax.tree_util.keystr(p): v
         for p, v in jax.tree_util.tree_leaves_with_path(tr.decay_mask(params))

@@ -13,10 +13,19 @@ one (README: a real model).
 
 The tokenizer is anything with `apply_chat_template(messages, add_generation_prompt=True,
 tokenize=False)`: a Hugging Face tokenizer, models/tokenizer.py, or tasks.CharTokenizer.
+
+The prompt stream a run draws from (`pipeline.run(cfg, prompts=...)`) is any iterable of
+`data.formats.Problem`s: a list, a generator, or `data.datasets.PromptStream` (grain: shuffled,
+repeated, sharded), which is what a run builds from its config. A stream that also has
+`get_state()` / `set_state(state)` (`CheckpointableStream`) is saved with each checkpoint and
+repositioned on resume; a checkpoint of a run whose stream has neither holds everything else,
+and resuming from it is refused (`not_resumable`), since no one knows where the stream stood.
 """
 
 import dataclasses
 import string
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
 from pipelinerl_jax.errors import ConfigError
 
@@ -125,3 +134,59 @@ def build_prompt(question: str, tokenizer=None, config: PromptConfig = PromptCon
             f"{type(text).__name__}, expected str"
         )
     return text
+
+
+@runtime_checkable
+class CheckpointableStream(Protocol):
+    """A prompt stream whose position a checkpoint can save and a resume can restore."""
+
+    def __next__(self) -> Any:
+        """The next problem (a data.formats.Problem)."""
+        ...
+
+    def get_state(self) -> Any:
+        """The stream's position, JSON-able (saved in the checkpoint's extra)."""
+        ...
+
+    def set_state(self, state: Any) -> None:
+        """Moves the stream to a position get_state() returned, before the first draw."""
+        ...
+
+
+def as_stream(prompts: Iterable) -> Iterator:
+    """The iterator a run draws prompts from: `prompts` itself when it is one (a generator, a
+    PromptStream: its position and state are the stream's), else iter(prompts)."""
+    if isinstance(prompts, Iterator):
+        return prompts
+    try:
+        return iter(prompts)
+    except TypeError:
+        raise ConfigError(
+            f"prompts: {type(prompts).__name__} is not iterable; pass an iterable of "
+            "data.formats.Problem (a list, a generator, data.datasets.PromptStream)"
+        ) from None
+
+
+def resumable(stream) -> bool:
+    """Whether `stream` can save and restore its position (CheckpointableStream)."""
+    return isinstance(stream, CheckpointableStream)
+
+
+def not_resumable(stream, step: int) -> ConfigError:
+    """The one-line refusal to resume from the checkpoint at `step` with `stream`."""
+    return ConfigError(
+        f"cannot resume from the checkpoint at step {step}: the prompt stream "
+        f"({type(stream).__name__}) has no get_state/set_state, so it cannot be put back where "
+        "the run left it; pass a stream with both (a grain iterator, e.g. "
+        "pipelinerl_jax.data.datasets.PromptStream), or start in a fresh workdir"
+    )
+
+
+def no_saved_position(step: int) -> ConfigError:
+    """The one-line refusal to resume from a checkpoint that holds no stream position."""
+    return ConfigError(
+        f"cannot resume from the checkpoint at step {step}: its run drew prompts from a "
+        "stream without get_state/set_state, so the checkpoint holds no stream position; "
+        "start in a fresh workdir (a run that should resume needs a stream with both, e.g. "
+        "pipelinerl_jax.data.datasets.PromptStream)"
+    )

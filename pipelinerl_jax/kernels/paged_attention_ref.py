@@ -1,4 +1,4 @@
-"""Pure-jnp paged attention: the CPU production path and the oracle for the Triton kernel.
+"""Pure-jnp paged attention: the "paged" strategy off GPUs, and the oracle for the Triton kernel.
 
 The KV cache is a pool of pages shared by all sequences; each sequence owns a list of page
 indices (its block table row). Attention gathers only the pages a sequence's table names,

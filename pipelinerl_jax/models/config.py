@@ -1,4 +1,4 @@
-"""ModelConfig: the frozen, hashable description of a Llama-family decoder.
+"""ModelConfig: the frozen, hashable description of a decoder of any registered family.
 
 Built from a Hugging Face `config.json` dict with `ModelConfig.from_hf` (both the legacy
 `rope_theta`/`rope_scaling` keys and transformers 5's `rope_parameters` are understood) and
@@ -9,17 +9,11 @@ argument and lives in the NNX graphdef.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
 _DTYPES = ("float32", "bfloat16")
 
 
@@ -35,7 +29,7 @@ def _hashable(value: Any) -> Any:
 class ModelConfig:
     """Architecture plus dtype/remat choices. Letters: E hidden, F mlp, H q heads, K kv heads, D head."""
 
-    model_type: str  # "llama" | "qwen2" | "qwen3" | "mistral"
+    model_type: str  # a registry.MODEL_TYPES entry: "llama", "qwen2", "qwen3", "mistral", "gemma"
     vocab_size: int  # V
     hidden_size: int  # E
     intermediate_size: int  # F
@@ -57,11 +51,7 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] | None = None  # one id or several (HF config)
 
     def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"config.json: model_type {self.model_type!r} is not supported; "
-                f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        _family(self.model_type)  # one line naming the supported types if unknown
         for name in ("param_dtype", "compute_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(
@@ -87,30 +77,11 @@ class ModelConfig:
     def from_hf(cls, hf_config: dict, **overrides) -> ModelConfig:
         """Parses a Hugging Face config.json dict; `overrides` replace any field afterwards."""
         c = dict(hf_config)
-        model_type = c.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"config.json: model_type {model_type!r} is not supported; "
-                f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        act = c.get("hidden_act", "silu")
-        if act != "silu":
-            raise ConfigError(f"config.json: hidden_act={act!r} is not supported; only 'silu'")
-        if c.get("mlp_bias"):
-            raise ConfigError("config.json: mlp_bias=true is not supported; only bias-free MLPs")
-        if model_type == "qwen2":
-            attention_bias = True  # Qwen2 always has q/k/v bias and no o_proj bias.
-        else:
-            attention_bias = bool(c.get("attention_bias", False))
-            if attention_bias:
-                raise ConfigError(
-                    f"config.json: attention_bias=true for model_type {model_type!r} (bias on o_proj too) "
-                    "is not supported; only Qwen2-style q/k/v bias is"
-                )
+        family = _family(c.get("model_type"))
         try:
             hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
             cfg_fields = dict(
-                model_type=model_type,
+                model_type=c["model_type"],
                 vocab_size=int(c["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(c["intermediate_size"]),
@@ -121,8 +92,6 @@ class ModelConfig:
                 rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-                attention_bias=attention_bias,
-                qk_norm=model_type == "qwen3",
                 bos_token_id=c.get("bos_token_id"),
                 eos_token_id=_hashable(c.get("eos_token_id")),
             )
@@ -130,6 +99,7 @@ class ModelConfig:
             raise ConfigError(
                 f"config.json: missing key {e.args[0]!r}; is this a decoder config?"
             ) from None
+        cfg_fields.update(family.hf_fields(c))
         cfg_fields["rope_theta"], cfg_fields["rope_scaling"] = _parse_rope(c)
         cfg_fields.update(overrides)
         _check_sliding_window(c, cfg_fields["max_position_embeddings"])
@@ -139,7 +109,7 @@ class ModelConfig:
         """A config.json dict that transformers (4.x and 5.x) and vLLM load as the same model."""
         rope_scaling = self.rope_scaling_dict
         out = {
-            "architectures": [_ARCHITECTURES[self.model_type]],
+            "architectures": [_family(self.model_type).architectures[self.model_type]],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -148,7 +118,6 @@ class ModelConfig:
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "rope_scaling": rope_scaling,
@@ -160,14 +129,7 @@ class ModelConfig:
         }
         params = {"rope_type": "default", **(rope_scaling or {}), "rope_theta": self.rope_theta}
         out["rope_parameters"] = params
-        if self.model_type in ("llama", "qwen3"):
-            out["attention_bias"] = False
-        if self.model_type == "llama":
-            out["mlp_bias"] = False
-        if self.model_type in ("qwen2", "qwen3"):
-            out["use_sliding_window"] = False
-        if self.model_type in ("qwen2", "qwen3", "mistral"):
-            out["sliding_window"] = None
+        out.update(_family(self.model_type).hf_extras(self))
         if self.bos_token_id is not None:
             out["bos_token_id"] = self.bos_token_id
         if self.eos_token_id is not None:
@@ -176,22 +138,29 @@ class ModelConfig:
         return out
 
     def num_params(self) -> int:
-        e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
-        h, k = self.num_heads, self.num_kv_heads
-        per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f + 2 * e
-        if self.attention_bias:
-            per_layer += h * d + 2 * k * d
-        if self.qk_norm:
-            per_layer += 2 * d
-        head = 0 if self.tie_word_embeddings else e * self.vocab_size
-        return self.vocab_size * e + self.num_layers * per_layer + e + head
+        """Parameters in the family's table for this config."""
+        from pipelinerl_jax.models import params
+
+        table = _family(self.model_type).param_table(self)
+        return sum(math.prod(params.shape_of(s, self)) for s in table)
 
     def matmul_params_per_token(self) -> int:
-        """Weights touched by matmuls for one token (excludes the embedding lookup): FLOPs = 2x this."""
-        e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
-        h, k = self.num_heads, self.num_kv_heads
-        per_layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * f
-        return self.num_layers * per_layer + e * self.vocab_size
+        """Weights touched by matmuls for one token (the LM head included, the embedding lookup
+        not): FLOPs = 2x this."""
+        from pipelinerl_jax.models import params
+
+        table = _family(self.model_type).param_table(self)
+        per_layer = sum(
+            math.prod(params.shape_of(s, self)) for s in table if s.per_layer and s.n_in
+        )
+        return per_layer + self.hidden_size * self.vocab_size
+
+
+def _family(model_type):
+    # Imported here: the family modules import this one's dependants (block, params).
+    from pipelinerl_jax.models import registry
+
+    return registry.family_of(model_type)
 
 
 def _parse_rope(c: dict) -> tuple[float, tuple | None]:

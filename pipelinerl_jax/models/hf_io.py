@@ -26,7 +26,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import params as params_lib
 from pipelinerl_jax.models.config import ModelConfig
 
 SINGLE_FILE = "model.safetensors"
@@ -48,41 +49,12 @@ _NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bf
 
 
 def _tensor_specs(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...], int]]:
-    """(our key, HF name with {i} for the layer, our per-layer shape, n_in) for every tensor.
-
-    n_in > 0 marks a linear weight: HF stores [out, in]; ours is (in dims..., out dims...) with
-    the first n_in dims the input. n_in == 0: same data, maybe reshaped (norms, biases, embed).
-    """
-    e, f, d, v = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.vocab_size
-    h, k = cfg.num_heads, cfg.num_kv_heads
-    p = "model.layers.{i}."
-    specs = [
-        ("embed", "model.embed_tokens.weight", (v, e), 0),
-        ("final_norm", "model.norm.weight", (e,), 0),
-        ("layers/attn_norm", p + "input_layernorm.weight", (e,), 0),
-        ("layers/q_proj", p + "self_attn.q_proj.weight", (e, h, d), 1),
-        ("layers/k_proj", p + "self_attn.k_proj.weight", (e, k, d), 1),
-        ("layers/v_proj", p + "self_attn.v_proj.weight", (e, k, d), 1),
-        ("layers/o_proj", p + "self_attn.o_proj.weight", (h, d, e), 2),
-        ("layers/mlp_norm", p + "post_attention_layernorm.weight", (e,), 0),
-        ("layers/gate_proj", p + "mlp.gate_proj.weight", (e, f), 1),
-        ("layers/up_proj", p + "mlp.up_proj.weight", (e, f), 1),
-        ("layers/down_proj", p + "mlp.down_proj.weight", (f, e), 1),
+    """(our key, HF name with {i} for the layer, our per-layer shape, n_in) for every tensor of
+    the family's table (models/params.py)."""
+    return [
+        (s.key, s.hf, params_lib.shape_of(s, cfg, per_layer=True), s.n_in)
+        for s in decoder.param_specs(cfg)
     ]
-    if cfg.attention_bias:
-        specs += [
-            ("layers/q_bias", p + "self_attn.q_proj.bias", (h, d), 0),
-            ("layers/k_bias", p + "self_attn.k_proj.bias", (k, d), 0),
-            ("layers/v_bias", p + "self_attn.v_proj.bias", (k, d), 0),
-        ]
-    if cfg.qk_norm:
-        specs += [
-            ("layers/q_norm", p + "self_attn.q_norm.weight", (d,), 0),
-            ("layers/k_norm", p + "self_attn.k_norm.weight", (d,), 0),
-        ]
-    if not cfg.tie_word_embeddings:
-        specs.append(("lm_head", "lm_head.weight", (e, v), 1))
-    return specs
 
 
 def hf_shape(key: str, shape: tuple[int, ...], n_in: int) -> tuple[int, ...]:
@@ -262,14 +234,14 @@ def load_hf(
             node = node[part]
         node[last] = leaf
         del host
-    graphdef, params = llama.abstract_init(cfg)
+    graphdef, params = decoder.abstract_init(cfg)
     nnx.replace_by_pure_dict(params, loaded)
     return cfg, graphdef, params
 
 
 def hf_tensors(cfg: ModelConfig, params) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, numpy array in HF layout) for every tensor, in checkpoint order."""
-    pure = llama.arrays(params)
+    pure = decoder.arrays(params)
     for key, name, shape, n_in in _tensor_specs(cfg):
         expected = hf_shape(key, shape, n_in)
         node = pure

@@ -1,6 +1,6 @@
 """A run's checkpoints: resuming from the workdir, the save schedule, Ctrl-C, the curves.
 
-    finished = preflight(cfg, workdir)   # before anything loads: refused changes, finished runs
+    finished = preflight(cfg, workdir, stream)  # before anything loads: refusals, finished runs
     ckpt = Checkpoints(RunCheckpointer(workdir, ...), cfg, writer, workdir)
     step = resume(coord, ckpt.checkpointer, cfg, components, echo)   # None: a fresh run
     coord.on_step_end = ckpt.maybe_save  # every checkpoint_every steps, with curves.png
@@ -20,6 +20,7 @@ import jax
 
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
+from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.run_plot import PLOT_FILE, plot_run
 
 
@@ -58,21 +59,26 @@ def interrupted(coord, ckpt: Checkpoints | None, echo) -> None:
             "checkpoint_every > 0); a relaunch starts over from step 0"
         )
         return
+    # A stream without get_state/set_state: the checkpoints keep the params (export,
+    # evaluate), but no relaunch can resume from them.
+    resumable = prompts_lib.resumable(coord.stream)
+    cannot = "the run cannot be resumed (its prompt stream has no get_state/set_state)"
     every = ckpt.cfg.checkpoint_every
     due = (step // every + 1) * every
     if ckpt.last_saved == step:
+        then = f"relaunching with the same --workdir resumes from step {step}"
         echo(
-            f"interrupted at step {step}: its checkpoint is saved; relaunching with the same "
-            f"--workdir resumes from step {step}"
+            f"interrupted at step {step}: its checkpoint is saved; {then if resumable else cannot}"
         )
         return
     why = f"the next was due at step {due}"
     if due - step <= INTERRUPT_SAVE_WITHIN * every:
         if coord.stopped():
             ckpt.save(coord)
+            then = f"relaunching with the same --workdir resumes from step {step}"
             echo(
-                f"interrupted at step {step}: saved a checkpoint ({why}); relaunching with the "
-                f"same --workdir resumes from step {step}"
+                f"interrupted at step {step}: saved a checkpoint ({why}); "
+                f"{then if resumable else cannot}"
             )
             return
         why = "the trainer did not stop in time to save one safely"
@@ -82,9 +88,9 @@ def interrupted(coord, ckpt: Checkpoints | None, echo) -> None:
     else:
         again = f"step {last}" if step - last == 1 else f"steps {last}-{step - 1}"
         where = f"resumes from step {last} and trains {again} again"
+    then = f"relaunching with the same --workdir {where}"
     echo(
-        f"interrupted at step {step}: no checkpoint saved ({why}); relaunching with the same "
-        f"--workdir {where}"
+        f"interrupted at step {step}: no checkpoint saved ({why}); {then if resumable else cannot}"
     )
 
 
@@ -105,10 +111,11 @@ def draw_curves(writer, workdir, echo) -> None:
         echo(f"warning: could not draw {Path(workdir) / PLOT_FILE}: {type(e).__name__}: {e}")
 
 
-def preflight(cfg, workdir) -> int | None:
+def preflight(cfg, workdir, stream=None) -> int | None:
     """Before anything loads: raises ConfigError for a config change the workdir's newest
-    checkpoint cannot take, and returns that checkpoint's step when it is at cfg.steps or
-    later (the run is finished), else None."""
+    checkpoint cannot take, or for a resume the prompt stream cannot make (`stream`: the one
+    the run was given, None for the config's own; see data/prompts.py), and returns that
+    checkpoint's step when it is at cfg.steps or later (the run is finished), else None."""
     if not cfg.checkpoint_every:
         return None
     ckpt = RunCheckpointer(workdir, read_only=True)
@@ -117,11 +124,18 @@ def preflight(cfg, workdir) -> int | None:
         if latest is None:
             return None
         try:
-            saved = ckpt.read_json(latest, "extra")["config"]
+            extra = ckpt.read_json(latest, "extra")
+            saved = extra["config"]
         except Exception:  # noqa: BLE001 - a damaged step: resume() falls back past it
             return None
         check_compatible(saved, config_lib.as_dict(cfg))
-        return latest if latest >= cfg.steps else None
+        if latest >= cfg.steps:
+            return latest
+        if "data" in extra and extra["data"] is None:
+            raise prompts_lib.no_saved_position(latest)
+        if stream is not None and not prompts_lib.resumable(stream):
+            raise prompts_lib.not_resumable(stream, latest)
+        return None
     finally:
         ckpt.close()
 
@@ -148,9 +162,8 @@ def resume(coord, ckpt, cfg, c, echo) -> int | None:
     step, state, extra = restored
     for change in check_compatible(extra["config"], config_lib.as_dict(cfg)):
         echo(f"resume: config change allowed: {change}")
+    coord.restore(extra)  # first: it refuses a stream it cannot reposition
     coord.state = state
-    coord.restore(extra)
-    coord.sampler.set_params(state.params, step)
-    coord._handed_version = step
+    coord.hand_params(state.params, step)
     echo(f"resumed from step {step}: {len(extra['pending'])} untrained groups carried over")
     return step

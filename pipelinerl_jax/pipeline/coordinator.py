@@ -15,6 +15,11 @@ The record of step s is on disk before step s counts as done: a checkpoint after
 Either thread's exception stops both; `run()` re-raises it once, naming the thread it came
 from. Ctrl-C stops both as well. Nothing blocks without a timeout, so shutdown takes at most
 one decode chunk or one train step.
+
+The sampler is used through the `sampler.protocol.Sampler` members only (submit, has_work,
+step, set_params, version, num_slots; the Publisher calls its prepare), so any implementation
+of the protocol can generate for a run. The prompt stream is any iterator of Problems; its
+position is checkpointed when it has get_state/set_state (data.prompts.CheckpointableStream).
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ import numpy as np
 
 from pipelinerl_jax import memory
 from pipelinerl_jax import metrics as metrics_lib
+from pipelinerl_jax.data import prompts as prompts_lib
+from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
 from pipelinerl_jax.rl.batch import build_batch
+from pipelinerl_jax.sampler.protocol import Sampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 from pipelinerl_jax.trainer import check_skips
 
@@ -45,7 +53,7 @@ class Coordinator:
         self,
         cfg,
         *,
-        sampler,
+        sampler: Sampler,
         trainer,
         state,
         stream,
@@ -95,7 +103,8 @@ class Coordinator:
         self.swap_latency_s: list[float] = []  # staged -> first chunk with them done
         self.samples_generated = 0
         self._pending_swap_t: float | None = None
-        self._handed_version = sampler.version
+        self._handed_version = sampler.version  # see hand_params
+        self._stream_ended = False
         self._done: list[threading.Event] = []  # one per thread, set when it ends
 
     # --- threads ------------------------------------------------------------------------
@@ -160,6 +169,15 @@ class Coordinator:
         count: the sampler swaps them before its next chunk)."""
         return max(self.sampler.version, self._handed_version)
 
+    def hand_params(self, params, version: int, *, prepared: bool = False) -> None:
+        """Gives the sampler the params of `version` (Sampler.set_params: swapped in at its
+        next chunk) and counts them from now on: admission may start groups at `version`
+        before the swap, since every token of those groups is decoded after it. A resume
+        calls it before run() with the checkpoint's params; the sampler thread calls it with
+        each published version."""
+        self.sampler.set_params(params, version, prepared=prepared)
+        self._handed_version = max(self._handed_version, int(version))
+
     def _take_weights(self, wait_s: float = 0.0) -> None:
         current = self._sampler_version()
         staged = (
@@ -170,29 +188,56 @@ class Coordinator:
         if staged is None:
             return
         t0 = time.perf_counter()
-        self.sampler.set_params(staged.params, staged.version, prepared=staged.prepared)
-        self._handed_version = staged.version
+        self.hand_params(staged.params, staged.version, prepared=True)
         self.swap_pause_s.append(time.perf_counter() - t0)
         self._pending_swap_t = staged.staged_at
 
     def _start_groups(self) -> None:
         g = self.cfg.group_size
         # Keep one group queued beyond the slots so a freed slot is refilled at once.
-        while len(self.open_groups) * g < self.cfg.sampler.num_slots + g:
+        while len(self.open_groups) * g < self.sampler.num_slots + g:
             with self._draw_lock:
                 if self.requeue:  # prompts in flight at the checkpoint: regenerated first
                     group = self.requeue.pop(0)
                 else:
+                    if self._stream_ended:
+                        return
                     index = self.admission.try_start(self._sampler_version())
                     if index is None:
                         return
-                    problem = next(self.stream)
+                    problem = self._draw(index)
+                    if problem is None:
+                        return
                     group = Group(
                         index=index, problem=problem, prompt_ids=self.encode_prompt(problem)
                     )
                 self.open_groups[group.index] = group
                 self.pending[group.index] = group
             self.sampler.submit(group.prompt_ids, n=g, params=self.sampling, request_id=group.index)
+
+    def _draw(self, index: int) -> Problem | None:
+        """The prompt of group `index` (under the draw lock), or None once a finite stream has
+        run dry after every group the run trains has started."""
+        try:
+            problem = next(self.stream)
+        except StopIteration:
+            needed = self.cfg.steps * self.admission.groups_per_step
+            if index < needed:
+                raise RuntimeError(
+                    f"the prompt stream ended after {index} prompts; {self.cfg.steps} steps "
+                    f"train {needed}: pass a longer (or endless) stream"
+                ) from None
+            # Admission let the run start groups it will never train (the lag budget runs
+            # ahead of the last step): un-start this one, so a checkpoint counts only real ones.
+            self.admission.restore(index)
+            self._stream_ended = True
+            return None
+        if not isinstance(problem, Problem):
+            raise TypeError(
+                f"the prompt stream yielded a {type(problem).__name__}; it must yield "
+                "pipelinerl_jax.data.formats.Problem (uid, question, answer, source)"
+            )
+        return problem
 
     def _sampler_loop(self) -> None:
         while not self.stop.is_set():
@@ -318,8 +363,9 @@ class Coordinator:
 
     def snapshot(self) -> dict:
         """JSON-able bookkeeping for a checkpoint taken after the current step: the data
-        stream position, the admission counter, and every started-but-untrained group
-        (scored ones with their samples; the others as prompts, to be regenerated)."""
+        stream position (None: the stream has no get_state, and the checkpoint cannot be
+        resumed), the admission counter, and every started-but-untrained group (scored ones
+        with their samples; the others as prompts, to be regenerated)."""
         with self._draw_lock:
             pending = [
                 g.to_json(with_samples=len(g.rewards) == self.cfg.group_size)
@@ -328,13 +374,19 @@ class Coordinator:
             return {
                 "step": self.step,
                 "started": self.admission.started,
-                "data": self.stream.get_state(),
+                "data": (self.stream.get_state() if prompts_lib.resumable(self.stream) else None),
                 "pending": pending,
             }
 
     def restore(self, snap: dict) -> None:
-        """Inverse of snapshot(), before run(): scored groups go straight to the board."""
-        self.step = int(snap["step"])
+        """Inverse of snapshot(), before run(): scored groups go straight to the board.
+        A ConfigError, with nothing changed, when the stream's position cannot be restored."""
+        step = int(snap["step"])
+        if snap["data"] is None:
+            raise prompts_lib.no_saved_position(step)
+        if not prompts_lib.resumable(self.stream):
+            raise prompts_lib.not_resumable(self.stream, step)
+        self.step = step
         self.admission.restore(int(snap["started"]))
         self.stream.set_state(snap["data"])
         for item in snap["pending"]:

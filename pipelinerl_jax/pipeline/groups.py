@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 
-from pipelinerl_jax.rl.batch import Sample as TrainSample
+from pipelinerl_jax.rl.batch import ScoredSample
 
 
 @dataclasses.dataclass
@@ -23,7 +23,7 @@ class Group:
     index: int
     problem: object  # data.formats.Problem
     prompt_ids: list[int]
-    samples: list = dataclasses.field(default_factory=list)  # sampler.Sample, by arrival
+    samples: list = dataclasses.field(default_factory=list)  # protocol.Sample, by arrival
     verdicts: list = dataclasses.field(default_factory=list)  # rewards.tables.Verdict
     rewards: list[float] = dataclasses.field(default_factory=list)
     started_at: float = dataclasses.field(default_factory=time.perf_counter)
@@ -41,7 +41,7 @@ class Group:
     def from_json(cls, d: dict, encode_prompt) -> Group:
         from pipelinerl_jax.data.formats import Problem
         from pipelinerl_jax.rewards.tables import Verdict
-        from pipelinerl_jax.sampler.sampler import Sample
+        from pipelinerl_jax.sampler.protocol import Sample
 
         problem = Problem(**d["problem"])
         group = cls(index=int(d["index"]), problem=problem, prompt_ids=encode_prompt(problem))
@@ -51,10 +51,10 @@ class Group:
             group.verdicts = [Verdict(status=st) for st in d["statuses"]]
         return group
 
-    def train_samples(self) -> list[TrainSample]:
+    def train_samples(self) -> list[ScoredSample]:
         """The group as the trainer's batch builder wants it."""
         return [
-            TrainSample(
+            ScoredSample(
                 prompt_tokens=s.prompt_ids,
                 completion_tokens=s.token_ids,
                 completion_logprobs=s.logprobs,

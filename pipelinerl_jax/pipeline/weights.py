@@ -1,13 +1,13 @@
-"""Asynchronous weight publication from the trainer mesh to the sampler mesh.
+"""Asynchronous weight publication from the trainer to the sampler.
 
-After every optimizer step the trainer calls `publish(params, version)`. The copy onto the
-sampler's shardings is dispatched at once (`jax.device_put` is asynchronous) and never
-aliases the trainer's buffers, because the next train step donates them. `prepare` (the
-sampler's conversion to its per-layer decode layout) is dispatched right after, still in the
-trainer thread, so the sampler's chunk boundary only swaps a reference. The sampler calls
-`take_newer(version)` at each chunk boundary: a reference swap, no recompilation (same
-shardings every version) and no wait, since the decode chunk that consumes the new params
-simply depends on the copy on the device.
+After every optimizer step the trainer calls `publish(params, version)`, which runs the
+sampler's `prepare` (protocol.Sampler.prepare: for PagedSampler, the copy onto the sampler's
+shardings and the conversion to its per-layer decode layout) at once, still in the trainer
+thread. Both are dispatched, not waited for (`jax.device_put` and jitted calls are
+asynchronous), and the result never aliases the trainer's buffers, because the next train step
+donates them. The sampler thread calls `take_newer(version)` at each chunk boundary: a
+reference swap, no recompilation (same shardings every version) and no wait, since the decode
+chunk that consumes the new params simply depends on the copy on the device.
 
 Only the newest staged version is kept: if the trainer outruns the sampler, intermediate
 versions are skipped (their tokens would never exist anyway), which bounds the memory held by
@@ -23,12 +23,11 @@ import jax
 
 @dataclasses.dataclass
 class Staged:
-    """A params pytree already placed (or being placed) on the sampler devices."""
+    """Params already prepared (or being prepared) for the sampler: set_params(prepared=True)."""
 
     params: object
     version: int
     staged_at: float  # time.perf_counter() when publication was dispatched
-    prepared: bool = False  # params went through the publisher's `prepare` already
 
 
 class Publisher:
@@ -36,17 +35,17 @@ class Publisher:
 
     def __init__(
         self,
-        sampler_shardings,
+        prepare,
         *,
-        prepare=None,
         publishes=lambda version: True,
         swap_when_ready: bool = True,
     ):
+        """prepare: the sampler's `prepare` (params -> a private, sampler-ready copy);
+        publishes: which versions go to the sampler; swap_when_ready: see take_newer."""
         # On separate devices a swap waits until the copy has landed, so decoding never waits
         # for the train step. Where both roles share the devices their work is serialised
         # anyway; handing the params over at once lets swaps land mid-sequence there too.
         self.swap_when_ready = swap_when_ready
-        self._shardings = sampler_shardings
         self._prepare = prepare
         self._publishes = publishes
         self._lock = threading.Lock()
@@ -55,16 +54,11 @@ class Publisher:
         self.skipped = 0  # versions replaced before the sampler took them
 
     def publish(self, params, version: int) -> bool:
-        """Copies `params` to the sampler devices (async) and stages them; False if filtered."""
+        """Prepares `params` for the sampler (async) and stages them; False if filtered."""
         if not self._publishes(version):
             return False
         t0 = time.perf_counter()
-        copy = jax.device_put(params, self._shardings, may_alias=False)
-        if self._prepare is not None:
-            copy = self._prepare(copy)
-        staged = Staged(
-            params=copy, version=version, staged_at=t0, prepared=self._prepare is not None
-        )
+        staged = Staged(params=self._prepare(params), version=version, staged_at=t0)
         with self._lock:
             if self._staged is not None:
                 self.skipped += 1
@@ -75,9 +69,10 @@ class Publisher:
     def take_newer(self, current_version: int, *, when_ready: bool | None = None) -> Staged | None:
         """The staged params if they are newer than `current_version`, else None.
 
-        With `when_ready` the params are handed over only once every leaf has arrived on the
-        sampler devices (the train step that produced them is done): taking them earlier
-        would make the next decode chunk wait for the trainer, stalling generation.
+        With `when_ready` the params are handed over only once every leaf has arrived (the
+        train step that produced them is done; a leaf without `is_ready`, e.g. a host array,
+        counts as arrived): taking them earlier would make the next decode chunk wait for the
+        trainer, stalling generation.
         """
         if when_ready is None:
             when_ready = self.swap_when_ready
@@ -85,7 +80,7 @@ class Publisher:
             staged = self._staged
             if staged is None or staged.version <= current_version:
                 return None
-            if when_ready and not all(x.is_ready() for x in jax.tree.leaves(staged.params)):
+            if when_ready and not all(_ready(x) for x in jax.tree.leaves(staged.params)):
                 return None
             self._staged = None
             return staged
@@ -98,3 +93,10 @@ class Publisher:
             if staged is not None or time.perf_counter() >= deadline:
                 return staged
             time.sleep(0.001)
+
+
+def _ready(leaf) -> bool:
+    """Whether a staged leaf has arrived: a device array once its copy is done; anything
+    without `is_ready` (a host array a proxy sampler produced) at once."""
+    is_ready = getattr(leaf, "is_ready", None)
+    return is_ready() if is_ready is not None else True

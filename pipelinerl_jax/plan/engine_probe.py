@@ -21,7 +21,7 @@ import math
 import jax
 import numpy as np
 
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.plan.measure import measure_decode_latency, measure_train_throughput
 from pipelinerl_jax.plan.utilisation import PlanError
@@ -44,7 +44,7 @@ TINY_HF_CONFIG = dict(
 def tiny_model(seed: int = 0, **overrides):
     """(graphdef, params) of a small random Llama for measurement."""
     cfg = ModelConfig.from_hf({**TINY_HF_CONFIG, **overrides})
-    return llama.init(cfg, jax.random.key(seed))
+    return decoder.init(cfg, jax.random.key(seed))
 
 
 def _full_state(engine: eng.Engine, batch: int, context_len: int, capacity: int, chunk_steps: int):
@@ -99,7 +99,7 @@ def decode_latency(
     cache_dtype: str | None = None,
 ) -> list[float]:
     """Seconds per decode step at each batch size (fastest of `repeats` chunks)."""
-    cfg = llama.config_of(graphdef)
+    cfg = decoder.config_of(graphdef)
     if context_len < 1:
         raise PlanError(f"--context_len={context_len}: must be >= 1")
     # Room for the warm-up chunk and the timed ones; lengths grow by chunk_steps per call.
@@ -147,18 +147,18 @@ def train_throughput(
 ) -> dict:
     """Trainer tokens/s on one device: completion (generated) and packed tokens per second."""
     from pipelinerl_jax import trainer as tr
-    from pipelinerl_jax.rl.batch import Sample, build_batch
+    from pipelinerl_jax.rl.batch import ScoredSample, build_batch
     from pipelinerl_jax.rl.config import BatchConfig
 
     if not 1 <= prompt_len < seq_len:
         raise PlanError(
             f"train probe: prompt_len={prompt_len} must be in 1..seq_len-1={seq_len - 1}"
         )
-    cfg = llama.config_of(graphdef)
+    cfg = decoder.config_of(graphdef)
     rng = np.random.default_rng(0)
     comp = seq_len - prompt_len
     samples = [
-        Sample(
+        ScoredSample(
             prompt_tokens=rng.integers(0, cfg.vocab_size, prompt_len).tolist(),
             completion_tokens=rng.integers(0, cfg.vocab_size, comp).tolist(),
             completion_logprobs=(-rng.uniform(0.5, 5.0, comp)).tolist(),
@@ -219,7 +219,7 @@ def engine_profile(
     """The profile's 'decode' and 'train' sections (plus the KV-cache bound when memory is known)."""
     from pipelinerl_jax.plan.layout import kv_cache_max_batch
 
-    cfg = llama.config_of(graphdef)
+    cfg = decoder.config_of(graphdef)
     sizes = sorted({int(b) for b in decode_batch_sizes})
     if not sizes or sizes[0] < 1:
         raise PlanError(f"--decode_batch_sizes={list(decode_batch_sizes)}: need positive sizes")

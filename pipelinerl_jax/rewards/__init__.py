@@ -1,1 +1,6 @@
-"""rewards package of pipelinerl_jax."""
+"""Rewards: verifying answers and paying for them.
+
+- math.py     math-verify on the last \\boxed{} of a completion against the gold answer
+- tables.py   verdicts and reward tables: what a reward function says, what the trainer is paid
+- workers.py  a process pool for reward functions with a hard per-sample timeout
+"""

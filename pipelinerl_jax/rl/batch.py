@@ -38,8 +38,9 @@ from pipelinerl_jax.rl.weights import sequence_token_weights
 
 
 @dataclasses.dataclass(frozen=True)
-class Sample:
-    """One finished, scored generation as the sampler and reward workers hand it over."""
+class ScoredSample:
+    """One finished, scored generation: what the batch builder packs. (The sampler's own
+    `sampler.protocol.Sample` is the unscored attempt; pipeline/groups.py adds the reward.)"""
 
     prompt_tokens: Sequence[int]  # [P] prompt token ids
     completion_tokens: Sequence[int]  # [C] generated token ids (EOS included if emitted)
@@ -143,7 +144,7 @@ class _Piece:
     length: int  # prefix + every member's remaining prompt and completion
 
 
-def _pieces(samples: Sequence[Sample], seq_len: int, share: bool) -> list[_Piece]:
+def _pieces(samples: Sequence[ScoredSample], seq_len: int, share: bool) -> list[_Piece]:
     """Each sample alone, or (share) runs of consecutive samples of one group with one prompt,
     cut so that each run fits a row: prefix (prompt minus its last token) + sum(1 + C_i)."""
     pieces: list[_Piece] = []
@@ -167,7 +168,7 @@ def _pieces(samples: Sequence[Sample], seq_len: int, share: bool) -> list[_Piece
     return pieces
 
 
-def build_batch(samples: Sequence[Sample], cfg: BatchConfig) -> tuple[TrainBatch, dict]:
+def build_batch(samples: Sequence[ScoredSample], cfg: BatchConfig) -> tuple[TrainBatch, dict]:
     """Advantages, filtering, token weights and packing. Returns (numpy TrainBatch, host stats)."""
     if len(samples) > cfg.max_sequences:
         raise ConfigError(f"{len(samples)} samples exceed batch.max_sequences={cfg.max_sequences}")

@@ -4,7 +4,8 @@
 step compiles once, and chooses advantages and token weights. `LossConfig` picks the objective
 and its switches. Both validate themselves at construction: a bad value is a one-line
 `ConfigError` naming the field and how to fix it, raised before any sequence is generated.
-Defaults are the PipelineRL paper's runs (docs/paper_facts.md).
+Defaults are the PipelineRL paper's runs (docs/paper_facts.md). `LossConfig.objective` names an
+entry of the objective registry (rl/objectives.py): a built-in or one registered by the user.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 
 from pipelinerl_jax.errors import ConfigError
 
+# The built-in objectives; rl/objectives.py's registry holds them and any registered later.
 OBJECTIVES = ("tis_reinforce", "ppo", "gspo")
 ADVANTAGES = ("group_mean", "leave_one_out")
 # How per-token losses are summed into the step's loss (see rl/weights.py for the formulas).
@@ -55,9 +57,9 @@ class BatchConfig:
         )
         if self.max_sequence_len > self.seq_len:
             raise ConfigError(
-                f"batch.max_sequence_len={self.max_sequence_len} (prompt + max new tokens) is longer "
-                f"than a packed row (batch.seq_len={self.seq_len}); raise batch.seq_len or shorten "
-                "prompts/max_new_tokens: sequences are never truncated"
+                f"batch.max_sequence_len={self.max_sequence_len} (prompt + max new tokens) is "
+                f"longer than a packed row (batch.seq_len={self.seq_len}); raise batch.seq_len or "
+                "shorten prompts/max_new_tokens: sequences are never truncated"
             )
         if self.advantage not in ADVANTAGES:
             raise ConfigError(f"batch.advantage={self.advantage!r}; use one of {ADVANTAGES}")
@@ -80,7 +82,8 @@ class BatchConfig:
 class LossConfig:
     """The objective and its switches; every coefficient is a plain float (hashable, jit-static)."""
 
-    objective: str = "tis_reinforce"  # "tis_reinforce" | "ppo" | "gspo"
+    objective: str = "tis_reinforce"  # "tis_reinforce" | "ppo" | "gspo" | a name
+    #   registered with pipelinerl_jax.rl.objectives.register_objective
     tis_clip: float = 5.0  # c in min(pi/mu, c)
     ppo_eps_low: float = 0.2  # ratio clipped to [1 - eps_low, 1 + eps_high]
     ppo_eps_high: float = 0.28  # (the upper clip is wider: DAPO's clip-higher)
@@ -94,15 +97,18 @@ class LossConfig:
     entropy_coef_end: float | None = None  # None: constant entropy_coef
     entropy_schedule_steps: int = 0  # steps of the entropy_coef -> entropy_coef_end schedule
     # The LM head and log-softmax run in f32 over chunks so [tokens, V] f32 never exists whole.
-    # Per-token objectives (tis_reinforce, ppo) fuse loss and head gradient over token chunks
-    # of `token_chunk` tokens ([token_chunk, V] f32 at a time, no recompute); gspo needs whole
-    # sequences first and uses vocabulary chunks of `vocab_chunk` with a recomputing backward.
+    # Per-token objectives (tis_reinforce, ppo, registered ones) fuse loss and head gradient
+    # over token chunks of `token_chunk` tokens ([token_chunk, V] f32 at a time, no recompute);
+    # gspo (any objective registered with sequence_ratio=True) needs whole sequences first and
+    # uses vocabulary chunks of `vocab_chunk` with a recomputing backward.
     token_chunk: int = 1024
     vocab_chunk: int = 8192  # gspo's vocabulary chunk (see token_chunk)
 
     def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"loss.objective={self.objective!r}; use one of {OBJECTIVES}")
+        # Imported here: the registry module imports jax, this one stays light to import.
+        from pipelinerl_jax.rl.objectives import get_objective
+
+        get_objective(self.objective)  # ConfigError naming the registered objectives
         _positive(
             "loss",
             tis_clip=self.tis_clip,
@@ -135,8 +141,11 @@ class LossConfig:
 
     @property
     def fused(self) -> bool:
-        """Per-token objectives take the fused head path; gspo needs sequence sums first."""
-        return self.objective != "gspo"
+        """Per-token objectives take the fused head path; those that need the sequence ratio
+        (gspo) need sequence sums first."""
+        from pipelinerl_jax.rl.objectives import get_objective
+
+        return not get_objective(self.objective).sequence_ratio
 
 
 def linear_schedule(start: float, end: float | None, steps: int, step):

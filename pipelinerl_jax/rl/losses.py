@@ -1,18 +1,19 @@
 """Policy-gradient objectives as pure functions: per-token logprobs in, (loss, metrics) out.
 
 Every objective is sum_t w_t * loss_t over completion tokens, with token weights w fixed on
-the host (rl/weights.py), so micro-batches and data-parallel shards simply add up. With
-rho = pi/mu the ratio of the trained policy to the sampler's (behaviour) policy and A the
-advantage:
+the host (rl/weights.py), so micro-batches and data-parallel shards simply add up. The
+per-token losses loss_t live in the registry of rl/objectives.py (register your own there).
+With rho = pi/mu the ratio of the trained policy to the sampler's (behaviour) policy and A the
+advantage, the built-ins are:
 
   tis_reinforce  loss_t = -stopgrad(min(rho, c)) * A * log pi      (the paper; c = 5)
   ppo            loss_t = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
   gspo           as ppo, with rho replaced by the sequence ratio s = exp(mean_t log rho)
                  (token form sg(s) * pi/sg(pi): same value, gradient s * A * grad log pi)
 
-plus optional kl_coef * k3(pi || ref) and -entropy_coef * entropy, per token. Metrics are
-first accumulated as additive sums ("max_" keys combine by max) so that micro-batches can be
-merged exactly, then finalised: ESS = (sum rho)^2 / (sum rho^2) / N, etc.
+plus optional kl_coef * k3(pi || ref) and -entropy_coef * entropy, per token, for every
+objective. Metrics are first accumulated as additive sums ("max_" keys combine by max) so that
+micro-batches can be merged exactly, then finalised: ESS = (sum rho)^2 / (sum rho^2) / N, etc.
 Letters: N tokens (any shape), S sequences.
 """
 
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from pipelinerl_jax.metrics import LAG_BUCKETS
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.rl.logprobs import chunked_logprobs, fused_token_loss
+from pipelinerl_jax.rl.objectives import Objective, TokenContext, get_objective
 
 sg = jax.lax.stop_gradient
 
@@ -33,27 +35,13 @@ def _k3(log_q_over_p):
     return jnp.exp(log_q_over_p) - log_q_over_p - 1.0
 
 
-def _policy_term(
-    objective, logprobs, behaviour_logprobs, advantages, *, clip, eps_low, eps_high, seq_ratio=None
-):
-    """(per-token policy loss, per-token 'clamped or clipped' flag)."""
-    if objective == "tis_reinforce":
-        ratio = jnp.exp(logprobs - behaviour_logprobs)
-        return -sg(jnp.minimum(ratio, clip)) * advantages * logprobs, ratio > clip
-    if objective == "ppo":
-        ratio = jnp.exp(logprobs - behaviour_logprobs)
-    elif objective == "gspo":
-        ratio = sg(seq_ratio) * jnp.exp(logprobs - sg(logprobs))
-    else:
-        raise ValueError(f"unknown objective {objective!r}")
-    unclipped = ratio * advantages
-    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
-    return -jnp.minimum(unclipped, clipped), clipped < unclipped
+def _entry(objective: str | Objective) -> Objective:
+    return objective if isinstance(objective, Objective) else get_objective(objective)
 
 
-def _total_term(objective, lp, ent, mu, adv, w, ref, *, kl_coef, entropy_coef, **kw):
-    pg, _ = _policy_term(objective, lp, mu, adv, **kw)
-    total = pg
+def _total_term(entry, lp, ent, ctx, w, ref, *, kl_coef, entropy_coef, options):
+    """sum_t w_t * (policy loss + kl_coef * k3 - entropy_coef * entropy): what is differentiated."""
+    total = entry(lp, ctx, **options)[0]
     if ref is not None:
         total = total + kl_coef * _k3(ref - lp)
     if ent is not None:
@@ -71,8 +59,24 @@ def sequence_ratio(logprobs, behaviour_logprobs, loss_mask, sequence_index, num_
     return ratio_S[sequence_index]
 
 
+# The additive sums objective_stats returns; finalize turns them into metrics.
+STAT_KEYS = frozenset(
+    (
+        "tokens",
+        "pg_loss",
+        "ratio_sum",
+        "ratio_sq_sum",
+        "max_ratio",
+        "clipped",
+        "kl_new_old_sum",
+        "entropy_sum",
+        "loss",
+    )
+)
+
+
 def objective_stats(
-    objective,
+    objective: str | Objective,
     logprobs,
     entropy,
     behaviour_logprobs,
@@ -81,26 +85,21 @@ def objective_stats(
     loss_mask,
     ref_logprobs=None,
     *,
-    clip,
-    eps_low,
-    eps_high,
     kl_coef,
     entropy_coef,
     seq_ratio=None,
+    **options,
 ) -> dict:
-    """Additive sums for the metrics (no gradient flows through them)."""
+    """Additive sums for the metrics (no gradient flows through them).
+
+    objective: a registered name or entry; options: its token_loss keywords (those it does not
+    take are ignored, so one set of keywords can serve every objective).
+    """
+    entry = _entry(objective)
+    options = {k: v for k, v in options.items() if k in entry.options}
     lp, mu, m = sg(logprobs), behaviour_logprobs, loss_mask
     on = m > 0
-    pg, flag = _policy_term(
-        objective,
-        lp,
-        mu,
-        advantages,
-        clip=clip,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        seq_ratio=seq_ratio,
-    )
+    pg, flag = entry(lp, TokenContext(mu, advantages, seq_ratio), **options)
     log_rho = jnp.where(on, lp - mu, 0.0)
     rho = jnp.exp(log_rho)
     stats = {
@@ -131,54 +130,81 @@ def accumulate(a: dict, b: dict) -> dict:
 
 
 def finalize(stats: dict) -> dict:
-    """Metrics from accumulated sums."""
+    """Metrics from accumulated sums.
+
+    The sums of objective_stats become the standard metrics (ESS, clip fraction, ...); any
+    other key (a custom loss function's own sums) is reported as accumulated.
+    """
+    out = {k: v for k, v in stats.items() if k not in STAT_KEYS and k != "kl_ref_sum"}
+    out["loss"] = stats["loss"]
+    if not STAT_KEYS <= stats.keys():
+        return out
     n = jnp.maximum(stats["tokens"], 1.0)
-    out = {
-        "loss": stats["loss"],
-        "pg_loss": stats["pg_loss"],
-        "tokens": stats["tokens"],
-        "ess": stats["ratio_sum"] ** 2 / jnp.maximum(stats["ratio_sq_sum"], 1e-30) / n,
-        "ratio_mean": stats["ratio_sum"] / n,
-        "ratio_max": stats["max_ratio"],
-        "clip_fraction": stats["clipped"] / n,
-        "kl_new_old": stats["kl_new_old_sum"] / n,
-        "entropy": stats["entropy_sum"] / n,
-    }
+    out.update(
+        pg_loss=stats["pg_loss"],
+        tokens=stats["tokens"],
+        ess=stats["ratio_sum"] ** 2 / jnp.maximum(stats["ratio_sq_sum"], 1e-30) / n,
+        ratio_mean=stats["ratio_sum"] / n,
+        ratio_max=stats["max_ratio"],
+        clip_fraction=stats["clipped"] / n,
+        kl_new_old=stats["kl_new_old_sum"] / n,
+        entropy=stats["entropy_sum"] / n,
+    )
     if "kl_ref_sum" in stats:
         out["kl_ref"] = stats["kl_ref_sum"] / n
     return out
 
 
-def _objective(
-    objective,
+def objective_loss(
+    objective: str | Objective,
     logprobs,
     behaviour_logprobs,
     advantages,
     token_weights,
     loss_mask,
+    sequence_index=None,
+    num_sequences: int | None = None,
     *,
-    entropy,
-    ref_logprobs,
-    kl_coef,
-    entropy_coef,
-    seq_ratio=None,
-    **kw,
+    entropy=None,
+    ref_logprobs=None,
+    kl_coef=0.0,
+    entropy_coef=0.0,
+    **options,
 ):
+    """(loss, metrics) of any registered objective from per-token logprobs.
+
+    options: the objective's token_loss keywords; those not given take the LossConfig
+    defaults of the fields the objective was registered with. sequence_index and
+    num_sequences (see `gspo`) are needed by objectives registered with sequence_ratio=True.
+    """
+    entry = _entry(objective)
+    unknown = sorted(set(options) - set(entry.options))
+    if unknown:
+        raise TypeError(
+            f"objective {entry.name!r} takes options {sorted(entry.options)}, not {unknown}"
+        )
+    options = {**entry.options_from(LossConfig()), **options}
+    seq_ratio = None
+    if entry.sequence_ratio:
+        if sequence_index is None or num_sequences is None:
+            raise TypeError(f"objective {entry.name!r} needs sequence_index and num_sequences")
+        seq_ratio = sg(
+            sequence_ratio(logprobs, behaviour_logprobs, loss_mask, sequence_index, num_sequences)
+        )
+    ctx = TokenContext(behaviour_logprobs, advantages, seq_ratio)
     loss = _total_term(
-        objective,
+        entry,
         logprobs,
         entropy,
-        behaviour_logprobs,
-        advantages,
+        ctx,
         token_weights,
         ref_logprobs,
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
-        seq_ratio=seq_ratio,
-        **kw,
+        options=options,
     )
     stats = objective_stats(
-        objective,
+        entry,
         logprobs,
         entropy,
         behaviour_logprobs,
@@ -189,7 +215,7 @@ def _objective(
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
         seq_ratio=seq_ratio,
-        **kw,
+        **options,
     )
     return loss, finalize(stats)
 
@@ -207,8 +233,8 @@ def tis_reinforce(
     kl_coef=0.0,
     entropy_coef=0.0,
 ):
-    """Truncated-IS REINFORCE: -sum w * stopgrad(min(pi/mu, clip)) * A * log pi. -> (loss, metrics)"""
-    return _objective(
+    """Truncated-IS REINFORCE: -sum w * sg(min(pi/mu, clip)) * A * log pi. -> (loss, metrics)"""
+    return objective_loss(
         "tis_reinforce",
         logprobs,
         behaviour_logprobs,
@@ -220,8 +246,6 @@ def tis_reinforce(
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
         clip=clip,
-        eps_low=0.0,
-        eps_high=0.0,
     )
 
 
@@ -240,7 +264,7 @@ def ppo(
     entropy_coef=0.0,
 ):
     """PPO clipped surrogate with asymmetric clipping, per token. -> (loss, metrics)"""
-    return _objective(
+    return objective_loss(
         "ppo",
         logprobs,
         behaviour_logprobs,
@@ -251,7 +275,6 @@ def ppo(
         ref_logprobs=ref_logprobs,
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
-        clip=0.0,
         eps_low=eps_low,
         eps_high=eps_high,
     )
@@ -279,22 +302,19 @@ def gspo(
     tokens outside every sequence). Pair with weighting="sequence_mean" for the GSPO paper's
     length-normalised form.
     """
-    seq_ratio = sequence_ratio(
-        logprobs, behaviour_logprobs, loss_mask, sequence_index, num_sequences
-    )
-    return _objective(
+    return objective_loss(
         "gspo",
         logprobs,
         behaviour_logprobs,
         advantages,
         token_weights,
         loss_mask,
+        sequence_index,
+        num_sequences,
         entropy=entropy,
         ref_logprobs=ref_logprobs,
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
-        seq_ratio=seq_ratio,
-        clip=0.0,
         eps_low=eps_low,
         eps_high=eps_high,
     )
@@ -313,31 +333,25 @@ def loss_from_hidden(
 ):
     """(loss, stats) of one (micro-)batch straight from the model's final hidden states.
 
-    batch: a TrainBatch (or its token fields, sliced to a micro-batch). tis_reinforce and ppo
-    take the fused head path; gspo computes chunked logprobs first. Stats are additive sums
-    (merge with `accumulate`, then `finalize`).
+    batch: a TrainBatch (or its token fields, sliced to a micro-batch). cfg.objective is looked
+    up in the registry; per-token objectives (built-in or registered) take the fused head path,
+    those that need the sequence ratio (gspo) compute chunked logprobs first. Stats are additive
+    sums (merge with `accumulate`, then `finalize`).
     """
-    kw = dict(clip=cfg.tis_clip, eps_low=cfg.ppo_eps_low, eps_high=cfg.ppo_eps_high)
+    entry = get_objective(cfg.objective)
+    options = entry.options_from(cfg)
     inputs = dict(mu=batch.behaviour_logprobs, adv=batch.advantages, w=batch.token_weights)
     if ref_logprobs is not None:
         inputs["ref"] = ref_logprobs
     use_entropy = cfg.entropy_coef > 0 or (cfg.entropy_coef_end or 0) > 0
+    total = dict(kl_coef=kl_coef, entropy_coef=entropy_coef, options=options)
     seq_ratio = None
     if cfg.fused:
 
         def token_loss(lp, ent, inp):
-            return _total_term(
-                cfg.objective,
-                lp,
-                ent if use_entropy else None,
-                inp["mu"],
-                inp["adv"],
-                inp["w"],
-                inp.get("ref"),
-                kl_coef=kl_coef,
-                entropy_coef=entropy_coef,
-                **kw,
-            )
+            ctx = TokenContext(inp["mu"], inp["adv"])
+            ent = ent if use_entropy else None
+            return _total_term(entry, lp, ent, ctx, inp["w"], inp.get("ref"), **total)
 
         loss, lp, ent = fused_token_loss(
             hidden_xE,
@@ -349,7 +363,6 @@ def loss_from_hidden(
             token_chunk=cfg.token_chunk,
         )
     else:
-        kw.update(eps_low=cfg.gspo_eps_low, eps_high=cfg.gspo_eps_high)
         lp, ent = chunked_logprobs(
             hidden_xE,
             w_ExV,
@@ -357,24 +370,17 @@ def loss_from_hidden(
             temperature=cfg.temperature,
             vocab_chunk=cfg.vocab_chunk,
         )
-        seq_ratio = sequence_ratio(
-            lp, batch.behaviour_logprobs, batch.loss_mask, batch.sequence_index, num_sequences
+        # Stop-gradient, as TokenContext promises: the ratio weights tokens, it is not trained.
+        seq_ratio = sg(
+            sequence_ratio(
+                lp, batch.behaviour_logprobs, batch.loss_mask, batch.sequence_index, num_sequences
+            )
         )
-        loss = _total_term(
-            cfg.objective,
-            lp,
-            ent if use_entropy else None,
-            inputs["mu"],
-            inputs["adv"],
-            inputs["w"],
-            ref_logprobs,
-            kl_coef=kl_coef,
-            entropy_coef=entropy_coef,
-            seq_ratio=seq_ratio,
-            **kw,
-        )
+        ctx = TokenContext(batch.behaviour_logprobs, batch.advantages, seq_ratio)
+        ent_or_none = ent if use_entropy else None
+        loss = _total_term(entry, lp, ent_or_none, ctx, inputs["w"], ref_logprobs, **total)
     stats = objective_stats(
-        cfg.objective,
+        entry,
         lp,
         ent,
         batch.behaviour_logprobs,
@@ -385,7 +391,7 @@ def loss_from_hidden(
         kl_coef=kl_coef,
         entropy_coef=entropy_coef if use_entropy else 0.0,
         seq_ratio=seq_ratio,
-        **kw,
+        **options,
     )
     return loss, stats
 

@@ -1,35 +1,44 @@
-"""The sampler's attention hooks: paged K/V read from the pool, the new K/V handed back.
+"""The sampler's attention hooks over the paged KV pool, and the writes into it.
 
-Why the page pool is closed over instead of travelling through the layers as a per-layer
-cache slice: a cache scanned with the layers becomes a dynamic-slice per layer (a copy of the
-layer's whole pool) and a stacked output (another copy), i.e. two copies of the entire pool per
-decode step, measured here at ~0.2 s per step for a 134 MB pool. Instead each layer's attend
-reads its pages with one gather from the closed-over pool (only the pages named in the slots'
-block tables, only the first W of them) and returns the new K/V; the engine scatters all
-layers' new K/V into the donated pool after the forward, in place.
+Every hook here has the signature forward.forward_hidden expects,
+attend(q, k, v, (layer, (k_pages, v_pages))) -> (out, (layer, (k_pages, v_pages))):
+the whole pool [L, P, K, S, D] travels through the layers as attend's carry, and each layer
+writes its new K/V into its own slice of the pool in place, then reads its pages. Always in
+that order: a read of the pool before its in-place write makes XLA copy the pool first (on
+the 2-layer model of tests/test_sampler_strategies.py: 4 whole-pool copies per prefill and 6
+per 4-step "gather" decode chunk, none written first).
 
-Consequently the current tokens' K/V are not in the pages while attending: attention is over
-(cached positions before the chunk) + (the chunk itself, causally), merged in one f32 softmax.
-Every query may attend to itself, so padding queries stay finite and never write NaN K/V
-into the null page; masked V rows are zeroed, not just given zero weight, so a corrupted page
-could not leak NaN into a live row (0 * NaN = NaN).
+Why the whole pool rather than a per-layer cache slice scanned with the layers: a sliced cache
+becomes a dynamic-slice per layer (a copy of the layer's pool) and a stacked output (another
+copy), i.e. two copies of the entire pool per decode step, measured here at ~0.2 s per step for
+a 134 MB pool. A carried pool is read with one gather per layer (only the pages named in the
+rows' block tables, only the first W of them) and written with one in-place scatter. The layer
+index may be a Python int (an unrolled forward) or a traced int32 (a scan over layers): both
+only offset page ids and index the pool's leading axis.
 
-The layer index arrives as a Python int (the sampler's forward is unrolled, see forward.py).
+Hooks (the decode strategies in strategies.py pick among them):
+- `decode_attend_paged`: writes the token's K/V first, then calls the one paged attention
+  dispatcher (`kernels.paged_decode_attention`: the Triton kernel on NVIDIA GPUs, its jnp
+  reference elsewhere) on the pool flattened to [L*P, K, S, D] with block tables offset by
+  layer * P, the kernel's layout, so nothing is copied.
+- `decode_attend` ("gather"): writes the token's K/V, reads the pages' positions before it
+  and merges the token's own K/V into one f32 softmax.
+- `prefill_attend`: the same for a chunk of T prompt tokens per row, causally within the chunk.
 
-Pool layout [L, P, K, S, D]: flattened to [L*P, K, S, D] it is the layout of
-`kernels.paged_attention` with block tables offset by layer * P, so the second decode hook,
-`decode_attend_paged`, can write the step's K/V into the pool first and then call the one paged
-attention dispatcher (the Triton kernel on NVIDIA GPUs, its jnp reference elsewhere) without
-copying anything. That hook threads the pool through the unrolled layers as its carry (an
-in-place scatter per layer); `decode_attend` keeps the pool closed over and merges the new
-token itself. The engine's `attention` option picks one ("paged", the default, was faster on
-CPU too: the reference gathers in cache-sized blocks with an online softmax).
+Every query may attend to itself, so padding queries stay finite and never write NaN K/V into
+the null page; masked V rows are zeroed, not just given zero weight, so a corrupted page could
+not leak NaN into a live row (0 * NaN = NaN).
+
+Writes go through a `scatter` (array, index, values, dtype=None, **at_kwargs) -> array:
+`plain_set` (`.at[].set` in the pool dtype, what the GPU strategy uses) or `set_at` (16-bit
+floats written as their uint16 bit patterns, a CPU trick; it says why).
 
 Within a page the kv heads are major ([K, S, D], see kernels/paged_attention_ref.py): a
 gathered [B, W, K, S, D] block feeds the score and value dots with no transposed copy.
 
 Dimension letters: B rows, T query tokens, H query heads, K kv heads, G = H / K, D head dim,
-L layers, P pages per layer, S page size, W pages read per row (window), N = W * S.
+L layers, P pages per layer, S page size, M pages per row (block-table width), W pages read
+per row (window), N = W * S.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ import jax.numpy as jnp
 from pipelinerl_jax.kernels.paged_attention import paged_decode_attention
 
 
-def _gather_old(pages_LxPxKxSxD, layer: int, block_tables_BxW):
+def _gather_old(pages_LxPxKxSxD, layer, block_tables_BxW):
     """This layer's pages named by the block tables -> [B, W, K, S, D]."""
     num_layers, num_pages = pages_LxPxKxSxD.shape[:2]
     flat = pages_LxPxKxSxD.reshape((num_layers * num_pages,) + pages_LxPxKxSxD.shape[2:])
@@ -70,29 +79,44 @@ def _merge_softmax(s_old, s_new, v_old, v_new, old_spec, new_spec):
     return out, denom
 
 
-def decode_attend(k_pages, v_pages, block_tables_BxW, positions_B, *, scale: float):
+def _window_valid(window: int, page_size: int, before_B):
+    """[B, W, S] bool: window position < before_B (the row's cached positions)."""
+    window_positions_WxS = jnp.arange(window * page_size).reshape(window, page_size)
+    return window_positions_WxS[None] < before_B[:, None, None]
+
+
+def decode_attend(block_tables_BxM, positions_B, write_B, window: int, *, scale: float, scatter):
     """attend() for one new token per row at `positions_B` (it sees positions < its own + itself).
 
-    k_pages, v_pages: [L, P, K, S, D], closed over (read only). Returns
-    attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, (layer, kv)) -> (out_Bx1xHxD, (layer, kv + ((k, v),)))
-    collecting each layer's new K/V for the engine to scatter after the forward.
+    Writes the token's K/V into the layer's pages with `scatter` (rows with write False,
+    inactive slots, write to the null page), reads the positions before the token from the
+    first `window` pages of each row, and merges the token's own K/V into the same softmax.
     """
-    batch, window = block_tables_BxW.shape
-    page_size = k_pages.shape[3]
-    window_positions_WxS = jnp.arange(window * page_size).reshape(window, page_size)
-    old_valid_BxWxS = window_positions_WxS[None] < positions_B[:, None, None]
+    batch = block_tables_BxM.shape[0]
+    block_tables_BxW = block_tables_BxM[:, :window]
 
-    def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_kv):
-        layer, kv = layer_and_kv
+    def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_pages):
+        layer, (k_pages, v_pages) = layer_and_pages
         heads, head_dim = q_Bx1xHxD.shape[2:]
         kv_heads = k_Bx1xKxD.shape[2]
         group = heads // kv_heads
         f32 = jnp.float32
+        # Written first, read after: the reads only see positions < the token's (masked
+        # below), and a read of the pool before its in-place write would make XLA copy it.
+        at = (block_tables_BxM, positions_B[:, None], write_B[:, None])
+        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, *at, scatter=scatter)
+        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, *at, scatter=scatter)
+        old_valid_BxWxS = _window_valid(window, k_pages.shape[3], positions_B)
         k_old_BxWxKxSxD = _gather_old(k_pages, layer, block_tables_BxW)
         v_old_BxWxKxSxD = _gather_old(v_pages, layer, block_tables_BxW)
         # Zeroed, not just given zero weight: 0 * NaN from a corrupted page would leak in.
         v_old_BxWxKxSxD = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old_BxWxKxSxD, 0)
         q_BxKxGxD = q_Bx1xHxD.reshape(batch, kv_heads, group, head_dim).astype(f32)
+        # The token's own K/V rounded as the pool stores it: it attends to itself exactly as
+        # later steps (and the strategies that write before reading) see it. Both dots in f32
+        # (probabilities not rounded to a 16-bit V), as the other strategies compute them.
+        k_Bx1xKxD = k_Bx1xKxD.astype(k_pages.dtype)
+        v_Bx1xKxD = v_Bx1xKxD.astype(v_pages.dtype)
         s_old_BxKxGxWxS = (
             jnp.einsum(
                 "bkgd,bwksd->bkgws",
@@ -109,36 +133,41 @@ def decode_attend(k_pages, v_pages, block_tables_BxW, positions_B, *, scale: flo
         out_BxKxGxD, denom_BxKxG = _merge_softmax(
             s_old_BxKxGxWxS,
             s_new_BxKxGx1,
-            v_old_BxWxKxSxD,
-            v_Bx1xKxD[:, 0, :, None, :],
+            v_old_BxWxKxSxD.astype(f32),
+            v_Bx1xKxD[:, 0, :, None, :].astype(f32),
             "bkgws,bwksd->bkgd",
             "bkgn,bknd->bkgd",
         )
         out_BxKxGxD = out_BxKxGxD / denom_BxKxG[..., None]
         out = out_BxKxGxD.reshape(batch, 1, heads, head_dim).astype(q_Bx1xHxD.dtype)
-        return out, (layer, kv + ((k_Bx1xKxD, v_Bx1xKxD),))
+        return out, (layer, (k_pages, v_pages))
 
     return attend
 
 
 def decode_attend_paged(
-    block_tables_BxM, positions_B, write_B, window: int, *, scale: float, impl: str = "auto"
+    block_tables_BxM,
+    positions_B,
+    write_B,
+    window: int,
+    *,
+    scale: float,
+    impl: str = "auto",
+    scatter=None,
 ):
     """attend() that writes the token's K/V into the pool, then runs paged decode attention.
 
-    Carry: (layer, (k_pages, v_pages)) with pages [L, P, K, S, D]; the updated pool comes back
-    in the carry. Rows with write False (inactive slots) write to the null page.
+    Rows with write False (inactive slots) write to the null page. scatter: `plain_set` unless
+    given (this is the GPU path: plain JAX and the kernel).
     """
+    scatter = scatter or plain_set
 
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_pages):
         layer, (k_pages, v_pages) = layer_and_pages
         num_layers, num_pages = k_pages.shape[:2]
-        k_pages = write_layer_kv(
-            k_pages, layer, k_Bx1xKxD, block_tables_BxM, positions_B[:, None], write_B[:, None]
-        )
-        v_pages = write_layer_kv(
-            v_pages, layer, v_Bx1xKxD, block_tables_BxM, positions_B[:, None], write_B[:, None]
-        )
+        at = (block_tables_BxM, positions_B[:, None], write_B[:, None])
+        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, *at, scatter=scatter)
+        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, *at, scatter=scatter)
         flat = (num_layers * num_pages,) + k_pages.shape[2:]
         out_BxHxD = paged_decode_attention(
             q_Bx1xHxD[:, 0],
@@ -154,23 +183,22 @@ def decode_attend_paged(
     return attend
 
 
-def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: float):
+def prefill_attend(block_tables_BxM, window: int, positions_BxT, *, scale: float, scatter):
     """attend() for a chunk of T tokens per row (padding at position -1, at the end of a row).
 
-    A query at position p sees the row's cached positions before the chunk start and the
-    chunk's own tokens at positions <= p. Carry and result as `decode_attend`.
+    The chunk's K/V is written into the layer's pages (padding: the null page); a query at
+    position p sees the row's cached positions before the chunk start (read from its first
+    `window` pages; 0 for a first chunk) and the chunk's own tokens at positions <= p.
     """
     start_B = positions_BxT[:, 0]  # chunk start; -1 for an all-padding row (sees nothing old)
-    window, page_size = block_tables_BxW.shape[1], k_pages.shape[3]
-    window_positions_WxS = jnp.arange(window * page_size).reshape(window, page_size)
-    old_valid_BxWxS = window_positions_WxS[None] < start_B[:, None, None]
+    block_tables_BxW = block_tables_BxM[:, :window]
     valid_BxT = positions_BxT >= 0
     tokens = positions_BxT.shape[1]
     causal_TxT = jnp.tril(jnp.ones((tokens, tokens), bool))
     new_valid_BxTxT = (causal_TxT[None] & valid_BxT[:, None, :]) | jnp.eye(tokens, dtype=bool)
 
-    def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_and_kv):
-        layer, kv = layer_and_kv
+    def attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_and_pages):
+        layer, (k_pages, v_pages) = layer_and_pages
         batch, _, heads, head_dim = q_BxTxHxD.shape
         kv_heads = k_BxTxKxD.shape[2]
         group = heads // kv_heads
@@ -182,8 +210,14 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
             * scale
         )
         s_new = jnp.where(new_valid_BxTxT[:, None, None], s_new, -jnp.inf)
+        # Written first, read after (as in decode_attend: the reads are masked to positions
+        # before the chunk, and reading before the in-place write would copy the pool).
+        at = (block_tables_BxM, positions_BxT, valid_BxT)
+        k_pages = write_layer_kv(k_pages, layer, k_BxTxKxD, *at, scatter=scatter)
+        v_pages = write_layer_kv(v_pages, layer, v_BxTxKxD, *at, scatter=scatter)
         s_old = v_old = None  # first chunk: nothing cached yet
         if window:
+            old_valid_BxWxS = _window_valid(window, k_pages.shape[3], start_B)
             k_old = _gather_old(k_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
             v_old = _gather_old(v_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
             v_old = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old, 0)
@@ -200,17 +234,19 @@ def prefill_attend(k_pages, v_pages, block_tables_BxW, positions_BxT, *, scale: 
         denom_BxTxKxG = jnp.moveaxis(denom_BxKxGxT, 3, 1)
         out_BxTxKxGxD = out_BxTxKxGxD / denom_BxTxKxG[..., None]
         out = out_BxTxKxGxD.reshape(batch, tokens, heads, head_dim).astype(q_BxTxHxD.dtype)
-        return out, (layer, kv + ((k_BxTxKxD, v_BxTxKxD),))
+        return out, (layer, (k_pages, v_pages))
 
     return attend
 
 
-def _targets(page_size, block_tables_BxM, positions_BxT, write_BxT):
-    """(page, offset) per token; unwritten tokens target the null page, offset 0."""
-    safe_pos_BxT = jnp.where(write_BxT, positions_BxT, 0)
-    block_BxT = jnp.clip(safe_pos_BxT // page_size, 0, block_tables_BxM.shape[1] - 1)
-    page_BxT = jnp.take_along_axis(block_tables_BxM, block_BxT, axis=1)
-    return jnp.where(write_BxT, page_BxT, 0), jnp.where(write_BxT, safe_pos_BxT % page_size, 0)
+# --- writes -------------------------------------------------------------------------------
+
+
+def plain_set(array, index, values, *, dtype=None, **at_kwargs):
+    """`array.at[index].set(values)` in the array's dtype (`dtype` is accepted and ignored:
+    a plain array is never a bit view)."""
+    del dtype
+    return array.at[index].set(values.astype(array.dtype), **at_kwargs)
 
 
 def _is_half(dtype) -> bool:
@@ -232,15 +268,15 @@ def float_view(x, dtype):
 
 
 def set_at(array, index, values, *, dtype=None, **at_kwargs):
-    """`array.at[index].set(values)` that writes 16-bit floats as their 16-bit patterns.
+    """`array.at[index].set(values)` that writes 16-bit floats as their 16-bit patterns (CPU).
 
     Why: XLA:CPU has no bf16/fp16 scatter, so it upcasts the whole destination to f32,
     scatters and converts it back: for a bf16 page pool that is two full copies of the pool per
     written layer. On the bench model (bf16, batch 64, a 42 MB pool per layer) those copies
     took ~85% of a decode step. A uint16 scatter of the same bits is exact and in place.
 
-    dtype: the float dtype `array` holds when it is already a `bits_view` (the decode loop
-    carries 16-bit caches that way, so the views are not copies made every step).
+    dtype: the float dtype `array` holds when it is already a `bits_view` (the staged decode
+    loop carries 16-bit caches that way, so the views are not copies made every step).
     """
     dtype = jnp.dtype(dtype or array.dtype)
     values = values.astype(dtype)
@@ -250,28 +286,33 @@ def set_at(array, index, values, *, dtype=None, **at_kwargs):
     return float_view(updated, array.dtype)
 
 
-def write_new_kv(pages_LxPxKxSxD, new_LxBxTxKxD, block_tables_BxM, positions_BxT, write_BxT):
-    """Scatters every layer's new K (or V) at their positions; unwritten ones go to the null page.
+def _targets(page_size, block_tables_BxM, positions_BxT, write_BxT):
+    """(page, offset) per token; unwritten tokens target the null page, offset 0."""
+    safe_pos_BxT = jnp.where(write_BxT, positions_BxT, 0)
+    block_BxT = jnp.clip(safe_pos_BxT // page_size, 0, block_tables_BxM.shape[1] - 1)
+    page_BxT = jnp.take_along_axis(block_tables_BxM, block_BxT, axis=1)
+    return jnp.where(write_BxT, page_BxT, 0), jnp.where(write_BxT, safe_pos_BxT % page_size, 0)
+
+
+def write_layer_kv(
+    pages_LxPxKxSxD,
+    layer,
+    new_BxTxKxD,
+    block_tables_BxM,
+    positions_BxT,
+    write_BxT,
+    *,
+    scatter,
+    dtype=None,
+):
+    """Scatters one layer's new K (or V) at their positions with `scatter`; dtype as `set_at`.
 
     Rows/tokens with write False (inactive slots, padding) target page 0, offset 0: many
-    writes of finite garbage to a page nobody reads unmasked.
+    writes of finite garbage to a page nobody reads unmasked. The page and offset indices are
+    split by the kv-head axis, so (numpy rules) the indexed view is [B, T, K, D], as new is.
     """
     page_BxT, offset_BxT = _targets(
         pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT, write_BxT
     )
-    # The page and offset indices are split by the kv-head axis, so (numpy rules) the indexed
-    # view is [B, T, L, K, D]: the update is laid out to match.
-    new_BxTxLxKxD = jnp.moveaxis(new_LxBxTxKxD, 0, 2)
-    return set_at(pages_LxPxKxSxD, (slice(None), page_BxT, slice(None), offset_BxT), new_BxTxLxKxD)
-
-
-def write_layer_kv(
-    pages_LxPxKxSxD, layer: int, new_BxTxKxD, block_tables_BxM, positions_BxT, write_BxT, dtype=None
-):
-    """`write_new_kv` for one layer (the indexed view is [B, T, K, D]); dtype as `set_at`."""
-    page_BxT, offset_BxT = _targets(
-        pages_LxPxKxSxD.shape[3], block_tables_BxM, positions_BxT, write_BxT
-    )
-    return set_at(
-        pages_LxPxKxSxD, (layer, page_BxT, slice(None), offset_BxT), new_BxTxKxD, dtype=dtype
-    )
+    index = (layer, page_BxT, slice(None), offset_BxT)
+    return scatter(pages_LxPxKxSxD, index, new_BxTxKxD, dtype=dtype)

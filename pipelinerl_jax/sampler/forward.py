@@ -1,22 +1,26 @@
-"""The sampler's own view of the params (one array per layer) and an unrolled forward over it.
+"""The sampler's view of the params (one array per layer) and an unrolled forward over it.
 
-Why not `llama.forward_hidden` (a `lax.scan` over params stacked [L, ...]): inside the scan,
+Why not `decoder.forward_hidden` (a `lax.scan` over params stacked [L, ...]): inside the scan,
 XLA:CPU materialises each layer's weight slice (a `dynamic-slice` fusion) before the matmul,
 so every decode step copies all layer weights once more: 3x the weight memory traffic of a
 step that is memory-bound at small batch. Measured on the bench model (57.9M params): the
 layer stack at batch 1 took 18 ms CPU scanned vs 8 ms unrolled over separate arrays (batch 8:
 45 vs 28 ms). The sampler therefore converts the params once per version (`decode_params`,
 at `set_params` time or in the publisher's thread, off the chunk boundary): unstacked, cast to
-the compute dtype once, projections transposed for the feature-major block of layer.py (which
-says why), the LM head kept as an f32 [E, V] array; the layers run unrolled.
+the compute dtype once, laid out for the block's `layout` (models/block.py: "feature_major",
+the CPU layout, transposes every projection to output-major; "token_major", plain JAX, keeps
+them as stored), the LM head kept as an f32 [V, E] array; the layers run unrolled through the
+model's own `block.decoder_block`, so the math is the model's.
 
 Tensor parallelism (Megatron-style, inside the engine's shard_map): `decode_param_specs` splits
-q/k/v (and their biases), gate and up by output heads / columns and o_proj and down by input
-columns over the tp axis, and the LM head by vocabulary; the forward psums the two partial
-outputs per layer (`reduce`) and all-gathers the logits, so every device of a tp group holds the
-same hidden state and samples the same token. The KV pool is split by kv heads to match.
+every weight along the dimension its logical axis maps to the tp mesh axis (models/params.py
+`tp_dim`: q/k/v, their biases, gate and up by output heads / columns, o_proj and down by input
+columns), and the LM head by vocabulary; the forward psums the two partial outputs per layer
+(`reduce`) and all-gathers the logits, so every device of a tp group holds the same hidden
+state and samples the same token. The KV pool is split by kv heads to match.
 
-Dimension letters: B batch, T tokens, N = B * T, E hidden, V vocabulary, L layers.
+Letters (see pipelinerl_jax/__init__.py): B batch, T tokens, N = B * T, E hidden,
+V vocabulary, L layers.
 """
 
 from __future__ import annotations
@@ -25,45 +29,41 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as Ps
 
+from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import llama, rope
+from pipelinerl_jax.models import block, decoder, rope
+from pipelinerl_jax.models import params as param_table
 from pipelinerl_jax.models.config import ModelConfig
-from pipelinerl_jax.sampler import layer as block
+
+LAYOUTS = block.LAYOUTS
 
 
-def decode_params(cfg: ModelConfig, params) -> dict:
+def _layout(layout: str, batch_shape=None):
+    if layout == "token_major":
+        return block.TOKEN_MAJOR
+    if layout == "feature_major":
+        return block.FeatureMajor(batch_shape)
+    raise ValueError(f"layout={layout!r}: use one of {LAYOUTS}")
+
+
+def decode_params(cfg: ModelConfig, params, layout: str = "feature_major") -> dict:
     """Stacked model params -> {embed, layers: (per-layer dict, ...), final_norm, head_VxE};
-    each layer as `layer.prepare_layer` lays it out, the head vocabulary-major
+    each layer as the layout's `prepare` lays it out, the head vocabulary-major
     (see `logits_vocab_major`)."""
-    p = llama.arrays(params)
+    p = decoder.arrays(params)
     dtype = jnp.dtype(cfg.compute_dtype)
+    n_in = block.matmul_inputs(decoder.param_specs(cfg))
+    lay = _layout(layout)
     layers = tuple(
-        block.prepare_layer({name: w[i] for name, w in p["layers"].items()}, dtype)
+        lay.prepare({name: w[i] for name, w in p["layers"].items()}, n_in, dtype)
         for i in range(cfg.num_layers)
     )
     return {
         "embed": p["embed"].astype(dtype),
         "layers": layers,
         "final_norm": p["final_norm"],
-        "head_VxE": llama.lm_head_weight(params).astype(jnp.float32).T,
+        "head_VxE": decoder.lm_head_weight(params).astype(jnp.float32).T,
     }
-
-
-# Per-layer param name -> the dimension split over the tp axis (absent: replicated). The
-# projections are output-major [O, I] (layer.py): q/k/v/gate/up split their output rows (whole
-# heads: O = heads * D, heads major), o_proj/down their input columns.
-_TP_DIM = {
-    "q_proj": 0,
-    "k_proj": 0,
-    "v_proj": 0,
-    "q_bias": 0,
-    "k_bias": 0,
-    "v_bias": 0,
-    "o_proj": 1,
-    "gate_proj": 0,
-    "up_proj": 0,
-    "down_proj": 1,
-}
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
@@ -85,42 +85,57 @@ def head_is_split(cfg: ModelConfig, tp: int) -> bool:
     return tp > 1 and cfg.vocab_size % tp == 0
 
 
-def decode_param_specs(cfg: ModelConfig, dparams, tp_axis: str | None, tp: int):
+def decode_param_specs(
+    cfg: ModelConfig, dparams, tp_axis: str | None, tp: int, layout: str = "feature_major"
+):
     """PartitionSpecs for a `decode_params` pytree (all P() without tensor parallelism)."""
+    tp_logical = frozenset(name for name, mesh_axis in sharding.RULES if mesh_axis == sharding.TP)
+    specs = {s.name: s for s in decoder.param_specs(cfg) if s.per_layer}
 
-    def layer_spec(name, w):
-        dim = _TP_DIM.get(name) if tp_axis else None
-        if dim is None:
-            return Ps()
-        return Ps(*([None] * dim + [tp_axis]))
+    def layer_spec(name):
+        dim = None
+        if tp_axis:
+            output_major = layout == "feature_major"
+            dim = param_table.tp_dim(specs[name], tp_logical, output_major=output_major)
+        return Ps() if dim is None else Ps(*([None] * dim + [tp_axis]))
 
-    layers = tuple(
-        {name: layer_spec(name, w) for name, w in lp.items()} for lp in dparams["layers"]
-    )
+    layers = tuple({name: layer_spec(name) for name in lp} for lp in dparams["layers"])
     head = Ps(tp_axis, None) if tp_axis and head_is_split(cfg, tp) else Ps()
     return {"embed": Ps(), "layers": layers, "final_norm": Ps(), "head_VxE": head}
 
 
 def forward_hidden(
-    cfg: ModelConfig, dparams: dict, tokens_BxT, positions_BxT, attend, carry, reduce=None
+    cfg: ModelConfig,
+    dparams: dict,
+    tokens_BxT,
+    positions_BxT,
+    attend,
+    carry,
+    reduce=None,
+    layout: str = "feature_major",
 ):
     """Hidden states [B, T, E] after the final norm, and attend's carry after the last layer.
 
     attend(q, k, v, (layer, carry)) -> (out, (layer, carry)) gets the layer index as a Python
     int; the carry threads through the layers in order (collected K/V, or the page pool).
     `reduce`: the tp all-reduce of the partial o_proj / down outputs (see the module docstring).
+    `layout`: the one `decode_params` used.
     """
+    family = decoder.family_of(cfg)
     dtype = jnp.dtype(cfg.compute_dtype)
     batch_shape = tokens_BxT.shape
-    x_ExN = jnp.take(dparams["embed"], tokens_BxT.reshape(-1), axis=0).T
+    lay = _layout(layout, batch_shape)
+    x = block.embed(cfg, family, dparams["embed"], tokens_BxT, dtype)
+    if layout == "feature_major":
+        x = x.reshape(-1, x.shape[-1]).T  # [E, N]
     inv_freq = rope.inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     cos, sin = rope.cos_sin(positions_BxT, inv_freq, dtype)
     for index, lp in enumerate(dparams["layers"]):
-        x_ExN, (_, carry) = block.layer(
-            cfg, x_ExN, lp, batch_shape, cos, sin, attend, (index, carry), reduce
+        x, (_, carry) = block.decoder_block(
+            cfg, family, lay, x, lp, batch_shape, cos, sin, attend, (index, carry), reduce
         )
-    hidden_ExN = block.rms_norm_fm(x_ExN, dparams["final_norm"], cfg.rms_norm_eps)
-    return hidden_ExN.T.reshape(*batch_shape, -1), carry
+    hidden = family.norm(x, dparams["final_norm"], cfg.rms_norm_eps, lay.feature_axis)
+    return lay.tokens(hidden), carry
 
 
 def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None):
@@ -130,7 +145,7 @@ def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None
     gather_axis: the tp axis when the head is split by vocabulary (each device computes its
     V / tp rows, then all of them are gathered).
 
-    Vocabulary-major, as the layers' projections (layer.py): [V, E] @ [E, N] gives YNNPACK
+    Vocabulary-major, as the feature-major projections (models/block.py): [V, E] @ [E, N] gives YNNPACK
     32000 rows to split over both cores, where [N, E] @ [E, V] at decode batch sizes did not
     (bench model head alone, f32: 3.9 vs 5.9 ms at N = 8, 8.7 vs 11.8 at 32, 16.5 vs 15.4 at
     64), and the sampler reduces over V without transposing [V, N] (sampling.py)."""

@@ -1,7 +1,9 @@
-"""Sampler: the host-side driver the pipeline uses (submit, step one chunk, collect samples).
+"""PagedSampler: the pipeline's sampler (submit, step one chunk, collect samples), on this
+process's devices. It implements the Sampler protocol (protocol.py), which is all the pipeline
+uses of it; `warm_up`, `generate` and the sizes below are its own.
 
-    sampler = Sampler(graphdef, params, SamplerConfig(num_slots=64),
-                      eos_token_ids=tok.eos_token_ids)
+    sampler = PagedSampler(graphdef, params, SamplerConfig(num_slots=64),
+                           eos_token_ids=tok.eos_token_ids)
     sampler.submit(prompt_ids, n=8, params=SamplingParams(temperature=1.0, max_new_tokens=512))
     while sampler.has_work():
         for sample in sampler.step():      # one decode chunk; finished samples come back
@@ -34,9 +36,10 @@ import numpy as np
 
 from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.engine import ATTENTION_IMPLS, EngineConfig, get_engine, pick_window
+from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
 from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
 
@@ -91,22 +94,6 @@ class SamplerConfig:
             )
 
 
-@dataclasses.dataclass
-class Sample:
-    """One finished attempt."""
-
-    request_id: int
-    attempt: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]  # behaviour logprobs, f32 values
-    versions: list[int]  # policy version that produced each token
-    start_version: int | None  # version when the attempt was first admitted
-    finish_reason: str  # "stop" | "length" | "error"
-    error: str | None = None
-    preemptions: int = 0
-
-
 def _mix32(*values: int) -> int:
     """Deterministic 32-bit hash of integers (splitmix-style), for per-attempt seeds."""
     h = 0x9E3779B9
@@ -116,8 +103,9 @@ def _mix32(*values: int) -> int:
     return h & 0xFFFFFFFF
 
 
-class Sampler:
-    """Continuous-batching generation over a paged KV cache with in-flight param swaps."""
+class PagedSampler:
+    """Continuous-batching generation over a paged KV cache with in-flight param swaps (a
+    `protocol.Sampler`)."""
 
     def __init__(
         self,
@@ -130,7 +118,7 @@ class Sampler:
         mesh=None,
     ):
         cfg = config
-        model_cfg = llama.config_of(graphdef)
+        model_cfg = decoder.config_of(graphdef)
         cfg.validate()
         self.config, self.model_cfg = cfg, model_cfg
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -198,7 +186,7 @@ class Sampler:
         )
         self._signature = _signature(params)
         self.input_shardings = self._input_shardings(params)
-        self.params = self.prepare(params)
+        self.params = self._convert(params)
         self.version = int(version)
         self._staged = None
         self._lock = threading.Lock()
@@ -287,6 +275,10 @@ class Sampler:
         return bool(self._errors) or self.scheduler.has_work()
 
     @property
+    def num_slots(self) -> int:
+        return self.config.num_slots
+
+    @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
@@ -308,17 +300,25 @@ class Sampler:
         return shd.param_shardings(params, engine.mesh, rules)
 
     def prepare(self, params):
-        """The engine's per-layer view of model `params` on the sampler mesh (dispatched, not
-        waited for): the same shapes and shardings for every version, so a swap never
-        recompiles. Any thread may call it; the pipeline's publisher does, in the trainer
-        thread, so the sampler's chunk boundary only swaps a reference."""
+        """The engine's per-layer view of model `params` on the sampler mesh, on a private
+        copy (dispatched, not waited for): the same shapes and shardings for every version, so
+        a swap never recompiles. Any thread may call it; the pipeline's publisher does, in the
+        trainer thread, so the sampler's chunk boundary only swaps a reference."""
+        # may_alias=False: where sampler and trainer share a device the placement would
+        # otherwise be the trainer's own buffers, which its next step donates.
+        return self._convert(params, copy=True)
+
+    def _convert(self, params, *, copy: bool = False):
+        """prepare(), letting the placement reuse `params`' buffers unless `copy`: the
+        sampler's own start-up and set_params(prepared=False) keep the one buffer."""
         if _signature(params) != self._signature:
             raise ConfigError(
                 "new params' shapes/dtypes differ from the sampler's; load them "
                 "with the same config and param_dtype (a swap must not "
                 "recompile)"
             )
-        return self.engine.prepare_params(jax.device_put(params, self.input_shardings))
+        placed = jax.device_put(params, self.input_shardings, may_alias=False if copy else None)
+        return self.engine.prepare_params(placed)
 
     def set_params(self, params, version: int, *, prepared: bool = False) -> None:
         """Stages new params (thread-safe); the next step() swaps them in.
@@ -334,7 +334,7 @@ class Sampler:
                 )
             placed = params
         else:
-            placed = self.prepare(params)
+            placed = self._convert(params)
         with self._lock:
             self._staged = (placed, int(version))
 
@@ -535,7 +535,7 @@ class Sampler:
 
 def _signature(params):
     """Tree structure, shapes and dtypes of model params (what a compiled chunk depends on)."""
-    arrays = llama.arrays(params)
+    arrays = decoder.arrays(params)
     return jax.tree.structure(arrays), [(x.shape, x.dtype) for x in jax.tree.leaves(arrays)]
 
 

@@ -1,5 +1,8 @@
 """Decode attention over a dense copy of each slot's window, made once per chunk (CPU path).
 
+The kernels of the "staged" decode strategy (strategies.StagedAttention, the default off
+NVIDIA GPUs): `stage` runs once per chunk, `decode_attend_staged` is each step's hook.
+
 The page pool stays the one source of truth: every step still writes its K/V into the pages,
 so prefill, preemption, shared prefixes and param swaps see exactly what the "paged" path
 leaves behind. What changes is how attention reads the cache. Paged attention gathers each
@@ -13,8 +16,8 @@ once instead of 16 times.
 
 Cost: while a chunk runs, the window of every slot exists twice (pages + the dense copy):
 2 * L * B * K * N * D * itemsize bytes (168 MB for the bench model at batch 64, N = 160).
-The engine's attention option "paged" avoids it (and is what runs on GPUs, where the Triton
-kernel reads the pages directly).
+The "paged" strategy avoids it (and is what runs on GPUs, where the Triton kernel reads the
+pages directly).
 
 Rows are garbage-safe as in the paged path: positions at or past a row's cached length are
 zeroed when staged, scores past the query position are replaced by -inf, and rows that do not
@@ -62,29 +65,14 @@ def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float
     pool and into this layer's staged arrays (rows with write False write to the null page
     and not at all into the stage), then attention reads positions <= positions_B.
     cache_dtype: given when the carried pool and stage are `attend.bits_view`s of 16-bit
-    floats (the engine carries them that way through the chunk; `attend.set_at` says why).
+    floats (StagedAttention carries them that way through the chunk; `attend.set_at` says why).
     """
 
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_carry):
         layer, (k_pages, v_pages, k_stage, v_stage) = layer_and_carry
-        k_pages = write_layer_kv(
-            k_pages,
-            layer,
-            k_Bx1xKxD,
-            block_tables_BxM,
-            positions_B[:, None],
-            write_B[:, None],
-            cache_dtype,
-        )
-        v_pages = write_layer_kv(
-            v_pages,
-            layer,
-            v_Bx1xKxD,
-            block_tables_BxM,
-            positions_B[:, None],
-            write_B[:, None],
-            cache_dtype,
-        )
+        at = (block_tables_BxM, positions_B[:, None], write_B[:, None])
+        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, *at, scatter=set_at, dtype=cache_dtype)
+        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, *at, scatter=set_at, dtype=cache_dtype)
         k_BxKxDxN, v_BxKxNxD = k_stage[layer], v_stage[layer]
         batch, kv_heads, head_dim, n = k_BxKxDxN.shape
         rows_B = jnp.arange(batch)

@@ -3,7 +3,9 @@
 The host (scheduler) owns the slot table and mirrors the small per-slot fields in numpy; it
 uploads them between chunks when it admits, retires or preempts. The device owns the KV pages
 and advances lengths / last tokens / active flags inside a chunk. The whole state is donated
-to every jitted engine call, so the page pool is updated in place.
+to every jitted engine call, so the page pool is updated in place. Inside a decode chunk's
+scan the pool lives in the attention strategy's carry and k_pages / v_pages are None
+(strategies.py). Without a scheduler, `engine.state_from_prompts` builds a decodable state.
 
 Dimension letters: B slots, M pages per slot (block-table width), L layers, P pages in the
 pool, S tokens per page, K kv heads, D head dim, X stop tokens per slot, C steps per chunk.

@@ -1,8 +1,16 @@
 """Build a run from a RunConfig and execute it: meshes, model, sampler, trainer, data, rewards.
 
-    from pipelinerl_jax import config as config_lib
-    from pipelinerl_jax.pipeline.run import run
-    summary = run(config_lib.from_config_dict(get_config()), workdir="/tmp/run")
+    from pipelinerl_jax import pipeline, presets
+    summary = pipeline.run(presets.tiny(steps=2), "/tmp/run")          # a preset
+    summary = pipeline.run(cfg, "/tmp/run", prompts=my_problems())     # your own prompt stream
+
+`run(cfg, workdir, *, prompts=None, loss_fn=None, optimizer=None)`: `prompts` replaces the
+stream the config describes (any iterable of data.formats.Problem; see data/prompts.py for
+what checkpoints keep of it); `loss_fn` and `optimizer` go to the Trainer, and only when given.
+`build(cfg)` returns the `Components` (sampler, trainer, stream, ...) that `run(...,
+components=...)` runs, so a part can be replaced first: `c.sampler` by any
+`sampler.protocol.Sampler` (the run publishes weights through its `prepare`), `c.trainer` by
+anything with the Trainer's `train_step`.
 
 Devices: one device is shared by both roles (JAX serialises their work); with several, the
 first `devices.sampler` (a count, or a fraction of them) form the sampler mesh (data × tp:
@@ -26,12 +34,13 @@ from jax.sharding import Mesh
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.checkpoint import RunCheckpointer
 from pipelinerl_jax.compile_watch import CompileWatch, enable_persistent_cache
+from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.data.datasets import PromptStream, load_dataset
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.data.tasks import held_out_problems, make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.metrics import MetricsWriter
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.pipeline.admission import Admission
 from pipelinerl_jax.pipeline.checkpointing import (
@@ -47,7 +56,8 @@ from pipelinerl_jax.pipeline.weights import Publisher
 from pipelinerl_jax.progress import Progress
 from pipelinerl_jax.rewards.tables import get_reward_table
 from pipelinerl_jax.rewards.workers import RewardPool
-from pipelinerl_jax.sampler.sampler import Sampler
+from pipelinerl_jax.sampler.protocol import Sampler
+from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.trainer import Trainer, trainer_mesh
 
 log = logging.getLogger(__name__)
@@ -94,8 +104,9 @@ def sampler_mesh(devices, cfg) -> Mesh:
     return Mesh(grid, (cfg.sampler.data_axis, cfg.sampler.tp_axis))
 
 
-def build_data(cfg):
-    """(tokenizer or None, problem source, prompt encoder) for the config's data section."""
+def build_data(cfg, *, load_source: bool = True):
+    """(tokenizer or None, problem source, prompt encoder) for the config's data section;
+    without `load_source` the source is None (a run given its own prompts reads no files)."""
     data = cfg.data
     if data.task:
         task = make_task(data.task, **dict(data.task_options))
@@ -104,8 +115,10 @@ def build_data(cfg):
             encode = lambda problem: tokenizer.encode(problem.question)
             return tokenizer, task.source(), encode
         source = task.source()
-    else:
+    elif load_source:
         source = [p for spec in data.datasets for p in load_dataset(spec).problems]
+    else:
+        source = None
     tokenizer = model_tokenizer(cfg, "data.task" if data.task else "data.datasets")
     return tokenizer, source, prompt_encoder(tokenizer, prompt_config(data))
 
@@ -190,43 +203,70 @@ def build_model(cfg, tokenizer, rng):
             f"model.init.vocab_size={model_cfg.vocab_size} is smaller than the "
             f"tokenizer's {vocab} tokens; raise it"
         )
-    return llama.init(model_cfg, rng)
+    return decoder.init(model_cfg, rng)
 
 
 @dataclasses.dataclass
 class Components:
-    """Everything a run is made of; tests may replace parts (e.g. a scripted trainer)."""
+    """Everything a run is made of; tests may replace parts (e.g. a scripted trainer, a fake
+    sampler: the run uses `sampler` through the Sampler protocol only)."""
 
     sampler: Sampler
     trainer: object
     state: object
-    stream: PromptStream
+    stream: object  # an iterator of Problems (data.prompts: get_state/set_state to resume)
     tokenizer: object
     encode_prompt: object
     admission: Admission
-    publisher: Publisher
     num_sampler_devices: int
     num_trainer_devices: int
+    shared_devices: bool  # sampler and trainer run on the same devices
+    graphdef: object  # the policy's model graphdef (checkpoints record its ModelConfig)
+    # (params, version) -> a fresh Sampler like `sampler` (held-out evaluation runs on one);
+    # None: no evaluation (eval_every must be 0)
+    make_sampler: object = None
 
 
-def build(cfg: config_lib.RunConfig, devices=None) -> Components:
-    """Meshes, model, trainer state, sampler, data stream, admission and publisher."""
+def build(
+    cfg: config_lib.RunConfig,
+    devices=None,
+    *,
+    prompts=None,
+    loss_fn=None,
+    optimizer=None,
+) -> Components:
+    """Meshes, model, trainer state, sampler, data stream and admission. (The run builds
+    the weight Publisher over `sampler.prepare`, so a replaced sampler gets its own.)
+
+    prompts: the stream to draw from instead of the config's (any iterable of Problems);
+    loss_fn, optimizer: passed to the Trainer when given (its defaults come from cfg)."""
     devices = devices or jax.devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
-    tokenizer, source, encode = build_data(cfg)
-    stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
+    tokenizer, source, encode = build_data(cfg, load_source=prompts is None)
+    if prompts is None:
+        stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
+    else:
+        stream = prompts_lib.as_stream(prompts)
     graphdef, params = build_model(cfg, tokenizer, jax.random.key(cfg.seed))
 
     mesh = trainer_mesh(trainer_devices, tp=cfg.devices.trainer_tp)
-    trainer = Trainer(cfg.trainer, graphdef, jax.eval_shape(lambda: params), mesh)
+    # Only what the caller gave: a Trainer without these keywords keeps working.
+    custom = {k: v for k, v in (("loss_fn", loss_fn), ("optimizer", optimizer)) if v is not None}
+    trainer = Trainer(cfg.trainer, graphdef, jax.eval_shape(lambda: params), mesh, **custom)
     trainer.check_rows(cfg.batch.num_rows)
     state = trainer.init_state(params)
 
     eos = tuple(getattr(tokenizer, "eos_token_ids", ()))
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed)
-    sampler = Sampler(
-        graphdef, params, sampler_cfg, eos_token_ids=eos, mesh=sampler_mesh(sampler_devices, cfg)
-    )
+    s_mesh = sampler_mesh(sampler_devices, cfg)
+
+    def make_sampler(params, version: int = 0) -> PagedSampler:
+        # Same graphdef, engine config and mesh: every sampler shares the compiled functions.
+        return PagedSampler(
+            graphdef, params, sampler_cfg, version=version, eos_token_ids=eos, mesh=s_mesh
+        )
+
+    sampler = make_sampler(params)
     sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
 
     admission = Admission(
@@ -234,13 +274,6 @@ def build(cfg: config_lib.RunConfig, devices=None) -> Components:
         max_lag=cfg.max_lag,
         mode=cfg.mode,
         round_steps=cfg.conventional_steps,
-    )
-    shared = not set(sampler_devices).isdisjoint(trainer_devices)
-    publisher = Publisher(
-        sampler.input_shardings,
-        prepare=sampler.prepare,
-        publishes=admission.publishes,
-        swap_when_ready=not shared,
     )
     return Components(
         sampler=sampler,
@@ -250,22 +283,29 @@ def build(cfg: config_lib.RunConfig, devices=None) -> Components:
         tokenizer=tokenizer,
         encode_prompt=encode,
         admission=admission,
-        publisher=publisher,
         num_sampler_devices=len(sampler_devices),
         num_trainer_devices=len(trainer_devices),
+        shared_devices=not set(sampler_devices).isdisjoint(trainer_devices),
+        graphdef=graphdef,
+        make_sampler=make_sampler,
     )
 
 
 def build_evaluator(cfg, c: Components, reward_pool):
     """evaluate(params, version) -> metrics on held-out problems, or None when disabled.
 
-    It runs on its own Sampler (same engine config, so the compiled chunk is shared) with the
-    trainer's latest params, in the trainer thread between two steps: eval samples are never
-    trained and never touch the main sampler, so the lag accounting is unaffected. That
-    sampler is built for each evaluation and dropped after it, so its param copy and KV pool
-    (~0.8 GB for SmolLM2-135M in f32) are not held between evaluations."""
+    It runs on its own sampler (`c.make_sampler`: same engine config, so the compiled chunk is
+    shared) with the trainer's latest params, in the trainer thread between two steps: eval
+    samples are never trained and never touch the main sampler, so the lag accounting is
+    unaffected. That sampler is built for each evaluation and dropped after it, so its param
+    copy and KV pool (~0.8 GB for SmolLM2-135M in f32) are not held between evaluations."""
     if not cfg.eval_every:
         return None
+    if c.make_sampler is None:
+        raise ConfigError(
+            f"config.eval_every={cfg.eval_every} needs Components.make_sampler (a sampler for "
+            "held-out problems); set eval_every=0 or give one"
+        )
     from pipelinerl_jax.eval_lib import evaluate_problems
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
@@ -281,7 +321,6 @@ def build_evaluator(cfg, c: Components, reward_pool):
             prompt_config(cfg.data) if text else PromptConfig(template="plain", system_prompt=None)
         )
     problems = problems[: cfg.eval.num_problems]
-    graphdef, mesh = c.sampler.engine.graphdef, c.sampler.engine.mesh
     sampling = SamplingParams(
         temperature=0.0 if cfg.eval.greedy else cfg.temperature,
         top_k=cfg.top_k,
@@ -290,16 +329,14 @@ def build_evaluator(cfg, c: Components, reward_pool):
     )
 
     def evaluate(params, version):
-        eval_sampler = Sampler(
-            graphdef,
-            params,
-            c.sampler.config,
-            version=version,
-            eos_token_ids=c.sampler.eos_token_ids,
-            mesh=mesh,
-        )
         return evaluate_problems(
-            eval_sampler, c.tokenizer, problems, reward_pool, cfg.eval.k, sampling, prompt_cfg
+            c.make_sampler(params, version),
+            c.tokenizer,
+            problems,
+            reward_pool,
+            cfg.eval.k,
+            sampling,
+            prompt_cfg,
         )
 
     return evaluate
@@ -309,19 +346,42 @@ def run(
     cfg: config_lib.RunConfig,
     workdir: str | None = None,
     *,
+    prompts=None,
+    loss_fn=None,
+    optimizer=None,
     devices=None,
     components: Components | None = None,
     echo=print,
 ) -> dict:
     """Trains for cfg.steps optimizer steps; returns the run summary (also in metrics.jsonl).
 
+    prompts: draw from this iterable of data.formats.Problem instead of the config's stream
+    (a generator works; resuming then needs get_state/set_state, see data/prompts.py).
+    loss_fn, optimizer: the Trainer's, forwarded only when given. components: run these
+    (from build(), parts replaced) instead of building them; prompts, loss_fn and optimizer
+    then go to build().
+
     A workdir whose newest checkpoint is at cfg.steps or later holds a finished run: that is
     said, nothing is trained or written, and {"finished_at": step} is returned. Ctrl-C
     (KeyboardInterrupt) saves a checkpoint if one is due soon, says what a relaunch resumes
-    from, and is re-raised."""
+    from, and is re-raised. ConfigError (one line): a bad config or workdir, or a resume the
+    prompt stream cannot make."""
+    extras = (("prompts", prompts), ("loss_fn", loss_fn), ("optimizer", optimizer))
+    given = [name for name, value in extras if value is not None]
+    if components is not None and given:
+        raise ConfigError(
+            f"run(components=..., {', '.join(given)}=...): the components already hold their "
+            f"stream and trainer; pass {', '.join(given)} to build() instead"
+        )
+    stream = None
+    if components is not None:
+        stream = components.stream
+    elif prompts is not None:
+        stream = prompts = prompts_lib.as_stream(prompts)
     if workdir:
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        finished = preflight(cfg, workdir)  # may refuse the config: config.json stays as it was
+        # May refuse the config or the resume: config.json stays as it was.
+        finished = preflight(cfg, workdir, stream)
         if finished is not None:
             echo(
                 f"already finished at step {finished} (config.steps={cfg.steps}): nothing to "
@@ -337,13 +397,14 @@ def run(
         check_memory(cfg, echo)  # before anything loads or compiles
     watch = CompileWatch(echo=echo).install()
     try:
-        return _run(cfg, workdir, devices, components, echo, watch)
+        if components is None:
+            components = build(cfg, devices, prompts=prompts, loss_fn=loss_fn, optimizer=optimizer)
+        return _run(cfg, workdir, components, echo, watch)
     finally:
         watch.uninstall()
 
 
-def _run(cfg, workdir, devices, components, echo, watch) -> dict:
-    c = components or build(cfg, devices)
+def _run(cfg, workdir, c, echo, watch) -> dict:
     # On a terminal the default console gets a bar over the steps; logs and pipes get lines.
     progress = Progress(cfg.steps, enabled=None if echo is print else False)
     if progress.bar is not None:
@@ -363,7 +424,7 @@ def _train(cfg, workdir, c, writer, echo, watch) -> dict:
             RunCheckpointer(
                 workdir,
                 keep=cfg.checkpoint_keep,
-                model_config=llama.config_of(c.sampler.engine.graphdef),
+                model_config=decoder.config_of(c.graphdef),
             ),
             cfg,
             writer,
@@ -379,6 +440,11 @@ def _train(cfg, workdir, c, writer, echo, watch) -> dict:
         f"{cfg.group_size}) devices: sampler {c.num_sampler_devices}, trainer "
         f"{c.num_trainer_devices}{shared}"
     )
+    if ckpt is not None and not prompts_lib.resumable(c.stream):
+        echo(
+            f"note: the prompt stream ({type(c.stream).__name__}) has no get_state/set_state: "
+            "checkpoints hold everything but its position, and this run cannot be resumed"
+        )
     resumed = None
     with RewardPool(
         cfg.reward.fn, num_workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
@@ -393,7 +459,11 @@ def _train(cfg, workdir, c, writer, echo, watch) -> dict:
             detokenize=detok,
             reward_pool=pool,
             reward_table=table,
-            publisher=c.publisher,
+            publisher=Publisher(
+                c.sampler.prepare,
+                publishes=c.admission.publishes,
+                swap_when_ready=not c.shared_devices,
+            ),
             admission=c.admission,
             writer=writer,
             evaluator=build_evaluator(cfg, c, pool),

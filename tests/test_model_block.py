@@ -1,9 +1,11 @@
-"""The sampler's feature-major forward against the model's own forward, every model option on.
+"""The decoder block in both layouts: the sampler's unrolled forward against the model's own.
 
-The sampler runs its own block (sampler/layer.py: output-major weights, [E, N] activations);
-transformers parity is checked end to end in test_sampler_engine.py on a plain Llama. Here the
-options that test does not reach (q/k/v bias, qk-norm, llama3 RoPE, tied and untied heads,
-bf16 compute) are checked against `llama.forward` with the same causal attention, and the
+The sampler runs the model's block (models/block.py) unrolled over per-layer params, in the
+feature-major layout on CPU (output-major weights, [E, N] activations) or token-major (plain
+JAX, the GPU path); transformers parity is checked end to end in test_sampler_engine.py on a
+plain Llama and in test_model_gemma.py. Here the options that test does not reach (q/k/v bias,
+qk-norm, llama3 RoPE, tied and untied heads, bf16 compute, Gemma's norm, activation and
+embedding scale) are checked against `decoder.forward` with the same causal attention, and the
 converted weights are checked against the model's by hand.
 """
 
@@ -15,10 +17,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelinerl_jax.models import llama
+from pipelinerl_jax.models import block, decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.sampler import forward as fwd
-from pipelinerl_jax.sampler import layer as block
 
 CFG = ModelConfig(
     model_type="qwen3",
@@ -46,7 +47,7 @@ CFG = ModelConfig(
 
 
 def _model(cfg, seed):
-    graphdef, params = llama.init(cfg, jax.random.key(seed))
+    graphdef, params = decoder.init(cfg, jax.random.key(seed))
     pure = nnx.to_pure_dict(params)
     rng = np.random.default_rng(seed)
     # Random norms and biases, so a misplaced norm weight or bias shows.
@@ -58,15 +59,17 @@ def _model(cfg, seed):
     return graphdef, params
 
 
-def _sampler_logits(cfg, params, tokens_BxT, positions_BxT):
-    causal = llama.segment_causal_attention(jnp.zeros(tokens_BxT.shape, jnp.int32))
+def _sampler_logits(cfg, layout, params, tokens_BxT, positions_BxT):
+    causal = decoder.segment_causal_attention(jnp.zeros(tokens_BxT.shape, jnp.int32))
 
     def attend(q, k, v, layer_and_carry):
         out, _ = causal(q, k, v, None)
         return out, layer_and_carry
 
-    dparams = fwd.decode_params(cfg, params)
-    hidden, carry = fwd.forward_hidden(cfg, dparams, tokens_BxT, positions_BxT, attend, "c")
+    dparams = fwd.decode_params(cfg, params, layout)
+    hidden, carry = fwd.forward_hidden(
+        cfg, dparams, tokens_BxT, positions_BxT, attend, "c", layout=layout
+    )
     assert carry == "c"
     logits_VxN = fwd.logits_vocab_major(dparams, hidden.reshape(-1, hidden.shape[-1]).T)
     return logits_VxN.T.reshape(*tokens_BxT.shape, -1)
@@ -84,16 +87,18 @@ def _sampler_logits(cfg, params, tokens_BxT, positions_BxT):
             model_type="llama",
         ),
         dict(compute_dtype="bfloat16"),
+        dict(model_type="gemma", attention_bias=False, qk_norm=False, tie_word_embeddings=True),
     ],
 )
-def test_sampler_forward_equals_model_forward(options):
+@pytest.mark.parametrize("layout", fwd.LAYOUTS)
+def test_sampler_forward_equals_model_forward(options, layout):
     cfg = dataclasses.replace(CFG, **options)
     graphdef, params = _model(cfg, seed=len(options))
     rng = np.random.default_rng(3)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (3, 7)), jnp.int32)
     positions = jnp.asarray(rng.integers(0, 40, (3, 1)) + np.arange(7), jnp.int32)
-    want = jax.jit(llama.forward, static_argnums=0)(graphdef, params, tokens, positions)
-    got = jax.jit(_sampler_logits, static_argnums=0)(cfg, params, tokens, positions)
+    want = jax.jit(decoder.forward, static_argnums=0)(graphdef, params, tokens, positions)
+    got = jax.jit(_sampler_logits, static_argnums=(0, 1))(cfg, layout, params, tokens, positions)
     assert got.shape == want.shape == (3, 7, cfg.vocab_size) and got.dtype == jnp.float32
     got, want = np.asarray(got), np.asarray(want)
     if cfg.compute_dtype == "bfloat16":
@@ -109,9 +114,10 @@ def test_sampler_forward_equals_model_forward(options):
 
 def test_prepare_layer_is_output_major():
     graphdef, params = _model(CFG, seed=0)
-    p = llama.arrays(params)
+    p = decoder.arrays(params)
     lp = {name: w[1] for name, w in p["layers"].items()}
-    out = block.prepare_layer(lp, jnp.float32)
+    n_in = block.matmul_inputs(decoder.param_specs(CFG))
+    out = block.FeatureMajor().prepare(lp, n_in, jnp.float32)
     e, h, k, d, f = 32, 4, 2, 8, 48
     shapes = {
         "q_proj": (h * d, e),
@@ -131,22 +137,23 @@ def test_prepare_layer_is_output_major():
     np.testing.assert_array_equal(out["q_bias"], lp["q_bias"])  # non-projections as is
 
 
-def test_rms_norm_fm_equals_token_major():
+@pytest.mark.parametrize("norm", [block.rms_norm, block.rms_norm_plus_one])
+def test_rms_norm_over_the_feature_axis_equals_token_major(norm):
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((6, 16)), jnp.bfloat16)
     w = jnp.asarray(rng.standard_normal(16), jnp.float32)
-    np.testing.assert_array_equal(block.rms_norm_fm(x.T, w, 1e-6).T, llama.rms_norm(x, w, 1e-6))
+    np.testing.assert_array_equal(norm(x.T, w, 1e-6, axis=0).T, norm(x, w, 1e-6))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_project_accumulates_in_f32_in_both_forms(dtype, tokens):
-    """`project` (two columns for one 16-bit token, the plain product otherwise) equals
+    """FeatureMajor.project (two columns for one 16-bit token, the plain product otherwise) equals
     the f32 product of the same values, rounded once to the input dtype."""
     rng = np.random.default_rng(tokens)
     w = jnp.asarray(rng.standard_normal((24, 40)), dtype)
     x = jnp.asarray(rng.standard_normal((40, tokens)), dtype)
-    got = jax.jit(block.project)(w, x)
+    got = jax.jit(lambda w, x: block.FeatureMajor().project(x, w, 1))(w, x)
     assert got.shape == (24, tokens) and got.dtype == jnp.dtype(dtype)
     want = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
     tol = 1e-2 if dtype == "bfloat16" else 1e-5  # one bf16 rounding of the output

@@ -1,0 +1,277 @@
+"""Ready-made run configs, importable from the installed package (configs/*.py delegate here).
+
+    from pipelinerl_jax import pipeline, presets
+    cfg = presets.tiny(steps=2, trainer=dict(learning_rate=3e-3))   # a validated RunConfig
+    summary = pipeline.run(cfg, "/tmp/run")
+
+Each preset comes two ways: `demo()`, `tiny()`, `smollm2_math()` return a validated
+`config.RunConfig` with keyword overrides applied (`run_config`), and `demo_config()`,
+`tiny_config()`, `smollm2_math_config()` return the ml_collections.ConfigDict that
+`launch.py --config=configs/<name>.py` starts from (`default.py` is the demo). `PRESETS` maps
+the names to the ConfigDict builders.
+
+Overrides, like launch.py's `--config.<field>=<value>` but with Python values: a top-level
+field (`steps=2`), a section as a dict of some of its fields (`trainer=dict(learning_rate=
+3e-3)`: the others keep the preset's values; a dict field inside it, such as
+`data=dict(task_options={...})`, is replaced whole), or any dotted path, keys of model.init,
+data.task_options and reward.table_options included (`**{"model.init.num_layers": 3}`). The
+result is validated as a config file's would be: a bad name or value is a one-line ConfigError.
+"""
+
+import copy
+from collections.abc import Callable, Mapping
+
+import ml_collections
+
+from pipelinerl_jax import config as config_lib
+from pipelinerl_jax import config_cli
+
+
+def demo_config() -> ml_collections.ConfigDict:
+    """The embedded default (configs/default.py, `make run`): a 2-layer d=128 decoder learns to
+    reverse 2-5 digits from random weights in pipeline mode, 800 steps (~2 min on 2 idle
+    cores). Why each value is what it is: configs/default.py's docstring and the comments."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.mode = "pipeline"  # "pipeline" (in-flight updates) | "conventional"
+    c.max_lag = 2  # pipeline: tokens are at most this many steps stale
+    c.conventional_steps = 4  # conventional: steps per frozen-weight generation round
+    c.steps = 800  # optimizer steps: ~2 min on 2 idle cores, ~6 min on a busy one
+    c.group_size = 8  # attempts per prompt
+    c.batch_size = 64  # sequences per optimizer step
+    c.log_every = 20
+    c.checkpoint_every = 100  # optimizer steps between checkpoints (0: never); needs --workdir
+    c.checkpoint_keep = 3
+    c.compile_cache = "auto"  # persistent XLA cache in ~/.cache/pipelinerl_jax ("": off)
+
+    c.model = ml_collections.ConfigDict()
+    c.model.hf_dir = ""  # a Hugging Face directory to start from instead of init
+    c.model.param_dtype = "float32"
+    c.model.compute_dtype = "float32"
+    c.model.init = dict(
+        model_type="llama",
+        vocab_size=16,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        qk_norm=False,
+    )
+
+    c.data = ml_collections.ConfigDict()
+    c.data.task = "reverse_digits"
+    c.data.task_options = dict(min_digits=2, max_digits=5)  # 1-digit answers make a trap
+    c.data.datasets = []
+    c.data.prompt_template = "plain"
+    c.data.system_prompt = ml_collections.config_dict.placeholder(str)  # None: the paper's
+    c.data.few_shot = []  # [dict(question=..., answer=...)]: shown before each question
+    c.data.shuffle_seed = 0
+
+    c.generation = ml_collections.ConfigDict()
+    c.generation.max_prompt_tokens = 8
+    c.generation.max_new_tokens = 8
+    c.generation.temperature = 1.0
+    c.generation.top_p = 1.0
+    c.generation.top_k = 0
+
+    c.sampler = ml_collections.ConfigDict()
+    c.sampler.num_slots = 64
+    c.sampler.max_seq_len = 16
+    c.sampler.page_size = 16
+    c.sampler.chunk_steps = 4
+    c.sampler.prefill_chunk = 16
+    c.sampler.max_prefill_rows = 16
+    c.sampler.kv_policy = "keep"  # "keep" (the paper) | "recompute"
+    c.sampler.attention = "auto"  # "auto": Triton paged kernel on GPU, "staged" on CPU |
+    # "paged" | "staged" | "gather" (README: paged attention)
+
+    c.reward = ml_collections.ConfigDict()
+    c.reward.fn = "task"
+    c.reward.table = "pure_success"
+    c.reward.table_options = {}  # coefficient overrides, e.g. {"format_weight": 0.3}
+    c.reward.workers = 0  # the task reward is cheap: score in the sampler thread
+
+    c.trainer = ml_collections.ConfigDict()
+    c.trainer.learning_rate = 1e-3  # 2e-3: the policy fell back to near-uniform mid-run
+    c.trainer.lr_schedule = "constant"
+    c.trainer.warmup_steps = 10
+    c.trainer.weight_decay = 0.0
+    c.trainer.grad_clip_norm = 1.0
+    c.trainer.micro_batches = 1
+
+    c.loss = ml_collections.ConfigDict()
+    c.loss.objective = "tis_reinforce"
+    c.loss.entropy_coef = 0.03  # keeps exploring: without it the policy collapsed early
+    c.loss.entropy_coef_end = ml_collections.config_dict.placeholder(float)  # None: constant
+    c.loss.entropy_schedule_steps = 0
+
+    c.batch = ml_collections.ConfigDict()
+    c.batch.advantage = "group_mean"
+    c.batch.filter_zero_std_groups = False  # True shrinks the batch (and the entropy bonus)
+    c.batch.weighting = "sequence_sum"
+    c.batch.normalize_std = False  # True learned slower and plateaued lower here
+
+    c.eval_every = 100  # held-out evaluation every N steps and at the end (0: never)
+    c.eval = ml_collections.ConfigDict()
+    c.eval.num_problems = 64  # held-out problems (a task seed the run never draws from)
+    c.eval.k = 1
+    c.eval.greedy = True
+    c.eval.datasets = []  # held-out files when training on data.datasets
+    c.eval.at_start = False  # also evaluate the starting policy (step 0)
+
+    c.devices = ml_collections.ConfigDict()
+    c.devices.sampler = 0.5
+    c.devices.trainer_tp = 1
+    c.devices.sampler_tp = 1  # tensor-parallel degree of the sampler mesh
+    return c
+
+
+def tiny_config() -> ml_collections.ConfigDict:
+    """A seconds-scale smoke run (configs/tiny.py): the demo's task on a 2-layer d=32 decoder,
+    8 steps of 16 sequences. It does not learn much; it checks an installation end to end."""
+    c = demo_config()
+    c.steps = 8
+    c.group_size = 4
+    c.batch_size = 16
+    c.log_every = 1
+    c.batch.filter_zero_std_groups = False
+    c.generation.max_new_tokens = 12
+    c.sampler.num_slots = 16
+    c.sampler.max_seq_len = 24
+    c.sampler.chunk_steps = 2
+    c.model.init.update(
+        hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16
+    )
+    return c
+
+
+def smollm2_math_config() -> ml_collections.ConfigDict:
+    """SmolLM2-135M-Instruct learns GSM8K-format word problems on 2 CPU cores
+    (configs/smollm2_math.py; `make real-model` puts the model in models/ first, and
+    model.hf_dir is relative to the working directory)."""
+    c = demo_config()
+    c.steps = 48  # ~20 min on 2 cores (bench/real_learning.py runs the same)
+    c.max_lag = 1
+    c.group_size = 4
+    c.batch_size = 16
+    c.log_every = 1
+    c.checkpoint_every = 10
+    c.eval_every = 24
+
+    c.model.hf_dir = "models/SmolLM2-135M-Instruct"
+    c.model.init = {}
+    c.model.remat = True  # ~4x less train-step memory, and no slower here
+
+    c.data.task = "word_problems"
+    c.data.task_options = dict(difficulty=1)
+    c.data.prompt_template = "chat"
+    # The model follows a shown answer format far more often than a described one: with the
+    # paper's system prompt alone almost no sampled answer is boxed (it ends with "#### N" or
+    # "The answer is N"), so no group's attempts differ in reward and nothing is learned. One
+    # worked example as an earlier chat turn fixes that (bench/real_prompts.py measures it).
+    c.data.system_prompt = None  # the paper's
+    c.data.few_shot = [
+        dict(
+            question="Mia has 3 apples and buys 4 more. How many apples does Mia have now?",
+            answer=(
+                "Mia starts with 3 apples and buys 4 more, so she has 3 + 4 = 7 apples.\n"
+                "The answer is \\boxed{7}."
+            ),
+        )
+    ]
+
+    c.generation.max_prompt_tokens = 144  # the longest one-shot prompt is 131 tokens
+    c.generation.max_new_tokens = 144  # median answer 53 tokens, 90th percentile ~150
+    # At T=1 a 135M model's answers drift off topic (bench/real_prompts.py); T=0.8 keeps them
+    # coherent, and the trainer's importance ratios use the same temperature.
+    c.generation.temperature = 0.8
+
+    c.sampler.num_slots = 16
+    c.sampler.max_seq_len = 288
+    c.sampler.page_size = 16
+    c.sampler.chunk_steps = 16
+    c.sampler.prefill_chunk = 144  # every prompt in one chunk
+    c.sampler.max_prefill_rows = 4  # a step admits at most 16 slots / 4 attempts prompts
+    c.sampler.prefill_pad_tokens = True  # 3 prefill shapes (1, 2, 4 rows), compiled at start
+    c.sampler.min_window_pages = 18  # = max_seq_len / page_size: one decode compile
+
+    c.reward.fn = "math"
+    c.reward.table = "success_and_format"
+    c.reward.table_options = dict(format_weight=0.3)  # a boxed answer pays before a right one
+    c.reward.workers = 2
+
+    # The 4 attempts of a prompt share one copy of it in the train step (same gradients; the
+    # one-shot prompt is ~130 tokens, a typical answer ~55), in rows sized for a typical group.
+    # One row per micro-batch, so the rows a step leaves empty are skipped, not computed: a
+    # step trains ~4 rows of 448 tokens where one sequence per row trained 16 x 288.
+    c.batch.share_prompts = True
+    c.batch.seq_len = 448
+    c.batch.num_rows = 16  # the worst case: every attempt alone in its row
+    c.trainer.micro_batches = 16
+
+    c.trainer.learning_rate = 1e-5
+    c.trainer.lr_schedule = "constant"
+    c.trainer.warmup_steps = 2
+    c.trainer.weight_decay = 0.0
+    c.trainer.grad_clip_norm = 1.0
+
+    c.loss.objective = "tis_reinforce"
+    c.loss.entropy_coef = 0.0
+
+    c.batch.advantage = "group_mean"
+    c.batch.weighting = "sequence_sum"
+
+    c.eval.num_problems = 40
+    c.eval.greedy = True
+    c.eval.at_start = True  # the starting model's score opens the curve
+    return c
+
+
+def run_config(c: ml_collections.ConfigDict, **overrides) -> config_lib.RunConfig:
+    """`c` (left unchanged) with `overrides` applied (see the module docstring), validated."""
+    c = copy.deepcopy(c)  # the caller's ConfigDict stays as it was
+    with c.unlocked():
+        for path, value in _paths(overrides):
+            config_cli.set_path(c, path, value)
+    return config_lib.from_config_dict(c)
+
+
+def _paths(overrides: Mapping) -> list[tuple[str, object]]:
+    """(dotted path, value) pairs: a section's dict is spread over its fields."""
+    out = []
+    for key, value in overrides.items():
+        if key in config_lib.SECTIONS and isinstance(value, Mapping):
+            out.extend((f"{key}.{field}", v) for field, v in value.items())
+        else:
+            out.append((key, value))
+    return out
+
+
+def demo(**overrides) -> config_lib.RunConfig:
+    """The embedded default as a RunConfig (demo_config), with `overrides` applied."""
+    return run_config(demo_config(), **overrides)
+
+
+def tiny(**overrides) -> config_lib.RunConfig:
+    """The smoke-test config as a RunConfig (tiny_config), with `overrides` applied."""
+    return run_config(tiny_config(), **overrides)
+
+
+def smollm2_math(**overrides) -> config_lib.RunConfig:
+    """The real-model config as a RunConfig (smollm2_math_config), with `overrides` applied."""
+    return run_config(smollm2_math_config(), **overrides)
+
+
+PRESETS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
+    "demo": demo_config,
+    "tiny": tiny_config,
+    "smollm2_math": smollm2_math_config,
+}

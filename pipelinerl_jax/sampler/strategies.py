@@ -1,0 +1,191 @@
+"""Decode attention strategies: one small object per way a decode step reads and writes the pool.
+
+`engine.decode_chunk` runs its k steps in one `lax.scan` and never asks which strategy it has:
+
+    carry = strategy.init_carry(state, block_tables_BxM, window)    # once per chunk
+    each step:
+        attend = strategy.attend(block_tables_BxM, positions_B, active_B, window, scale)
+        hidden, carry = forward.forward_hidden(..., attend, carry, layout=strategy.layout)
+    state = strategy.finish(state, carry)                           # the pool back in state
+
+While the chunk runs the carry owns the page pool (state.k_pages / v_pages are None inside the
+scan, so the pool is carried once). Besides the three methods a strategy names
+- `layout`: the activation layout the model runs in (forward.py; `engine.prepare_params`
+  converts the weights to it once per version);
+- `scatter`: how prefill and page copies write the pool (attend.plain_set or attend.set_at).
+
+`pick` chooses one per backend from `EngineConfig.attention`:
+- "paged" (`PagedAttention`, what "auto" picks where the Triton kernel runs): plain JAX, the
+  model's token-major block, `.at[].set` writes, `kernels.paged_decode_attention`.
+- "staged" (`StagedAttention`, what "auto" picks elsewhere: the CPU path): the feature-major
+  block, a dense copy of the window per chunk, 16-bit pools carried as bit patterns.
+- "gather" (`GatherAttention`): the feature-major block, each step gathers the window and
+  merges the new token itself (attend.decode_attend).
+All three compute the same attention (tests/test_sampler_strategies.py decodes with each and
+compares tokens and logprobs); they differ in how memory is laid out and touched.
+
+Dimension letters: B slots, M pages per slot, W window pages, L layers, P pages per layer,
+K kv heads, S page size, D head dim, N = W * S.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from pipelinerl_jax.kernels.paged_attention import triton_available
+from pipelinerl_jax.sampler import attend as attn
+from pipelinerl_jax.sampler import staged
+
+# Why the CPU strategies run the feature-major block (activations [E, N], projections [O, I];
+# the code is models/block.py's FeatureMajor, run by forward.py): XLA:CPU's matmul (YNNPACK)
+# splits work over the rows of the left operand, so token-major [N, E] @ [E, O] products at
+# decode batches (N = 8-64 rows) ran on one core. Bench model's 8-layer projection stack (f32,
+# 2-core EPYC), feature- vs token-major: 9.3 vs 15.9 ms at N = 8, 20.6 vs 32.6 at N = 32,
+# 30.5 vs 35.7 at N = 64, equal from N = 256 on. The layout brings its own CPU measures (an
+# optimization_barrier keeping the q/k/v transposes out of their matmuls, one 16-bit token run
+# as two columns), each with its numbers beside it there. None of these was measured on a GPU,
+# so the GPU strategy runs the model's plain token-major block instead.
+CPU_LAYOUT = "feature_major"
+PLAIN_LAYOUT = "token_major"
+
+
+class DecodeAttention:
+    """Base: the pool itself is the carry (as it is for "paged" and "gather")."""
+
+    name: str
+    layout: str
+    scatter = staticmethod(attn.plain_set)
+
+    def init_carry(self, state, block_tables_BxM, window: int):
+        """Once per chunk, before the scan: what the forward threads through its layers."""
+        del block_tables_BxM, window
+        return (state.k_pages, state.v_pages)
+
+    def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
+        """One step's attend(q, k, v, (layer, carry)) -> (out, (layer, carry)): attends the
+        token at positions_B over the row's first `window` pages and itself, and writes its
+        K/V (rows with active False write to the null page)."""
+        raise NotImplementedError
+
+    def finish(self, state, carry):
+        """After the scan: the pool back into state."""
+        k_pages, v_pages = carry
+        return state.replace(k_pages=k_pages, v_pages=v_pages)
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedAttention(DecodeAttention):
+    """The GPU path: plain JAX around `kernels.paged_decode_attention` (the Triton kernel on
+    NVIDIA GPUs; its jnp reference elsewhere, or always with impl="ref").
+
+    Each layer writes the token's K/V into the pool with a plain `.at[].set` in the pool's
+    dtype, then the kernel reads the pages in place. Layout: the model's token-major block.
+    """
+
+    impl: str = "auto"  # kernels.paged_decode_attention: "auto" | "ref" | "triton"
+
+    name = "paged"
+    layout = PLAIN_LAYOUT
+    scatter = staticmethod(attn.plain_set)
+
+    def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
+        return attn.decode_attend_paged(
+            block_tables_BxM,
+            positions_B,
+            active_B,
+            window,
+            scale=scale,
+            impl=self.impl,
+            scatter=attn.plain_set,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedAttention(DecodeAttention):
+    """The CPU path: each row's window copied once per chunk into dense per-layer arrays laid
+    out for the two attention dots (staged.py); every step writes its token into them and into
+    the pool, so the pool stays the one source of truth.
+
+    Why: on CPU a paged gather is a full copy of the window per step and layer (XLA:CPU has no
+    fused gather-matmul). Bench model at batch 64 and a 160-token window: the two gathers cost
+    ~21 ms of a ~100 ms decode step and the dots reading their copies another ~18 ms; over one
+    step of 8 layers at context 160, staged attention took ~18 ms, paged (the jnp reference)
+    ~43 ms. Cost: the window exists twice while the chunk runs (memory.py counts it).
+    """
+
+    cache_dtype: str = "float32"  # the pool's dtype: 16-bit pools are carried as their bits
+
+    name = "staged"
+    layout = CPU_LAYOUT
+    scatter = staticmethod(attn.set_at)
+
+    def init_carry(self, state, block_tables_BxM, window: int):
+        if state.k_pages.dtype != jnp.dtype(self.cache_dtype):
+            raise ValueError(
+                f"staged attention: the pool is {state.k_pages.dtype}, the engine's "
+                f"cache_dtype {self.cache_dtype}"
+            )
+        # K/V are cached for positions < lengths - 1 (the last token's come this step).
+        k_stage, v_stage = staged.stage(
+            state.k_pages, state.v_pages, block_tables_BxM[:, :window], state.lengths - 1
+        )
+        # 16-bit pools and stages travel through the loop as their uint16 bit patterns, so each
+        # step's writes are integer scatters in place with no conversion copies: XLA:CPU has no
+        # bf16 scatter and otherwise upcasts the whole pool to f32 and back per write, ~85% of
+        # a bf16 decode step on the bench model (attend.set_at). Converted back in `finish`.
+        carry = (state.k_pages, state.v_pages, k_stage, v_stage)
+        return jax.tree.map(attn.bits_view, carry)
+
+    def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
+        del window  # the stage already holds the window
+        return staged.decode_attend_staged(
+            block_tables_BxM, positions_B, active_B, scale=scale, cache_dtype=self.cache_dtype
+        )
+
+    def finish(self, state, carry):
+        dtype = jnp.dtype(self.cache_dtype)
+        k_bits, v_bits = carry[:2]  # the stage is dropped
+        return state.replace(
+            k_pages=attn.float_view(k_bits, dtype), v_pages=attn.float_view(v_bits, dtype)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherAttention(DecodeAttention):
+    """Each step and layer gathers the row's window from the pool, merges the new token into
+    the same f32 softmax (attend.decode_attend), then writes its K/V. A CPU strategy: the
+    feature-major block, 16-bit writes as bit patterns (attend.set_at)."""
+
+    name = "gather"
+    layout = CPU_LAYOUT
+    scatter = staticmethod(attn.set_at)
+
+    def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
+        return attn.decode_attend(
+            block_tables_BxM, positions_B, active_B, window, scale=scale, scatter=attn.set_at
+        )
+
+
+STRATEGIES = {"staged": StagedAttention, "paged": PagedAttention, "gather": GatherAttention}
+ATTENTION_IMPLS = ("auto", *STRATEGIES)
+
+
+def resolve(attention: str) -> str:
+    """The strategy name an attention option means: "auto" is "paged" where the Triton kernel
+    runs (an NVIDIA GPU with jax-triton), else "staged"; other valid names stay as they are."""
+    if attention not in ATTENTION_IMPLS:
+        raise ValueError(f"attention={attention!r}: use one of {ATTENTION_IMPLS}")
+    if attention == "auto":
+        return "paged" if triton_available() else "staged"
+    return attention
+
+
+def pick(attention: str, cache_dtype: str = "float32") -> DecodeAttention:
+    """The strategy for an `EngineConfig.attention` value (hashable: a jit static is fine)."""
+    name = resolve(attention)
+    if name == "staged":
+        return StagedAttention(cache_dtype=jnp.dtype(cache_dtype).name)
+    return STRATEGIES[name]()
