@@ -61,19 +61,27 @@ def check_mesh(mesh: Mesh, rules: Rules = RULES) -> None:
         )
 
 
+def renamed(rules: Rules, mesh_axis_names: dict[str, str | None]) -> tuple:
+    """The same rules onto other mesh axis names, e.g. the sampler's (data, tp) mesh:
+    {FSDP: "data", TP: "tp"} (a name mapped to None replicates what it split)."""
+    return tuple((logical, mesh_axis_names.get(axis, axis)) for logical, axis in rules)
+
+
 def logical_to_spec(
     names: Sequence[str | None],
-    shape: Sequence[int],
+    shape: Sequence[int] | None,
     mesh: Mesh,
     rules: Rules = RULES,
 ) -> PartitionSpec:
-    """PartitionSpec for one array from its logical axis names, with divisibility fallback."""
+    """PartitionSpec for one array from its logical axis names, with divisibility fallback
+    (shape None: the caller has checked divisibility)."""
     table = dict(rules)
     used: set[str] = set()
     spec = []
-    for name, size in zip(names, shape):
+    for i, name in enumerate(names):
         axis = table.get(name) if name is not None else None
-        if axis is None or axis not in mesh.shape or axis in used or size % mesh.shape[axis] != 0:
+        divides = shape is None or (axis in mesh.shape and shape[i] % mesh.shape[axis] == 0)
+        if axis is None or axis not in mesh.shape or axis in used or not divides:
             spec.append(None)
             continue
         used.add(axis)

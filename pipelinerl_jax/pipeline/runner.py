@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipelinerl_jax import config as config_lib
+from pipelinerl_jax import sharding
 from pipelinerl_jax.checkpoint import RunCheckpointer
 from pipelinerl_jax.compile_watch import CompileWatch, enable_persistent_cache
 from pipelinerl_jax.data import prompts as prompts_lib
@@ -100,8 +101,8 @@ def sampler_mesh(devices, cfg) -> Mesh:
     """(data, tp) mesh over the sampler devices: tp-sized groups split the params, the groups
     split the slots."""
     tp = cfg.devices.sampler_tp
-    grid = np.asarray(devices).reshape(len(devices) // tp, tp)
-    return Mesh(grid, (cfg.sampler.data_axis, cfg.sampler.tp_axis))
+    axes = (cfg.sampler.data_axis, cfg.sampler.tp_axis)
+    return sharding.make_mesh((len(devices) // tp, tp), axes, devices)
 
 
 def build_data(cfg, *, load_source: bool = True):
@@ -562,11 +563,17 @@ def summarize(records: list[dict], wall_s: float, coord) -> dict:
 def format_summary(s: dict) -> str:
     hist = " ".join(f"{k}:{v}" for k, v in s["lag/hist"].items() if v)
     resumed = f" (this launch, resumed at step {s['resumed_from']})" if "resumed_from" in s else ""
+    rate = s["steady_samples_per_s"]
+    steady = (
+        f"{rate:.0f} samples/s after warm-up"
+        if math.isfinite(rate)
+        else "samples/s after warm-up not measured (it needs 4 steps or more)"
+    )
     return (
         f"done: {s['steps']} steps in {s['wall_s']:.0f}s{resumed}, "
         f"reward {s['reward/first20']:.3f} "
         f"(first 20 steps) -> {s['reward/last_tenth']:.3f} (last tenth); "
-        f"{s['steady_samples_per_s']:.0f} samples/s after warm-up; swaps {s['sampler/swaps']} "
+        f"{steady}; swaps {s['sampler/swaps']} "
         f"(pause {s['sampler/swap_pause_ms_mean']:.2f} ms); "
         f"sequences with >1 version {100 * s['seq/mixed_version_frac']:.0f}%; "
         f"max lag {s['lag/token_max']} (bound {s['lag/bound']}); lag histogram {hist}"

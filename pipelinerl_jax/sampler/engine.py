@@ -67,6 +67,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as Ps
 
+from pipelinerl_jax import sharding
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import forward as fwd
@@ -479,7 +480,7 @@ class Engine:
         self.strategy = _strategy(ecfg)  # raises ValueError naming a bad attention option
         self.attention = self.strategy.name
         if mesh is None:
-            mesh = Mesh(np.asarray(jax.devices()[:1]), (data_axis,))
+            mesh = sharding.make_mesh((1,), (data_axis,), jax.devices()[:1])
         self.mesh, self.data_axis = mesh, data_axis
         self.num_shards = mesh.shape[data_axis]
         if ecfg.num_slots % self.num_shards or ecfg.num_pages % self.num_shards:

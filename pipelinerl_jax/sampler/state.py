@@ -108,16 +108,21 @@ def init_state(
 
 
 def state_shardings(mesh, data_axis: str | None, tp_axis: str | None = None) -> SamplerState:
-    """NamedShardings: pages split along P and slot fields along B over `data_axis`; with
-    tensor parallelism the pages are also split along K (kv heads) over `tp_axis`."""
+    """NamedShardings from the project's one rules table (`sharding.RULES`, its FSDP and TP
+    mesh axes renamed to the sampler's data and tp axes): slots and pool pages are "batch"
+    (data-parallel, split along B and P), the pool's K axis is "kv_heads" (split over tp with
+    tensor parallelism), everything else replicated. The engine checks divisibility."""
     from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as Ps
 
-    def spec(*axes):
-        return NamedSharding(mesh, Ps(*axes))
+    from pipelinerl_jax import sharding
 
-    per_slot = spec(data_axis)
-    pages = spec(None, data_axis, tp_axis) if tp_axis else spec(None, data_axis)
+    rules = sharding.renamed(sharding.RULES, {sharding.FSDP: data_axis, sharding.TP: tp_axis})
+
+    def spec(*names):
+        return NamedSharding(mesh, sharding.logical_to_spec(names, None, mesh, rules))
+
+    per_slot = spec("batch")
+    pages = spec("layers", "batch", "kv_heads", None, "head_dim")  # [L, P, K, S, D]
     return SamplerState(
         k_pages=pages,
         v_pages=pages,
