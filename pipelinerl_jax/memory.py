@@ -155,7 +155,7 @@ def _itemsize(dtype: str) -> int:
 def _blocked_score_elements(T: int, block: int) -> int:
     """Query x key pairs the trainer's attention scores cover per row and head.
 
-    Mirrors trainer.blocked_causal_attention: ceil(T / block) query blocks (at most 16) of
+    Mirrors models.attention.blocked_causal_attention: ceil(T / block) query blocks (at most 16) of
     ceil(T / blocks) rows, block [a, b) scoring keys [0, b); block 0 is the plain T x T mask."""
     if block <= 0:
         return T * T

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import attention, decoder
 from pipelinerl_jax.rl import losses
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.rl.config import LossConfig, linear_schedule
@@ -150,48 +149,6 @@ def _micro_split(x, m: int, mesh: Mesh, batch_axis: str | None):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def blocked_causal_attention(
-    segment_ids_BxT, block: int, prefix_ids_BxT=None
-) -> decoder.AttentionFn:
-    """Segment-causal attention computed per query block, skipping the blocks above the diagonal.
-
-    Same result as decoder.segment_causal_attention; for query block [a, b) only keys [0, b) can
-    be visible, so scores are [b - a, b] instead of [b - a, T]. q, k, v are moved to head-major
-    layout once so every block's matmuls read contiguous [T, D] panels (per-block einsums over
-    the token-major layout made XLA CPU transpose K and V again for every block). Blocks are
-    unrolled (static shapes), capped at 16 so compile time stays flat for long rows.
-    Letters: B rows, T tokens, S keys, H query heads, K kv heads, G = H/K, D head dim.
-    """
-    seg_BxT = segment_ids_BxT
-    T = seg_BxT.shape[1]
-    num = min(max(1, math.ceil(T / max(block, 1))), 16)
-    size = math.ceil(T / num)
-
-    def attend(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, layer_cache):
-        B, _, H, D = q_BxTxHxD.shape
-        K = k_BxSxKxD.shape[2]
-        q_BxKxGxTxD = q_BxTxHxD.reshape(B, T, K, H // K, D).transpose(0, 2, 3, 1, 4)
-        k_BxKxSxD = k_BxSxKxD.transpose(0, 2, 1, 3)
-        v_BxKxSxD = v_BxSxKxD.transpose(0, 2, 1, 3)
-        outs = []
-        for a in range(0, T, size):
-            b = min(a + size, T)
-            s = jnp.einsum(
-                "bkgtd,bksd->bkgts",
-                q_BxKxGxTxD[:, :, :, a:b],
-                k_BxKxSxD[:, :, :b],
-                preferred_element_type=jnp.float32,
-            ) * (1.0 / math.sqrt(D))
-            mask_BxQxS = decoder.segment_visible(seg_BxT, prefix_ids_BxT, slice(a, b), slice(0, b))
-            s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
-            p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
-            outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v_BxKxSxD[:, :, :b]))
-        out_BxKxGxTxD = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
-        return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D), layer_cache
-
-    return attend
-
-
 # loss_fn(params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef,
 #         attention_block) -> (loss, stats): see default_loss_fn.
 LossFn = Callable[..., tuple[jax.Array, dict]]
@@ -227,9 +184,11 @@ def default_loss_fn(
     the micro-batch's tokens, like a weight penalty, counts trainer.micro_batches times).
     """
     if attention_block > 0:
-        attend = blocked_causal_attention(batch.segment_ids, attention_block, batch.prefix_ids)
+        attend = attention.blocked_causal_attention(
+            batch.segment_ids, attention_block, batch.prefix_ids
+        )
     else:
-        attend = decoder.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
+        attend = attention.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
     ref_lp = None
     if ref_params is not None:
         ref_hidden, _ = decoder.forward_hidden(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelinerl_jax.models import block, decoder
+from pipelinerl_jax.models import attention, block, decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.sampler import forward as fwd
 
@@ -60,7 +60,7 @@ def _model(cfg, seed):
 
 
 def _sampler_logits(cfg, layout, params, tokens_BxT, positions_BxT):
-    causal = decoder.segment_causal_attention(jnp.zeros(tokens_BxT.shape, jnp.int32))
+    causal = attention.segment_causal_attention(jnp.zeros(tokens_BxT.shape, jnp.int32))
 
     def attend(q, k, v, layer_and_carry):
         out, _ = causal(q, k, v, None)

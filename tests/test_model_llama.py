@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelinerl_jax.models import block, decoder
+from pipelinerl_jax.models import attention, block, decoder
 from pipelinerl_jax.models.config import ModelConfig
 
 # Every optional piece on at once (q/k/v bias, qk-norm, llama3 rope, untied head).
@@ -130,7 +130,7 @@ def dense_cache_attend(positions_BxT):
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v, start, axis=1)
         S = k_cache.shape[1]
         mask_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
-        return decoder.masked_attention(q, k_cache, v_cache, mask_BxTxS), (k_cache, v_cache)
+        return attention.masked_attention(q, k_cache, v_cache, mask_BxTxS), (k_cache, v_cache)
 
     return attend
 

@@ -20,7 +20,7 @@ import pytest
 
 from configs import default as default_config
 from pipelinerl_jax import config as config_lib
-from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import attention, decoder
 from pipelinerl_jax.pipeline import runner as run_lib
 
 
@@ -106,7 +106,7 @@ def _replay_step(graphdef, params, cache, token, pos):
         kc = jax.lax.dynamic_update_slice_in_dim(kc, k, pos, axis=1)
         vc = jax.lax.dynamic_update_slice_in_dim(vc, v, pos, axis=1)
         mask = (jnp.arange(S) <= pos)[None, None, :]
-        return decoder.masked_attention(q, kc, vc, mask), (kc, vc)
+        return attention.masked_attention(q, kc, vc, mask), (kc, vc)
 
     hidden, cache = decoder.forward_hidden(
         graphdef, params, token[None, None], pos[None, None], attend=attend, cache=cache

@@ -23,7 +23,7 @@ import pytest
 import torch
 import transformers
 
-from pipelinerl_jax.models import decoder, hf_io
+from pipelinerl_jax.models import attention, decoder, hf_io
 from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 
@@ -220,7 +220,7 @@ def _dense_step_fn(graphdef):
         def attend(q, k, v, layer_cache):
             ck, cv = layer_cache
             ck, cv = ck.at[pos].set(k[0, 0]), cv.at[pos].set(v[0, 0])
-            out = decoder.masked_attention(
+            out = attention.masked_attention(
                 q, ck[None], cv[None], (jnp.arange(MAX_LEN) <= pos)[None, None, :]
             )
             return out, (ck, cv)

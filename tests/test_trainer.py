@@ -9,7 +9,7 @@ import pytest
 
 from pipelinerl_jax import trainer as tr
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import attention, decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
@@ -86,8 +86,8 @@ def test_blocked_attention_matches_model_attention():
     seg = jnp.array([[1] * 6 + [2] * 7 + [0] * 2, [1] * 15])
     blocked, plain = jax.jit(
         lambda q, kv, v, seg: (
-            tr.blocked_causal_attention(seg, 4)(q, kv, v, None)[0],
-            decoder.segment_causal_attention(seg)(q, kv, v, None)[0],
+            attention.blocked_causal_attention(seg, 4)(q, kv, v, None)[0],
+            attention.segment_causal_attention(seg)(q, kv, v, None)[0],
         )
     )(q, kv, v, seg)
     np.testing.assert_allclose(blocked, plain, rtol=1e-5, atol=1e-6)

@@ -4,6 +4,7 @@
 - params.py     the one parameter table: names, logical axes, HF names, matmul layout
 - block.py      the decoder block, written once, in its token-major and feature-major layouts
 - decoder.py    the NNX param container and the scanned forward every family runs
+- attention.py  attention over packed rows (segments, shared prompts; full or per query block)
 - family.py     what a family supplies (norm, activation, embedding scale, table, config dialect)
 - registry.py   the families by Hugging Face model_type; adding one is one entry here
 - llama.py      Llama 2/3.x, Qwen2/2.5, Qwen3 dense, Mistral

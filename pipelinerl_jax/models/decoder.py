@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipelinerl_jax.models import block, registry, rope
+from pipelinerl_jax.models import attention, block, registry, rope
 from pipelinerl_jax.models import params as param_table
 from pipelinerl_jax.models.block import AttentionFn
 from pipelinerl_jax.models.config import ModelConfig
@@ -116,53 +116,6 @@ def arrays(params) -> dict:
     )
 
 
-def segment_visible(
-    segment_ids_BxT: jax.Array, prefix_ids_BxT: jax.Array | None, queries: slice, keys: slice
-) -> jax.Array:
-    """[B, Q, S] bool: key s is in the query's segment or in the shared prefix it continues
-    (`prefix_ids`, -1 for none; see rl/batch.py), and not after the query (causal)."""
-    seg_BxT = segment_ids_BxT
-    q_BxQ, k_BxS = seg_BxT[:, queries], seg_BxT[:, keys]
-    visible_BxQxS = q_BxQ[:, :, None] == k_BxS[:, None, :]
-    if prefix_ids_BxT is not None:
-        visible_BxQxS |= prefix_ids_BxT[:, queries, None] == k_BxS[:, None, :]
-    T = seg_BxT.shape[1]
-    q_pos, k_pos = jnp.arange(T)[queries], jnp.arange(T)[keys]
-    return visible_BxQxS & (q_pos[:, None] >= k_pos[None, :])
-
-
-def segment_causal_attention(
-    segment_ids_BxT: jax.Array, prefix_ids_BxT: jax.Array | None = None
-) -> AttentionFn:
-    """Causal attention within each segment of a packed row, none across segments, except that
-    a segment also sees the shared-prompt segment its `prefix_ids` name.
-
-    Segments are contiguous runs of equal ids (padding can be its own segment: every query
-    attends at least to itself, so no row is fully masked). The layer cache passes through.
-    """
-    everything = slice(None)
-    mask_BxTxS = segment_visible(segment_ids_BxT, prefix_ids_BxT, everything, everything)
-
-    def attend(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, layer_cache):
-        return masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS), layer_cache
-
-    return attend
-
-
-def masked_attention(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxTxS) -> jax.Array:
-    """Softmax attention with a boolean mask; GQA by grouping queries (K/V never repeated)."""
-    B, T, H, D = q_BxTxHxD.shape
-    K = k_BxSxKxD.shape[2]
-    q_BxTxKxGxD = q_BxTxHxD.reshape(B, T, K, H // K, D)
-    scores = jnp.einsum(
-        "btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=jnp.float32
-    ) * (1.0 / math.sqrt(D))
-    scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs_BxKxGxTxS = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxD.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs_BxKxGxTxS, v_BxSxKxD)
-    return out.reshape(B, T, H, D)
-
-
 def forward_hidden(
     graphdef: nnx.GraphDef,
     params,
@@ -225,7 +178,7 @@ def forward(
     shared prompts when `prefix_ids_BxT` is too)."""
     if segment_ids_BxT is None:
         segment_ids_BxT = jnp.zeros(tokens_BxT.shape, jnp.int32)
-    attend = segment_causal_attention(segment_ids_BxT, prefix_ids_BxT)
+    attend = attention.segment_causal_attention(segment_ids_BxT, prefix_ids_BxT)
     hidden_BxTxE, _ = forward_hidden(graphdef, params, tokens_BxT, positions_BxT, attend=attend)
     return logits_from_hidden(params, hidden_BxTxE)
 
