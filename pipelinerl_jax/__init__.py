@@ -12,11 +12,12 @@ plan (the paper's throughput model); trainer.py, sharding.py, checkpoint.py and 
 Dimension letters, one meaning across the project. Arrays carry their shape in their names
 (`logits_BxTxV`), and each model, sampler and kernel file lists the letters it uses:
 
-  B  batch: sequences in a forward, decode slots, rows of a packed training batch
+  B  batch: sequences (in a forward, a step's samples, the sampler's slots)
   T  tokens per row (query positions);  Q  a block of query positions (a slice of T)
   S  key positions: the keys attended to, or the positions one KV page holds (page size)
   N  a flat count of tokens (B * T, W * S, or any token axes flattened)
-  R  rows of a prefill call
+  R  rows: of a packed training batch, or of a prefill call
+  U  groups (a prompt's attempts)
   L  layers        V  vocabulary      E  hidden (embedding)      F  MLP hidden
   H  query heads   K  kv heads        G  query heads per kv head (H / K)      D  head dim
   O  output features of a matmul      I  its input features

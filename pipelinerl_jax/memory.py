@@ -11,13 +11,13 @@ knobs that shrink them.
     memory.check_fits(est, memory.available_bytes())
 
 The items (bytes; letters: L layers, E hidden, F mlp, H q heads, K kv heads, D head dim,
-V vocabulary, R rows per step, M micro-batches, T row length, N = R/M * T tokens per
-micro-batch, B sampler slots):
+V vocabulary, R rows per step, A micro-batches, T row length, N = R/A * T tokens per
+micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 
 - params: the trainer's params, exact count x param itemsize.
 - optimizer: AdamW mu and nu, always f32 (2 x count x 4), plus the frozen reference params
   (param dtype) when the loss has a KL term.
-- gradients: the f32 gradient (count x 4); with M > 1 micro-batches two of them, the scan's
+- gradients: the f32 gradient (count x 4); with A > 1 micro-batches two of them, the scan's
   accumulator and the current micro-batch's gradient.
 - sampler_params: `sampler.forward.decode_params`, the sampler's own per-version copy (embedding
   and layers in compute dtype, plus the LM head as f32 [V, E]), twice: the next version is
@@ -30,7 +30,7 @@ micro-batch, B sampler slots):
 - eval_sampler: with held-out evaluation on (eval_every or eval.at_start), the evaluation's own
   sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
   built for each evaluation and dropped after, pipeline/runner.py build_evaluator).
-- activations: the train step's. With remat: the residual stream [R/M, T, E] saved per layer,
+- activations: the train step's. With remat: the residual stream [R/A, T, E] saved per layer,
   plus one layer's recomputed internals. Without: every layer's internals, plus one more for
   the cotangents of the layer being differentiated. Either way plus the LM head's working set
   (rl/logprobs.py): two f32 logit chunks ([min(token_chunk, N), V] on the fused per-token path,

@@ -5,7 +5,8 @@ paged_attention_triton through `jax_triton.triton_call`, with the launch paramet
 module's `launch_params` (the same function the interpreter tests and the sm_90 compile check
 use). Everywhere else it runs the pure-jnp reference, which is also the production CPU path.
 
-Dimension letters: B batch, H query heads, K kv heads, D head dim, P pages, S page size,
+Dimension letters (pipelinerl_jax/__init__.py):
+B batch, H query heads, K kv heads, D head dim, P pages, S page size,
 M pages per sequence (block-table width).
 
 jax-triton is imported lazily, only on the GPU path: with Python 3.11 pip resolves jax-triton

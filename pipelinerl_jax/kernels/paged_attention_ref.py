@@ -14,7 +14,7 @@ first; on the bench model (8 layers, context 160, f32, 2-core EPYC) the whole at
 31 ms per decode step at batch 32 that way and 18 ms in this layout (54 vs 29 ms at batch 64).
 The Triton kernel reads either layout through its strides.
 
-Dimension letters:
+Dimension letters (pipelinerl_jax/__init__.py):
   B batch (sequences)       T query tokens per sequence (prefill chunk)
   H query heads = K * G      K kv heads        G query heads per kv head (GQA group)
   D head dim                 P pages in pool   S tokens per page (page size)

@@ -4,7 +4,7 @@
 interpreter tests with torch CPU tensors, the ahead-of-time sm_90 compile check), so the tested
 configuration is the shipped one.
 
-Dimension letters:
+Dimension letters (pipelinerl_jax/__init__.py):
   B batch (sequences)     H query heads = K * G     K kv heads     G query heads per kv head
   D head dim              P pages in pool           S tokens per page     M pages per sequence
   N cache tokens per loop step (BLOCK_N)            GP = G padded for tl.dot (>= 16, power of 2)

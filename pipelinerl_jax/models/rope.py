@@ -5,7 +5,7 @@ imaginary parts), frequencies computed in float32 as transformers does. Scaling 
 "default", "linear" and "llama3"; others ("dynamic", "yarn", "longrope", ...) are refused with a
 one-line error, because silently using default RoPE would give a different model.
 
-Letters: B batch, T time, N heads (any head count), D head_dim.
+Letters (pipelinerl_jax/__init__.py): B batch, T tokens, H heads (query or kv), D head dim.
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ def cos_sin(positions_BxT: jax.Array, inv_freq: np.ndarray, dtype) -> tuple[jax.
     return jnp.cos(angles_BxTxD2).astype(dtype), jnp.sin(angles_BxTxD2).astype(dtype)
 
 
-def apply(x_BxTxNxD: jax.Array, cos_BxTxD2: jax.Array, sin_BxTxD2: jax.Array) -> jax.Array:
+def apply(x_BxTxHxD: jax.Array, cos_BxTxD2: jax.Array, sin_BxTxD2: jax.Array) -> jax.Array:
     """Rotates each (x[i], x[i + D/2]) pair by the position's angle (HF rotate_half layout)."""
-    half = x_BxTxNxD.shape[-1] // 2
-    x1, x2 = x_BxTxNxD[..., :half], x_BxTxNxD[..., half:]
+    half = x_BxTxHxD.shape[-1] // 2
+    x1, x2 = x_BxTxHxD[..., :half], x_BxTxHxD[..., half:]
     cos, sin = cos_BxTxD2[:, :, None, :], sin_BxTxD2[:, :, None, :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

@@ -6,6 +6,14 @@
 `run`, `build` and `Components` are runner.py's (see its docstring); `Coordinator` drives any
 `sampler.protocol.Sampler` (coordinator.py). They load on first use, so importing a light
 module of the package (admission, groups) does not import JAX and the trainer.
+
+- runner.py         build a run from a RunConfig and execute it; the run summary
+- coordinator.py    the sampler and trainer threads and their hand-offs
+- admission.py      lag control: which groups may start, which each step trains
+- groups.py         a prompt's attempts from submission to a scored training group
+- weights.py        asynchronous weight publication to the sampler
+- checkpointing.py  resume, the save schedule, Ctrl-C, the curves
+- diagnostics.py    why a reward is what it is: statuses, warnings, sampled completions
 """
 
 _EXPORTS = {

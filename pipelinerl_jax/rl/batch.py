@@ -9,7 +9,8 @@ last prompt token to the second-to-last completion token.
 
 Packing is first-fit in sample order into `num_rows` rows. The row count is fixed by the
 config so the train step compiles once; a sample longer than a row is a configuration error
-(never a silent truncation). Letters: R rows, T row length, S sequence capacity.
+(never a silent truncation). Letters (pipelinerl_jax/__init__.py): R rows, T row length, B sequences
+(the capacity, `max_sequences`).
 
 Shared prompts (`BatchConfig.share_prompts`): the attempts of a group share one prompt, so a
 row can hold that prompt once and each attempt after it. The prompt minus its last token is a

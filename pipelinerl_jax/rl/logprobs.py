@@ -15,7 +15,8 @@ logits = hidden @ W / temperature is never materialised whole as [tokens, V] in 
   tis_reinforce and ppo.
 
 Chunks are strided (chunk j holds ids j, j + n, j + 2n, ...) so that reshaping a sharded axis
-keeps every chunk spread over the same devices. Letters: N tokens, E hidden, V vocabulary,
+keeps every chunk spread over the same devices. Letters (pipelinerl_jax/__init__.py):
+N tokens, E hidden, V vocabulary,
 C chunks, Vc / Nc chunk sizes.
 """
 

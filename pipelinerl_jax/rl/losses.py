@@ -14,7 +14,7 @@ advantage, the built-ins are:
 plus optional kl_coef * k3(pi || ref) and -entropy_coef * entropy, per token, for every
 objective. Metrics are first accumulated as additive sums ("max_" keys combine by max) so that
 micro-batches can be merged exactly, then finalised: ESS = (sum rho)^2 / (sum rho^2) / N, etc.
-Letters: N tokens (any shape), S sequences.
+Letters (pipelinerl_jax/__init__.py): N tokens (any shape), B sequences.
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def sequence_ratio(logprobs, behaviour_logprobs, loss_mask, sequence_index, num_
     """Per-token s = exp(mean of log(pi/mu) over the token's sequence); 1 where unassigned."""
     log_ratio = jnp.where(loss_mask > 0, logprobs - behaviour_logprobs, 0.0).reshape(-1)
     idx = sequence_index.reshape(-1)
-    total_S = jax.ops.segment_sum(log_ratio, idx, num_segments=num_sequences + 1)
-    count_S = jax.ops.segment_sum(loss_mask.reshape(-1), idx, num_segments=num_sequences + 1)
-    ratio_S = jnp.exp(total_S / jnp.maximum(count_S, 1.0)).at[num_sequences].set(1.0)
-    return ratio_S[sequence_index]
+    total_B = jax.ops.segment_sum(log_ratio, idx, num_segments=num_sequences + 1)
+    count_B = jax.ops.segment_sum(loss_mask.reshape(-1), idx, num_segments=num_sequences + 1)
+    ratio_B = jnp.exp(total_B / jnp.maximum(count_B, 1.0)).at[num_sequences].set(1.0)
+    return ratio_B[sequence_index]
 
 
 # The additive sums objective_stats returns; finalize turns them into metrics.

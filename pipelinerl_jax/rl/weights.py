@@ -13,7 +13,7 @@ and data parallelism (every shard just sums). Every token of a sequence gets the
 
 Overlong filtering gives weight 0 to samples that ended without EOS; they then also leave the
 counts above (they are treated as absent from the step, not as zero-loss members).
-Letters: N sequences.
+Letters (pipelinerl_jax/__init__.py): B sequences.
 """
 
 from __future__ import annotations
@@ -24,31 +24,31 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rl.config import WEIGHTINGS
 
 
-def sequence_token_weights(completion_lengths_N, group_ids_N, keep_N, mode: str) -> np.ndarray:
-    """float32 [N]: the weight of each token of sequence i (0 where keep_N is False)."""
-    lengths_N = np.asarray(completion_lengths_N, np.float64).reshape(-1)
-    group_ids_N = np.asarray(group_ids_N).reshape(-1)
-    keep_N = np.asarray(keep_N, bool).reshape(-1)
-    if not lengths_N.shape == group_ids_N.shape == keep_N.shape:
+def sequence_token_weights(completion_lengths_B, group_ids_B, keep_B, mode: str) -> np.ndarray:
+    """float32 [N]: the weight of each token of sequence i (0 where keep_B is False)."""
+    lengths_B = np.asarray(completion_lengths_B, np.float64).reshape(-1)
+    group_ids_B = np.asarray(group_ids_B).reshape(-1)
+    keep_B = np.asarray(keep_B, bool).reshape(-1)
+    if not lengths_B.shape == group_ids_B.shape == keep_B.shape:
         raise ConfigError(
-            f"sequence_token_weights: lengths {lengths_N.shape}, group_ids "
-            f"{group_ids_N.shape} and keep {keep_N.shape} must have equal lengths"
+            f"sequence_token_weights: lengths {lengths_B.shape}, group_ids "
+            f"{group_ids_B.shape} and keep {keep_B.shape} must have equal lengths"
         )
-    weights_N = np.zeros_like(lengths_N)
-    kept_lengths = lengths_N[keep_N]
-    num_seq, num_tok = int(keep_N.sum()), float(kept_lengths.sum())
+    weights_B = np.zeros_like(lengths_B)
+    kept_lengths = lengths_B[keep_B]
+    num_seq, num_tok = int(keep_B.sum()), float(kept_lengths.sum())
     if num_seq == 0 or num_tok == 0:
-        return weights_N.astype(np.float32)
+        return weights_B.astype(np.float32)
     if mode == "sequence_sum":
-        weights_N[keep_N] = 1.0 / num_seq
+        weights_B[keep_B] = 1.0 / num_seq
     elif mode == "token_mean":
-        weights_N[keep_N] = 1.0 / num_tok
+        weights_B[keep_B] = 1.0 / num_tok
     elif mode == "sequence_mean":
-        weights_N[keep_N] = 1.0 / (num_seq * np.maximum(kept_lengths, 1.0))
+        weights_B[keep_B] = 1.0 / (num_seq * np.maximum(kept_lengths, 1.0))
     elif mode == "group_token_mean":
-        groups, index = np.unique(group_ids_N[keep_N], return_inverse=True)
+        groups, index = np.unique(group_ids_B[keep_B], return_inverse=True)
         group_tokens = np.bincount(index.reshape(-1), weights=kept_lengths)
-        weights_N[keep_N] = 1.0 / (len(groups) * np.maximum(group_tokens[index.reshape(-1)], 1.0))
+        weights_B[keep_B] = 1.0 / (len(groups) * np.maximum(group_tokens[index.reshape(-1)], 1.0))
     else:
         raise ConfigError(f"weighting={mode!r}; use one of {WEIGHTINGS}")
-    return weights_N.astype(np.float32)
+    return weights_B.astype(np.float32)

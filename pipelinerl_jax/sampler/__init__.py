@@ -1,1 +1,15 @@
-"""sampler package of pipelinerl_jax."""
+"""The sampler: paged KV cache, continuous batching, decode between weight swaps.
+
+- protocol.py    the Sampler protocol the pipeline uses, and the Sample it returns
+- sampler.py     PagedSampler: submit, step one chunk, collect finished samples
+- scheduler.py   continuous batching on the host (admission, preemption, retirement)
+- pages.py       the host-side page allocator and pool sizing
+- engine.py      the jittable device functions (decode_chunk, prefill, copy_pages,
+                 state_from_prompts) and the Engine that runs them under shard_map
+- state.py       SamplerState, the pytree a decode chunk reads and writes, and its shardings
+- forward.py     the model's block unrolled over per-layer params, in the strategy's layout
+- strategies.py  decode attention strategies (staged: CPU, paged: GPU/Triton, gather)
+- attend.py      attention hooks over the page pool and the writes into it
+- staged.py      the staged strategy's dense window copy
+- sampling.py    greedy / temperature / top-k / top-p sampling and behaviour logprobs
+"""

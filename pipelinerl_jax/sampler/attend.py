@@ -36,7 +36,8 @@ floats written as their uint16 bit patterns, a CPU trick; it says why).
 Within a page the kv heads are major ([K, S, D], see kernels/paged_attention_ref.py): a
 gathered [B, W, K, S, D] block feeds the score and value dots with no transposed copy.
 
-Dimension letters: B rows, T query tokens, H query heads, K kv heads, G = H / K, D head dim,
+Dimension letters (pipelinerl_jax/__init__.py):
+B rows, T query tokens, H query heads, K kv heads, G = H / K, D head dim,
 L layers, P pages per layer, S page size, M pages per row (block-table width), W pages read
 per row (window), N = W * S.
 """

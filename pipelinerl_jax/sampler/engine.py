@@ -51,7 +51,8 @@ kernel included) then runs on each device's own heads with no communication; slo
 replicated over tp, and every device of a tp group samples the same token (same logits, same
 per-token uniforms).
 
-Dimension letters: B slots, R prefill rows, T prefill tokens, C chunk steps, V vocabulary,
+Dimension letters (pipelinerl_jax/__init__.py):
+B slots, R prefill rows, T prefill tokens, C chunk steps, V vocabulary,
 L layers, M pages per slot, W window pages, P pages, S page size, X stop tokens.
 """
 

@@ -1,6 +1,7 @@
 """Token sampling from f32 logits: greedy, temperature, top-k, top-p, and behaviour logprobs.
 
-Dimension letters: B rows (slots), V vocabulary, R vocabulary blocks of `_BLOCK` entries.
+Dimension letters (pipelinerl_jax/__init__.py): B rows (slots), V vocabulary, C vocabulary
+chunks (blocks) of Vc = `_BLOCK` entries.
 
 Behaviour logprob (what the trainer divides by in its importance ratio). The trainer computes
 log_softmax(logits / T) over the full vocabulary, so by default the sampler records exactly
@@ -16,7 +17,7 @@ and a cumsum over V tens of ms, more than a whole decode step. So:
     makes (`sample_vocab_major`); the row-major [B, V] functions (`sample`, `categorical`,
     `filter_top_k_top_p`) transpose and call them;
   * argmax is max + first-index-of-max (two plain reductions);
-  * categorical sampling is a two-level inverse CDF: cumsum over R = V/128 block sums, then
+  * categorical sampling is a two-level inverse CDF: cumsum over C = V/128 block sums, then
     over the 128 entries of the chosen block, with one uniform per row;
   * top-k / top-p thresholds come from a 32-step bisection over the float bit patterns (exact,
     no sort) and only run when some row asks for them (`lax.cond`).
@@ -165,25 +166,25 @@ def _inverse_cdf(masked_VxB, u_B):
     blocks = -(-vocab // _BLOCK)
     max_1xB = jnp.max(masked_VxB, axis=0, keepdims=True)
     probs_VxB = jnp.exp(masked_VxB - max_1xB)
-    probs_RxCxB = jnp.pad(probs_VxB, ((0, blocks * _BLOCK - vocab), (0, 0))).reshape(
+    probs_CxVcxB = jnp.pad(probs_VxB, ((0, blocks * _BLOCK - vocab), (0, 0))).reshape(
         blocks, _BLOCK, batch
     )
-    block_mass_RxB = jnp.sum(probs_RxCxB, axis=1)
-    block_cdf_RxB = jnp.cumsum(block_mass_RxB, axis=0)
-    total_B = block_cdf_RxB[-1]
+    block_mass_CxB = jnp.sum(probs_CxVcxB, axis=1)
+    block_cdf_CxB = jnp.cumsum(block_mass_CxB, axis=0)
+    total_B = block_cdf_CxB[-1]
     target_B = jnp.minimum(u_B * total_B, jnp.nextafter(total_B, 0.0))
     # First block whose cumulative mass exceeds the target: it has positive mass.
-    block_B = jnp.minimum(jnp.sum(block_cdf_RxB <= target_B[None, :], axis=0), blocks - 1)
+    block_B = jnp.minimum(jnp.sum(block_cdf_CxB <= target_B[None, :], axis=0), blocks - 1)
     before_B = (
-        jnp.take_along_axis(block_cdf_RxB, block_B[None, :], axis=0)[0]
-        - jnp.take_along_axis(block_mass_RxB, block_B[None, :], axis=0)[0]
+        jnp.take_along_axis(block_cdf_CxB, block_B[None, :], axis=0)[0]
+        - jnp.take_along_axis(block_mass_CxB, block_B[None, :], axis=0)[0]
     )
-    col_CxB = jnp.take_along_axis(probs_RxCxB, block_B[None, None, :], axis=0)[0]
-    col_cdf_CxB = jnp.cumsum(col_CxB, axis=0)
-    inner_B = jnp.sum(col_cdf_CxB <= (target_B - before_B)[None, :], axis=0)
+    col_VcxB = jnp.take_along_axis(probs_CxVcxB, block_B[None, None, :], axis=0)[0]
+    col_cdf_VcxB = jnp.cumsum(col_VcxB, axis=0)
+    inner_B = jnp.sum(col_cdf_VcxB <= (target_B - before_B)[None, :], axis=0)
     # Rounding between the two cumsums may overshoot: fall back to the block's last positive.
     iota_Cx1 = jnp.arange(_BLOCK)[:, None]
-    last_pos_B = jnp.max(jnp.where(col_CxB > 0, iota_Cx1, 0), axis=0)
+    last_pos_B = jnp.max(jnp.where(col_VcxB > 0, iota_Cx1, 0), axis=0)
     inner_B = jnp.minimum(inner_B, last_pos_B)
     tokens_B = (block_B * _BLOCK + inner_B).astype(jnp.int32)
     return tokens_B, max_1xB[0], total_B
@@ -291,14 +292,14 @@ def _greedy_vocab_major(logits_VxB):
 
 def _blocked_argmax(logits_VxB):
     """(max [1, B], first argmax [B]) over [V, B] with V a multiple of `_BLOCK`, in one pass
-    over the logits: block maxima [R, B], the first block holding the maximum, then the first
+    over the logits: block maxima [C, B], the first block holding the maximum, then the first
     maximum inside that block. `first_argmax` over the whole [V, B] materialises an int32
     [V, B] index array and reduces it again (bench model, batch 64: 1.34 vs 0.91 ms for max,
     argmax and log-softmax together)."""
     vocab, batch = logits_VxB.shape
-    blocks_RxCxB = logits_VxB.reshape(vocab // _BLOCK, _BLOCK, batch)
-    block_max_RxB = jnp.max(blocks_RxCxB, axis=1)
-    max_1xB = jnp.max(block_max_RxB, axis=0, keepdims=True)
-    block_B = first_argmax(block_max_RxB, max_1xB, axis=0)
-    block_CxB = jnp.take_along_axis(blocks_RxCxB, block_B[None, None, :], axis=0)[0]
+    blocks_CxVcxB = logits_VxB.reshape(vocab // _BLOCK, _BLOCK, batch)
+    block_max_CxB = jnp.max(blocks_CxVcxB, axis=1)
+    max_1xB = jnp.max(block_max_CxB, axis=0, keepdims=True)
+    block_B = first_argmax(block_max_CxB, max_1xB, axis=0)
+    block_CxB = jnp.take_along_axis(blocks_CxVcxB, block_B[None, None, :], axis=0)[0]
     return max_1xB, block_B * _BLOCK + first_argmax(block_CxB, max_1xB, axis=0)

@@ -23,7 +23,8 @@ Rows are garbage-safe as in the paged path: positions at or past a row's cached 
 zeroed when staged, scores past the query position are replaced by -inf, and rows that do not
 write (inactive slots) write nothing.
 
-Dimension letters: B rows, H query heads, K kv heads, G = H / K, D head dim, L layers,
+Dimension letters (pipelinerl_jax/__init__.py):
+B rows, H query heads, K kv heads, G = H / K, D head dim, L layers,
 P pages per layer, S page size, W window pages, N = W * S staged positions.
 """
 

@@ -7,7 +7,8 @@ to every jitted engine call, so the page pool is updated in place. Inside a deco
 scan the pool lives in the attention strategy's carry and k_pages / v_pages are None
 (strategies.py). Without a scheduler, `engine.state_from_prompts` builds a decodable state.
 
-Dimension letters: B slots, M pages per slot (block-table width), L layers, P pages in the
+Dimension letters (pipelinerl_jax/__init__.py):
+B slots, M pages per slot (block-table width), L layers, P pages in the
 pool, S tokens per page, K kv heads, D head dim, X stop tokens per slot, C steps per chunk.
 """
 

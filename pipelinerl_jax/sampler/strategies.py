@@ -24,7 +24,8 @@ scan, so the pool is carried once). Besides the three methods a strategy names
 All three compute the same attention (tests/test_sampler_strategies.py decodes with each and
 compares tokens and logprobs); they differ in how memory is laid out and touched.
 
-Dimension letters: B slots, M pages per slot, W window pages, L layers, P pages per layer,
+Dimension letters (pipelinerl_jax/__init__.py):
+B slots, M pages per slot, W window pages, L layers, P pages per layer,
 K kv heads, S page size, D head dim, N = W * S.
 """
 
