@@ -24,27 +24,11 @@ import pytest
 from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
+from tests.tiny_models import model_config
 
-CFG = ModelConfig(
-    model_type="llama",
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-5,
-    rope_theta=1e4,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    attention_bias=False,
-    qk_norm=False,
-)
+CFG = model_config()
 
 
 def randomize(state, seed):

@@ -26,11 +26,11 @@ from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.prompts import PromptConfig
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task, partial_credit
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 from pipelinerl_jax.trainer import TrainState
+from tests.tiny_models import model_config
 
 
 def exact_match(completion, problem):
@@ -241,23 +241,7 @@ def test_cli_greedy_matches_transformers_gold(model_dir, tmp_path, capsys):
     assert res["len_mean"] == np.mean([r["num_tokens"] for r in rows])
 
 
-TASK_CFG = ModelConfig(
-    model_type="llama",
-    vocab_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-5,
-    rope_theta=1e4,
-    rope_scaling=None,
-    max_position_embeddings=32,
-    tie_word_embeddings=True,
-    attention_bias=False,
-    qk_norm=False,
-)
+TASK_CFG = model_config(vocab_size=16, max_position_embeddings=32, tie_word_embeddings=True)
 
 
 def test_cli_workdir_task_checkpoint(tmp_path, capsys):

@@ -25,28 +25,10 @@ from tokenizers import models, pre_tokenizers
 from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax import export
 from pipelinerl_jax.models import decoder, hf_io
-from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.trainer import TrainState
+from tests.tiny_models import model_config
 
-CFG = ModelConfig(
-    model_type="llama",
-    vocab_size=48,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-5,
-    rope_theta=1e4,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    attention_bias=False,
-    qk_norm=False,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+CFG = model_config(vocab_size=48, bos_token_id=1, eos_token_id=2)
 
 
 def random_params(seed):

@@ -13,24 +13,15 @@ from safetensors.numpy import load_file, save_file
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder, hf_io
-from pipelinerl_jax.models.config import ModelConfig
+from tests.tiny_models import model_config
 
-CFG = ModelConfig(
-    model_type="llama",
-    vocab_size=64,
+CFG = model_config(
     hidden_size=16,
     intermediate_size=32,
-    num_layers=2,
     num_heads=2,
     num_kv_heads=1,
-    head_dim=8,
     rms_norm_eps=1e-6,
-    rope_theta=1e4,
-    rope_scaling=None,
     max_position_embeddings=128,
-    tie_word_embeddings=False,
-    attention_bias=False,
-    qk_norm=False,
 )
 
 

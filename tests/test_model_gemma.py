@@ -20,6 +20,7 @@ import transformers
 from pipelinerl_jax.models import decoder, hf_io
 from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams
+from tests.tiny_models import hf_greedy
 
 VOCAB, MAX_NEW = 96, 10
 CONFIG = SamplerConfig(
@@ -54,24 +55,6 @@ def gemma(tmp_path_factory):
     return model, graphdef, params
 
 
-def _hf_greedy(model, prompt):
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-    tokens = out.sequences[0, len(prompt) :].tolist()
-    logits = torch.stack(out.logits)[:, 0].float()
-    return tokens, torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens].numpy()
-
-
 @pytest.mark.parametrize("attention", ["staged", "paged", "gather"])
 def test_greedy_generation_matches_transformers(gemma, attention):
     model, graphdef, params = gemma
@@ -82,7 +65,7 @@ def test_greedy_generation_matches_transformers(gemma, attention):
         prompts, params=SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
     )
     for prompt, sample in zip(prompts, samples):
-        want_tokens, want_logprobs = _hf_greedy(model, prompt)
+        want_tokens, want_logprobs, _ = hf_greedy(model, prompt, MAX_NEW)
         assert sample.token_ids == want_tokens
         np.testing.assert_allclose(sample.logprobs, want_logprobs, atol=2e-5, rtol=1e-4)
 

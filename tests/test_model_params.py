@@ -12,22 +12,15 @@ from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder, registry
 from pipelinerl_jax.models import params as param_table
-from pipelinerl_jax.models.config import ModelConfig
+from tests.tiny_models import model_config
 
-CFG = ModelConfig(
+CFG = model_config(
     model_type="qwen3",
     vocab_size=48,
     hidden_size=16,
     intermediate_size=40,
     num_layers=3,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
     rms_norm_eps=1e-6,
-    rope_theta=1e4,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
     attention_bias=True,
     qk_norm=True,
 )

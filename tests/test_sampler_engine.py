@@ -26,6 +26,7 @@ import transformers
 from pipelinerl_jax.models import attention, decoder, hf_io
 from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams
+from tests.tiny_models import hf_greedy
 
 VOCAB, MAX_NEW, MAX_LEN, PAGE = 96, 12, 48, 8
 PROMPT_LENGTHS = (3, 9, 17, 26, 1, 12)  # 26 > prefill_chunk: chunked prefill
@@ -76,31 +77,11 @@ def prompts():
     return [rng.integers(0, VOCAB, size=n).tolist() for n in PROMPT_LENGTHS]
 
 
-def _hf_greedy(model, prompt, eos):
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=0,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-    tokens = out.sequences[0, len(prompt) :].tolist()
-    logits = torch.stack(out.logits)[:, 0].float()
-    logprobs = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens].numpy()
-    top2 = torch.topk(logits, 2).values
-    return tokens, logprobs, float((top2[:, 0] - top2[:, 1]).min())
-
-
 def test_greedy_matches_transformers_with_eos_mid_batch(models, prompts):
     hf, graphdef, params, _ = models
-    free_run, _, _ = _hf_greedy(hf, prompts[1], eos=None)
+    free_run, _, _ = hf_greedy(hf, prompts[1], MAX_NEW)
     eos = free_run[4]  # prompt 1 stops after 5 tokens; others may too
-    refs = [_hf_greedy(hf, p, eos=eos) for p in prompts]
+    refs = [hf_greedy(hf, p, MAX_NEW, eos=eos) for p in prompts]
     assert min(gap for *_, gap in refs) > 1e-4, "near-tied logits: pick another seed"
     sampler = PagedSampler(graphdef, params, CONFIG, eos_token_ids=(eos,))
     samples = sampler.generate(prompts, params=GREEDY)

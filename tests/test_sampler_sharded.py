@@ -19,6 +19,8 @@ import pytest
 import torch
 import transformers
 
+from tests.tiny_models import hf_greedy
+
 VOCAB, MAX_NEW = 96, 12
 
 CHILD = textwrap.dedent(
@@ -126,25 +128,10 @@ def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
         assert got["pages_spec"][2] == "tp" and got["q_spec"] == want_q
     assert len(got["tokens"]) == 2 * len(prompts)
     for i, prompt in enumerate(prompts):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-                return_dict_in_generate=True,
-                output_logits=True,
-            )
-        want = out.sequences[0, len(prompt) :].tolist()
-        ref = torch.log_softmax(torch.stack(out.logits)[:, 0], -1)[torch.arange(MAX_NEW), want]
+        want, ref, _ = hf_greedy(model, prompt, MAX_NEW)
         for attempt in range(2):
             assert got["tokens"][2 * i + attempt] == want
-            np.testing.assert_allclose(
-                got["logprobs"][2 * i + attempt], ref.numpy(), rtol=1e-4, atol=1e-5
-            )
+            np.testing.assert_allclose(got["logprobs"][2 * i + attempt], ref, rtol=1e-4, atol=1e-5)
     if tp > 1:
         assert not got["swap_recompiled"]
         assert got["swap_versions"] == [1]

@@ -19,28 +19,12 @@ import numpy as np
 import pytest
 
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import engine, strategies
 from pipelinerl_jax.sampler.engine import EngineConfig
+from tests.tiny_models import model_config
 
-CFG = ModelConfig(
-    model_type="llama",
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-5,
-    rope_theta=1e4,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    attention_bias=False,
-    qk_norm=False,
-)
+CFG = model_config(vocab_size=96)
 PAGE, WIDTH, SLOTS = 8, 6, 4  # a slot holds 48 positions
 STEPS, CHUNKS = 4, 3
 WINDOW = 4  # pages: covers the longest sequence below (17 + 12 tokens)

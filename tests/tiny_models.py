@@ -1,0 +1,49 @@
+"""Small model configs and the transformers reference decode the tests share."""
+
+import torch
+
+from pipelinerl_jax.models.config import ModelConfig
+
+TINY = dict(
+    model_type="llama",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-5,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    qk_norm=False,
+)
+
+
+def model_config(**overrides) -> ModelConfig:
+    """A 2-layer GQA Llama (hidden 32, 4 query / 2 kv heads of 8), fields overridable."""
+    return ModelConfig(**{**TINY, **overrides})
+
+
+def hf_greedy(model, prompt, max_new_tokens: int, eos=None):
+    """transformers' greedy `generate`: (new tokens, their logprobs, smallest top-2 logit gap)."""
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    logits = torch.stack(out.logits)[:, 0].float()
+    logprobs = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens].numpy()
+    top2 = torch.topk(logits, 2).values
+    return tokens, logprobs, float((top2[:, 0] - top2[:, 1]).min())
