@@ -15,31 +15,10 @@ from flax import nnx
 
 from pipelinerl_jax.models import attention, block, decoder
 from pipelinerl_jax.models.config import ModelConfig
+from tests.tiny_models import every_option
 
 # Every optional piece on at once (q/k/v bias, qk-norm, llama3 rope, untied head).
-CFG = ModelConfig(
-    model_type="qwen3",
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=1e4,
-    rope_scaling=(
-        ("factor", 4.0),
-        ("high_freq_factor", 4.0),
-        ("low_freq_factor", 1.0),
-        ("original_max_position_embeddings", 8),
-        ("rope_type", "llama3"),
-    ),
-    max_position_embeddings=128,
-    tie_word_embeddings=False,
-    attention_bias=True,
-    qk_norm=True,
-)
+CFG = every_option(vocab_size=96, max_position_embeddings=128)
 
 
 @pytest.fixture(scope="module")

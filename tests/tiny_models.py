@@ -47,3 +47,24 @@ def hf_greedy(model, prompt, max_new_tokens: int, eos=None):
     logprobs = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens].numpy()
     top2 = torch.topk(logits, 2).values
     return tokens, logprobs, float((top2[:, 0] - top2[:, 1]).min())
+
+
+LLAMA3_ROPE = (
+    ("factor", 4.0),
+    ("high_freq_factor", 4.0),
+    ("low_freq_factor", 1.0),
+    ("original_max_position_embeddings", 8),
+    ("rope_type", "llama3"),
+)
+
+
+def every_option(**overrides) -> ModelConfig:
+    """`model_config` with every optional piece on: q/k/v bias, qk-norm, llama3 RoPE scaling."""
+    options = dict(
+        model_type="qwen3",
+        rms_norm_eps=1e-6,
+        rope_scaling=LLAMA3_ROPE,
+        attention_bias=True,
+        qk_norm=True,
+    )
+    return model_config(**{**options, **overrides})
