@@ -125,7 +125,7 @@ def _split_state(state) -> tuple[Any, Any]:
 
 
 def _default_sharding():
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
 def as_abstract(tree) -> Any:

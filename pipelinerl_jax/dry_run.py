@@ -30,7 +30,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print) -> dict:
     for spec in (*cfg.data.datasets, *cfg.eval.datasets):
         resolve_files(spec.path)
     reward_fn_spec(cfg.reward.fn)
-    devices = jax.devices()
+    devices = jax.local_devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
     model_cfg = model_config(cfg)
     # The same estimate and refusal as the run's start-up check (pipeline.runner.check_memory).

@@ -94,8 +94,9 @@ class TrainState:
 
 
 def trainer_mesh(devices=None, *, tp: int = 1) -> Mesh:
-    """A ("fsdp", "tp") mesh over `devices` (default: all), tp consecutive devices per group."""
-    devices = list(jax.devices() if devices is None else devices)
+    """A ("fsdp", "tp") mesh over `devices` (default: this process's), tp consecutive devices per
+    group."""
+    devices = list(jax.local_devices() if devices is None else devices)
     if tp < 1 or len(devices) % tp:
         raise ConfigError(f"trainer tp={tp} must divide the {len(devices)} trainer devices")
     # Devices passed explicitly: a tp group is always consecutive devices, on any topology.

@@ -14,9 +14,9 @@ nothing is left behind even after `kill -9` of the supervisor.
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 
 _PR_SET_PDEATHSIG = 1
+# The last line of a Python traceback: "ValueError: ...", "jax.errors.JaxRuntimeError: ...".
+_PY_ERROR = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(: .*)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,21 +47,31 @@ class Outcome:
     seconds_to_stop: float = 0.0  # from noticing the failure to the last child gone
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL when the supervisor dies (Linux only)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the supervisor's own cleanup is the only guard
+# Linux: the child asks the kernel for SIGKILL when its parent (this supervisor) dies, then
+# execs the real command (the setting survives exec). Done by a tiny launcher rather than
+# Popen(preexec_fn=...): a preexec_fn forces a plain fork() of this process, which JAX (often
+# imported here) warns may deadlock.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys; "
+    f"ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, 9); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _wrapped(argv: Sequence[str]) -> list[str]:
+    if sys.platform != "linux":
+        return list(argv)  # elsewhere the supervisor's own cleanup is the only guard
+    return [sys.executable, "-c", _DIE_WITH_PARENT, *argv]
 
 
 class _Running:
     def __init__(self, child: Child, echo: Callable[[str], None]):
         self.child = child
-        self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        # Enough to reach back past a native abort's stack dump to the Python error above it.
+        self.tail: collections.deque[str] = collections.deque(maxlen=400)
         env = {**os.environ, **dict(child.env)}
         self.proc = subprocess.Popen(
-            list(child.argv),
+            _wrapped(child.argv),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -67,7 +79,6 @@ class _Running:
             text=True,
             bufsize=1,
             start_new_session=True,  # its own process group: killpg reaches grandchildren
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self.reader = threading.Thread(target=self._read, args=(echo,), daemon=True)
         self.reader.start()
@@ -97,10 +108,17 @@ class _Running:
             pass  # already gone
 
     def cause(self) -> str:
+        """ "exited with code 1: ValueError: ..." or "was killed by SIGABRT (after ...)".
+
+        Under jax.distributed a Python exception often ends as SIGABRT (the runtime's
+        shutdown barrier fails when a peer is gone), so a signal death also names the last
+        Python error the process printed, if any."""
         code = self.proc.returncode
+        error = next((t for t in reversed(self.tail) if _PY_ERROR.match(t)), None)
         if code < 0:
-            return f"was killed by {signal.Signals(-code).name}"
-        last = self.tail[-1] if self.tail else ""
+            name = signal.Signals(-code).name
+            return f"was killed by {name}" + (f" (after {error})" if error else "")
+        last = error or (self.tail[-1] if self.tail else "")
         return f"exited with code {code}" + (f": {last}" if last else "")
 
 

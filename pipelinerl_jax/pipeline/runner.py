@@ -241,7 +241,7 @@ def build(
 
     prompts: the stream to draw from instead of the config's (any iterable of Problems);
     loss_fn, optimizer: passed to the Trainer when given (its defaults come from cfg)."""
-    devices = devices or jax.devices()
+    devices = devices or jax.local_devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
     tokenizer, source, encode = build_data(cfg, load_source=prompts is None)
     if prompts is None:
@@ -434,7 +434,7 @@ def _train(cfg, workdir, c, writer, echo, watch) -> dict:
     table = get_reward_table(cfg.reward.table, **dict(cfg.reward.table_options))
     stop_ids = tuple(getattr(c.tokenizer, "eos_token_ids", ()))
     detok = lambda ids: completion_text(c.tokenizer, ids, stop_ids)
-    shared = " (shared)" if len(jax.devices()) == 1 else ""
+    shared = " (shared)" if len(jax.local_devices()) == 1 else ""
     echo(
         f"pipelinerl_jax: mode={cfg.mode} lag bound={c.admission.lag_bound()} "
         f"steps={cfg.steps} batch={cfg.batch_size} ({cfg.groups_per_step} groups x "

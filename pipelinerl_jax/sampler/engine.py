@@ -481,7 +481,7 @@ class Engine:
         self.strategy = _strategy(ecfg)  # raises ValueError naming a bad attention option
         self.attention = self.strategy.name
         if mesh is None:
-            mesh = sharding.make_mesh((1,), (data_axis,), jax.devices()[:1])
+            mesh = sharding.make_mesh((1,), (data_axis,), jax.local_devices()[:1])
         self.mesh, self.data_axis = mesh, data_axis
         self.num_shards = mesh.shape[data_axis]
         if ecfg.num_slots % self.num_shards or ecfg.num_pages % self.num_shards:

@@ -29,9 +29,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _BLOCK = 128
-_UINT_SIGN = jnp.uint32(0x80000000)
+# A numpy scalar, not a jnp array: importing the module must not start the XLA backend
+# (jax.distributed.initialize has to come first in a multi-process run).
+_UINT_SIGN = np.uint32(0x80000000)
 
 
 def first_argmax(x_BxV, max_Bx1=None, *, axis: int = -1):
