@@ -371,6 +371,21 @@ def _real_prompts(d):
     return out
 
 
+def _weight_transfer(d):
+    names = {"bench": "bench model", "smollm2_135m": "SmolLM2-135M-size"}
+    return [
+        (
+            f"weights across 2 localhost processes (jax.experimental.transfer, "
+            f"{r['transfer_size']} chunks), {names.get(r['model'], r['model'])} "
+            f"{r['params_mb']:.0f} MB: pull MB/s",
+            f"{r['pull_mb_s']:.0f} (publish call {r['publish_call_ms']:.0f} ms)",
+            f"{r['device_put_mb_s']:.0f} (in-process device_put)",
+            f"{r['pull_vs_device_put']:.2f}",
+        )
+        for r in d["rows"]
+    ]
+
+
 SECTIONS = (
     ("forward", "python bench/bench_forward.py", "transformers", _forward),
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
@@ -390,6 +405,12 @@ SECTIONS = (
     ),
     ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt", _real_packing),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", _vs_trl),
+    (
+        "weight_transfer",
+        "python bench/bench_weight_transfer.py",
+        "in-process device_put",
+        _weight_transfer,
+    ),
 )
 
 
