@@ -4,6 +4,7 @@
     python launch.py --config=configs/default.py --workdir=/tmp/run --config.trainer.learning_rate=1e-3
     python launch.py --config.data.task_options='{"max_digits": 4}' --config.reward.timeout_s=10
     python launch.py --dry_run                           # check, print config, params, memory; exit
+    python launch.py --spawn_local=3                     # 1 trainer + 2 sampler processes, here
     python launch.py --help                              # these flags and every config field
 
 Any config field can be set with --config.<field>=<value>, including fields the config file
@@ -45,6 +46,40 @@ _DRY_RUN = flags.DEFINE_bool(
     "the resolved config, parameter count and memory estimate, and "
     "exit without loading weights or compiling.",
 )
+_SPAWN_LOCAL = flags.DEFINE_integer(
+    "spawn_local",
+    0,
+    "Run as this many local processes under one supervisor: process 0 trains, the others "
+    "sample (each on all its devices); the first failure ends them all, named in one line.",
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator",
+    None,
+    "host:port of process 0's jax.distributed coordinator (a multi-process run; the same on "
+    "every process).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", 1, "Processes in a multi-process run (process 0 trains, the rest sample)."
+)
+_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index, 0..num_processes-1.")
+
+
+def _multi_process(cfg):
+    """Runs this process's role of a multi-process run; returns its exit code."""
+    from pipelinerl_jax.distributed import roles, runtime
+
+    if not _COORDINATOR.value:
+        raise ConfigError("--num_processes > 1 needs --coordinator=host:port (process 0's)")
+    spec = roles.process_spec(cfg, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    runtime.initialize(spec)
+    if spec.role == "trainer":
+        roles.run_trainer(cfg, _WORKDIR.value, spec)
+    else:
+        roles.run_sampler(cfg, spec)
+    import jax
+
+    jax.distributed.shutdown()  # every process meets here before any of them exits
+    return 0
 
 
 def main(argv, overrides):
@@ -72,12 +107,21 @@ def main(argv, overrides):
             dry_run(cfg)
             return
         config_cli.check_workdir(_WORKDIR.value, create=True)
+        if _SPAWN_LOCAL.value:
+            from pipelinerl_jax.distributed import roles
+
+            # The children's settings, checked once here rather than failing in each child.
+            roles.process_spec(cfg, "127.0.0.1:1", max(_SPAWN_LOCAL.value, 2), 0)
+            argv = [os.path.abspath(__file__), *sys.argv[1:]]
+            sys.exit(roles.spawn_local(argv, _SPAWN_LOCAL.value))
     except ConfigError as e:
         _fail("config error", e)
     from pipelinerl_jax.pipeline.coordinator import PipelineError
     from pipelinerl_jax.pipeline.runner import run
 
     try:
+        if _NUM_PROCESSES.value > 1:
+            _exit_now(_multi_process(cfg))
         run(cfg, _WORKDIR.value)
     except KeyboardInterrupt:
         print("interrupted: sampler and trainer stopped, reward workers closed", file=sys.stderr)

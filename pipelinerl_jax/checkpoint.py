@@ -211,6 +211,16 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:200]}"
 
 
+def _this_process_only():
+    """In a multi-process run only the trainer process checkpoints (the samplers hold nothing
+    a resume needs): Orbax's barriers must then span this process alone, not every process
+    of the jax.distributed runtime, which would wait forever for the samplers."""
+    if jax.process_count() == 1:
+        return ocp.options.MultiprocessingOptions()
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+
+
 class RunCheckpointer:
     """Saves and restores a run's TrainState plus a JSON dict under `<workdir>/checkpoints`."""
 
@@ -232,15 +242,19 @@ class RunCheckpointer:
         if read_only and not self.directory.is_dir():
             self._manager = None
             return
+        if not read_only:
+            self.directory.mkdir(parents=True, exist_ok=True)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None if read_only else keep,
             save_interval_steps=0 if read_only else 1,
-            create=not read_only,
+            # Orbax refuses to create the directory with active_processes set: then we do.
+            create=not read_only and jax.process_count() == 1,
             read_only=read_only,
             enable_async_checkpointing=async_save,
             # Writes cut short (a killed run) leave "<step>.orbax-checkpoint-tmp-*" directories:
             # never listed as steps, and removed when the next run opens the directory.
             cleanup_tmp_directories=not read_only,
+            multiprocessing_options=_this_process_only(),
         )
         handlers = {
             "params": ocp.StandardCheckpointHandler(),

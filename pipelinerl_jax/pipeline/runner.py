@@ -235,12 +235,15 @@ def build(
     prompts=None,
     loss_fn=None,
     optimizer=None,
+    sampler: Sampler | None = None,
 ) -> Components:
     """Meshes, model, trainer state, sampler, data stream and admission. (The run builds
     the weight Publisher over `sampler.prepare`, so a replaced sampler gets its own.)
 
     prompts: the stream to draw from instead of the config's (any iterable of Problems);
-    loss_fn, optimizer: passed to the Trainer when given (its defaults come from cfg)."""
+    loss_fn, optimizer: passed to the Trainer when given (its defaults come from cfg);
+    sampler: generate with this one instead of building a PagedSampler here (e.g. a
+    distributed.RemoteSampler; held-out evaluation still runs on a local PagedSampler)."""
     devices = devices or jax.local_devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
     tokenizer, source, encode = build_data(cfg, load_source=prompts is None)
@@ -267,8 +270,9 @@ def build(
             graphdef, params, sampler_cfg, version=version, eos_token_ids=eos, mesh=s_mesh
         )
 
-    sampler = make_sampler(params)
-    sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
+    if sampler is None:
+        sampler = make_sampler(params)
+        sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
 
     admission = Admission(
         groups_per_step=cfg.groups_per_step,
