@@ -211,6 +211,19 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:200]}"
 
 
+def _multi_process() -> bool:
+    return jax.process_count() > 1
+
+
+def _to_host(nested: dict) -> dict:
+    """Multi-process runs: the trainer's arrays as numpy. Orbax refuses jax.Arrays that live on
+    one process's devices once jax.distributed spans several (it expects global arrays); the
+    checkpointing process's own host copies are what it writes then."""
+    if not _multi_process():
+        return nested
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), nested)
+
+
 def _this_process_only():
     """In a multi-process run only the trainer process checkpoints (the samplers hold nothing
     a resume needs): Orbax's barriers must then span this process alone, not every process
@@ -326,8 +339,8 @@ class RunCheckpointer:
             step,
             force=True,
             args=ocp.args.Composite(
-                params=ocp.args.StandardSave(to_nested(params)),
-                train=ocp.args.StandardSave(to_nested(rest)),
+                params=ocp.args.StandardSave(_to_host(to_nested(params))),
+                train=ocp.args.StandardSave(_to_host(to_nested(rest))),
                 extra=ocp.args.JsonSave(extra),
                 meta=ocp.args.JsonSave(meta),
             ),
@@ -388,14 +401,25 @@ class RunCheckpointer:
         meta = self.read_json(step, "meta")
         for item, target in targets.items():
             self._check_leaves(step, meta, item, target)
-        args = {
-            item: ocp.args.StandardRestore(to_nested(as_abstract(t))) for item, t in targets.items()
+        abstract = {item: as_abstract(t) for item, t in targets.items()}
+        # Multi-process runs restore host arrays (see _to_host), placed on the targets after.
+        wanted = {
+            item: jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), t) if _multi_process() else t
+            for item, t in abstract.items()
         }
+        args = {item: ocp.args.StandardRestore(to_nested(t)) for item, t in wanted.items()}
         try:
             restored = self._manager.restore(
                 step, args=ocp.args.Composite(**args, extra=ocp.args.JsonRestore())
             )
             out = {item: _from_nested(getattr(restored, item), t) for item, t in targets.items()}
+            if _multi_process():
+                out = {
+                    item: jax.tree.map(
+                        lambda x, a: jax.device_put(x, a.sharding), v, abstract[item]
+                    )
+                    for item, v in out.items()
+                }
             extra = restored.extra
         except Exception as e:
             raise CorruptCheckpointError(f"{self._path(step)}: {_one_line(e)}") from e

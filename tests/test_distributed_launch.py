@@ -1,13 +1,16 @@
 """`launch.py --spawn_local=3`: one trainer and two sampler processes under jax.distributed
-run the tiny config end to end. The lag bound holds over both samplers, both decode, every
+run the tiny config end to end, and survive kill -9 of the trainer through a relaunch. The lag bound holds over both samplers, both decode, every
 trained token's version is one the trainer published, and step 0 (all of it decoded by
 version 0 in the sampler processes) trains exactly what a single-process run trains: data
 order and sampling do not depend on which process decodes. Bad multi-process settings are
 one line and exit code 2 before any process starts."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +62,6 @@ def test_one_trainer_two_samplers(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--spawn_local=3"], "checkpoints in multi-process runs are not supported yet"),
         (["--spawn_local=1", "--config.checkpoint_every=0"], "--spawn_local=1: use 2 or more"),
         (["--num_processes=3", "--config.checkpoint_every=0"], "needs --coordinator=host:port"),
         (
@@ -77,3 +79,66 @@ def test_bad_multi_process_settings_are_one_line(tmp_path, args, message):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids whose command line mentions `marker` (this test's workdir)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline and int(entry.name) != os.getpid():
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_kill_9_of_the_trainer_then_relaunch_resumes(tmp_path):
+    workdir = tmp_path / "run"
+    args = [
+        "--config=configs/tiny.py",
+        "--config.steps=40",
+        "--config.checkpoint_every=2",
+        "--config.eval_every=0",
+        "--spawn_local=3",
+        f"--workdir={workdir}",
+    ]
+    job = subprocess.Popen(
+        [sys.executable, "launch.py", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        # A finished checkpoint: "<step>" (a write in progress is "<step>.orbax-checkpoint-tmp-*").
+        saved = lambda: [d for d in (workdir / "checkpoints").glob("*") if d.name.isdigit()]
+        while not saved() and time.monotonic() < deadline:
+            assert job.poll() is None, job.stdout.read()[-3000:]
+            time.sleep(0.2)
+        trainer = [p for p in _processes_with(str(workdir)) if p != job.pid]
+        trainer = [
+            p for p in trainer if b"--process_id=0" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        assert len(trainer) == 1, trainer
+        os.kill(trainer[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, _ = job.communicate(timeout=60)
+        assert time.monotonic() - killed_at < 20
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    assert "process 0 (trainer) was killed by SIGKILL; stopped the other 2 process(es)" in out
+    time.sleep(0.5)
+    assert _processes_with(str(workdir)) == []  # no orphans
+    done = _launch(*[a.replace("steps=40", "steps=12") for a in args], timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "resumed from step" in done.stdout
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    last_start = max(i for i, r in enumerate(records) if r.get("kind") == "start")
+    resumed_at = records[last_start]["step"]
+    steps = [r["step"] for r in records[last_start:] if r.get("kind") == "train"]
+    assert resumed_at >= 2 and steps == list(range(resumed_at, 12))

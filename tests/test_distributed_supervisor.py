@@ -80,7 +80,7 @@ def test_an_exception_ends_the_job_in_one_line_and_no_process_is_left():
         "stopped the other 2 process(es)"
     )
     assert lines[-1] == outcome.line
-    assert wall < 1 + GRACE + 10 and outcome.seconds_to_stop < GRACE + 2
+    assert wall < 4 + GRACE + 10 and outcome.seconds_to_stop < GRACE + 2
     pids = _pids(lines)
     assert len(pids) == 3
     assert not any(_alive(p) for p in pids)

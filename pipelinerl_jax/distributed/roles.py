@@ -32,13 +32,6 @@ def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
     spec = runtime.ProcessSpec(
         coordinator, num_processes, process_id, cfg.devices.trainer_processes
     )
-    if cfg.checkpoint_every:
-        # Orbax refuses the trainer's process-local arrays once jax.distributed spans several
-        # processes; saving them as host arrays (and restoring onto the local mesh) is next.
-        raise ConfigError(
-            f"checkpoint_every={cfg.checkpoint_every}: checkpoints in multi-process runs are "
-            "not supported yet; set --config.checkpoint_every=0"
-        )
     if spec.trainer_processes != 1:
         raise ConfigError(
             f"devices.trainer_processes={spec.trainer_processes}: only 1 trainer process is "
