@@ -386,6 +386,22 @@ def _weight_transfer(d):
     ]
 
 
+def _multiprocess(d):
+    rows = d["rows"]
+    single = rows[0]
+    return [
+        (
+            f"default config, {d['config']['steps']} steps, {r['layout']} (localhost, 2 shared "
+            "cores): steady samples/s; reward first 20 steps -> last tenth; max lag (bound)",
+            f"{r['steady_samples_per_s']:.0f}; {r['reward_first20']:.3f} -> "
+            f"{r['reward_last_tenth']:.3f}; {r['max_lag']} ({r['lag_bound']})",
+            f"{single['steady_samples_per_s']:.0f} (1 process)",
+            f"{r['samples_per_s_vs_single']:.2f}",
+        )
+        for r in rows[1:]
+    ]
+
+
 SECTIONS = (
     ("forward", "python bench/bench_forward.py", "transformers", _forward),
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
@@ -411,6 +427,7 @@ SECTIONS = (
         "in-process device_put",
         _weight_transfer,
     ),
+    ("multiprocess", "python bench/bench_multiprocess.py", "one process", _multiprocess),
 )
 
 
