@@ -1,5 +1,6 @@
 """`launch.py --spawn_local=3`: one trainer and two sampler processes under jax.distributed
-run the tiny config end to end, and survive kill -9 of the trainer through a relaunch. The lag bound holds over both samplers, both decode, every
+run the tiny config end to end, and survive kill -9 of the trainer (the coordinator's
+process) or of a sampler through a relaunch. The lag bound holds over both samplers, both decode, every
 trained token's version is one the trainer published, and step 0 (all of it decoded by
 version 0 in the sampler processes) trains exactly what a single-process run trains: data
 order and sampling do not depend on which process decodes. Bad multi-process settings are
@@ -95,7 +96,8 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-def test_kill_9_of_the_trainer_then_relaunch_resumes(tmp_path):
+@pytest.mark.parametrize("victim,name", [(0, "process 0 (trainer)"), (2, "process 2 (sampler 1)")])
+def test_kill_9_then_relaunch_resumes(tmp_path, victim, name):
     workdir = tmp_path / "run"
     args = [
         "--config=configs/tiny.py",
@@ -119,19 +121,18 @@ def test_kill_9_of_the_trainer_then_relaunch_resumes(tmp_path):
         while not saved() and time.monotonic() < deadline:
             assert job.poll() is None, job.stdout.read()[-3000:]
             time.sleep(0.2)
-        trainer = [p for p in _processes_with(str(workdir)) if p != job.pid]
-        trainer = [
-            p for p in trainer if b"--process_id=0" in Path(f"/proc/{p}/cmdline").read_bytes()
-        ]
-        assert len(trainer) == 1, trainer
-        os.kill(trainer[0], signal.SIGKILL)
+        flag = f"--process_id={victim}".encode()
+        target = [p for p in _processes_with(str(workdir)) if p != job.pid]
+        target = [p for p in target if flag in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(target) == 1, target
+        os.kill(target[0], signal.SIGKILL)
         killed_at = time.monotonic()
         out, _ = job.communicate(timeout=60)
         assert time.monotonic() - killed_at < 20
     finally:
         job.kill()
     assert job.returncode != 0
-    assert "process 0 (trainer) was killed by SIGKILL; stopped the other 2 process(es)" in out
+    assert f"{name} was killed by SIGKILL; stopped the other 2 process(es)" in out
     time.sleep(0.5)
     assert _processes_with(str(workdir)) == []  # no orphans
     done = _launch(*[a.replace("steps=40", "steps=12") for a in args], timeout=300)
