@@ -72,10 +72,17 @@ def _multi_process(cfg):
         raise ConfigError("--num_processes > 1 needs --coordinator=host:port (process 0's)")
     spec = roles.process_spec(cfg, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     runtime.initialize(spec)
-    if spec.role == "trainer":
-        roles.run_trainer(cfg, _WORKDIR.value, spec)
-    else:
-        roles.run_sampler(cfg, spec)
+    from pipelinerl_jax.distributed import failures
+
+    failures.watch(spec)
+    try:
+        if spec.role == "trainer":
+            roles.run_trainer(cfg, _WORKDIR.value, spec)
+        else:
+            roles.run_sampler(cfg, spec)
+    except BaseException as e:  # Ctrl-C included: the other processes must stop too
+        failures.report(spec, e)
+        raise
     import jax
 
     jax.distributed.shutdown()  # every process meets here before any of them exits

@@ -143,3 +143,53 @@ def test_kill_9_then_relaunch_resumes(tmp_path, victim, name):
     resumed_at = records[last_start]["step"]
     steps = [r["step"] for r in records[last_start:] if r.get("kind") == "train"]
     assert resumed_at >= 2 and steps == list(range(resumed_at, 12))
+
+
+def test_without_a_supervisor_one_process_failing_stops_the_others(tmp_path):
+    """Processes launched one by one (as on separate hosts): Ctrl-C of a sampler is reported
+    through the key-value store and every other process stops, naming it in one line."""
+    from pipelinerl_jax.distributed import runtime
+
+    coordinator = f"127.0.0.1:{runtime.free_port()}"
+    workdir = tmp_path / "run"
+    procs = []
+    try:
+        for i in range(3):
+            log = open(tmp_path / f"p{i}.log", "w")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "launch.py",
+                        *FLAGS[:1],
+                        "--config.steps=200",
+                        "--config.checkpoint_every=0",
+                        "--config.eval_every=0",
+                        f"--workdir={workdir}",
+                        f"--coordinator={coordinator}",
+                        "--num_processes=3",
+                        f"--process_id={i}",
+                    ],
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        metrics = workdir / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and '"train"' in metrics.read_text()):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.2)
+        procs[2].send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        codes = [p.wait(timeout=60) for p in procs]
+        assert time.monotonic() - t0 < 30
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes[2] == 130 and codes[0] == codes[1] == 1, codes
+    for i in (0, 1):
+        text = (tmp_path / f"p{i}.log").read_text()
+        assert "stopping: process 2 (sampler 1): KeyboardInterrupt" in text, text[-2000:]

@@ -3,5 +3,9 @@
 - runtime.py     a process's place in the run (coordinator, process id, role) and a bounded
                  `jax.distributed.initialize`
 - supervisor.py  starts local processes, streams their output, and ends them all when one fails
+- failures.py    without a supervisor: a process's exception ends the others, named in one line
+- channel.py     ordered message queues over the jax.distributed key-value store
+- remote_sampler.py  the Sampler protocol over sampler processes, and the loop they run
+- roles.py       what the trainer and sampler processes run; --spawn_local
 - weights.py     the trainer publishes each weight version once; samplers pull the newest
 """
