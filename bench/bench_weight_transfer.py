@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_weight_transfer.py --quick  # tiny shapes: checks that it runs
 
 Two localhost processes under jax.distributed: process 0 publishes a model's params with
-`distributed.weights.WeightServer`, process 1 pulls every version with a `WeightClient` (the
+`distributed.weight_server.WeightServer`, process 1 pulls every version with a `WeightClient` (the
 background thread, as a sampler runs it). The peer is what a single-process run does instead:
 `jax.device_put(params, may_alias=False)`, the copy the in-process Publisher makes
 (pipeline/weights.py), timed in this process with nothing else running.
@@ -87,7 +87,8 @@ def nbytes(tree) -> int:
 
 
 def run_server(args) -> dict:
-    from pipelinerl_jax.distributed.weights import WeightServer, kv_client
+    from pipelinerl_jax.distributed.channel import kv_client
+    from pipelinerl_jax.distributed.weight_server import WeightServer
 
     params = params_of(args.model)
     server = WeightServer([1], transfer_size=args.transfer_size, prefix=PREFIX)
@@ -107,7 +108,8 @@ def run_server(args) -> dict:
 
 
 def run_client(args) -> dict:
-    from pipelinerl_jax.distributed.weights import WeightClient, kv_client
+    from pipelinerl_jax.distributed.channel import kv_client
+    from pipelinerl_jax.distributed.weight_client import WeightClient
     from pipelinerl_jax.models import decoder
 
     _, like = decoder.abstract_init(model_config(args.model))

@@ -22,7 +22,8 @@ SCRIPT = r"""
 import functools, json, sys
 import jax, jax.numpy as jnp, numpy as np
 from pipelinerl_jax.distributed import remote_sampler, runtime
-from pipelinerl_jax.distributed.weights import WeightClient, WeightServer
+from pipelinerl_jax.distributed.weight_client import WeightClient
+from pipelinerl_jax.distributed.weight_server import WeightServer
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams

@@ -77,7 +77,7 @@ def _digest(tree) -> str:
 
 def _server(out: Path) -> None:
     from pipelinerl_jax.distributed.channel import kv_client
-    from pipelinerl_jax.distributed.weights import WeightServer
+    from pipelinerl_jax.distributed.weight_server import WeightServer
 
     server = WeightServer(PULLERS, prefix="test/weights")
     published, publish_s, live = {}, [], []
@@ -116,7 +116,7 @@ def _sampler(process: int, out: Path) -> None:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from pipelinerl_jax.distributed.channel import kv_client
-    from pipelinerl_jax.distributed.weights import WeightClient
+    from pipelinerl_jax.distributed.weight_client import WeightClient
     from pipelinerl_jax.errors import ConfigError
 
     like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _params(0))
@@ -258,7 +258,7 @@ def test_versions_cross_processes_bit_for_bit(tmp_path):
 
 
 def test_spec_mismatch_names_the_leaf():
-    from pipelinerl_jax.distributed.weights import _spec_mismatch
+    from pipelinerl_jax.distributed.weights import spec_mismatch as _spec_mismatch
 
     theirs = [["['a']", [2, 3], "float32"], ["['b']", [4], "bfloat16"]]
     assert "['b'] is (4,) bfloat16 on the trainer but (4,) float32 here" in _spec_mismatch(
@@ -307,7 +307,7 @@ def test_server_drops_unclaimed_versions_and_keeps_claimed_ones():
     a superseded version nobody claimed is dropped at once and a late claim for it refused; a
     claimed one survives newer publishes until its pull is reported done; a version every
     puller acked is freed even while it is the newest."""
-    from pipelinerl_jax.distributed.weights import WeightServer
+    from pipelinerl_jax.distributed.weight_server import WeightServer
 
     store = _FakeStore()
     server = WeightServer((1, 2), host="127.0.0.1", prefix="w", client=store, wait_s=0.05)

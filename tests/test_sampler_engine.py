@@ -21,12 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from pipelinerl_jax.models import attention, decoder, hf_io
 from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams
-from tests.tiny_models import hf_greedy
+from tests.tiny_models import hf_greedy, save_hf_llama
 
 VOCAB, MAX_NEW, MAX_LEN, PAGE = 96, 12, 48, 8
 PROMPT_LENGTHS = (3, 9, 17, 26, 1, 12)  # 26 > prefill_chunk: chunked prefill
@@ -42,30 +41,11 @@ CONFIG = SamplerConfig(
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
 
 
-def _checkpoint(path, seed):
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        initializer_range=0.15,
-        rms_norm_eps=1e-5,
-    )
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(path, safe_serialization=True)
-    return model
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
-    hf_a = _checkpoint(root / "a", seed=0)
-    _checkpoint(root / "b", seed=1)
+    hf_a = save_hf_llama(root / "a", 0, VOCAB)
+    save_hf_llama(root / "b", 1, VOCAB)
     _, graphdef, params_a = hf_io.load_hf(root / "a")
     _, _, params_b = hf_io.load_hf(root / "b")
     return hf_a, graphdef, params_a, params_b

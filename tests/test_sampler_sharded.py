@@ -16,10 +16,8 @@ import textwrap
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
-from tests.tiny_models import hf_greedy
+from tests.tiny_models import hf_greedy, save_hf_llama
 
 VOCAB, MAX_NEW = 96, 12
 
@@ -80,21 +78,7 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.parametrize("data,tp,attention", [(2, 1, "gather"), (1, 2, "paged"), (2, 2, "staged")])
 def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        initializer_range=0.15,
-        rms_norm_eps=1e-5,
-    )
-    torch.manual_seed(3)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(tmp_path / "ckpt", safe_serialization=True)
+    model = save_hf_llama(tmp_path / "ckpt", 3, VOCAB)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (17, 5, 11, 2, 14, 9)]
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))

@@ -68,3 +68,26 @@ def every_option(**overrides) -> ModelConfig:
         qk_norm=True,
     )
     return model_config(**{**options, **overrides})
+
+
+def save_hf_llama(path, seed: int, vocab_size: int):
+    """Saves a random 2-layer GQA transformers Llama (untied, weights std 0.15, so greedy
+    decoding has clear margins) to `path`; returns the torch model in eval mode."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+        rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return model

@@ -7,5 +7,6 @@
 - channel.py     ordered message queues over the jax.distributed key-value store
 - remote_sampler.py  the Sampler protocol over sampler processes, and the loop they run
 - roles.py       what the trainer and sampler processes run; --spawn_local
-- weights.py     the trainer publishes each weight version once; samplers pull the newest
+- weights.py     weight publication: the protocol, its keys and shared helpers; the trainer's
+                 end is weight_server.py (WeightServer), a sampler's weight_client.py
 """

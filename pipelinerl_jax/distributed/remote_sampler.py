@@ -4,7 +4,7 @@ The trainer process keeps the run's Coordinator unchanged and hands it a `Remote
 same seven members (sampler/protocol.py), served by one or more sampler processes, each
 running `serve` around its own PagedSampler on its own devices. Requests and finished
 attempts travel as JSON over channel.py's queues (one pair per sampler process); weights go
-through the trainer's weight server (weights.py), which every sampler process polls between
+through the trainer's weight server (weight_server.py), which every sampler process polls between
 its decode chunks.
 
 Why the lag bound stays exact: admission (pipeline/admission.py) relies on a group started
@@ -66,15 +66,25 @@ class RemoteSampler:
         self._slots = num_samplers * slots_each
         self._published = version
         self._next_id = 0
+        self._versions = [version] * num_samplers  # as last read from the store
+        self._versions_read_at = 0.0
 
     @property
     def version(self) -> int:
-        """The oldest version any sampler process decodes with (they pull at their own pace)."""
-        versions = [
-            channel.get_value(VERSION.format(i), self._published, self._client)
-            for i in range(len(self._requests))
-        ]
-        return min(versions)
+        """The oldest version any sampler process decodes with (they pull at their own pace),
+        as `step()` last read it: the Coordinator reads this every loop, and a store round
+        trip per sampler there would cost more than the information is worth (admission
+        counts the versions handed over, not this)."""
+        return min(self._versions)
+
+    def _read_versions(self, every_s: float = 0.5) -> None:
+        now = time.monotonic()
+        if now - self._versions_read_at >= every_s:
+            self._versions_read_at = now
+            self._versions = [
+                channel.get_value(VERSION.format(i), v, self._client)
+                for i, v in enumerate(self._versions)
+            ]
 
     @property
     def num_slots(self) -> int:
@@ -113,6 +123,7 @@ class RemoteSampler:
         if not out and self.has_work():
             time.sleep(self._wait_s)
             out = self._collect()
+        self._read_versions()
         return out
 
     def _collect(self) -> list[Sample]:

@@ -43,7 +43,7 @@ def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
 def run_trainer(cfg, workdir, spec, echo=print) -> dict:
     """Process 0: the pipeline, decoding delegated to the sampler processes."""
     from pipelinerl_jax.distributed.remote_sampler import RemoteSampler
-    from pipelinerl_jax.distributed.weights import WeightServer
+    from pipelinerl_jax.distributed.weight_server import WeightServer
     from pipelinerl_jax.pipeline import runner
 
     samplers = spec.num_processes - spec.trainer_processes
@@ -66,7 +66,7 @@ def run_sampler(cfg, spec, echo=print) -> int:
     import jax
 
     from pipelinerl_jax.distributed.remote_sampler import serve
-    from pipelinerl_jax.distributed.weights import WeightClient
+    from pipelinerl_jax.distributed.weight_client import WeightClient
     from pipelinerl_jax.models import decoder
     from pipelinerl_jax.pipeline import runner
     from pipelinerl_jax.sampler.sampler import PagedSampler

@@ -171,7 +171,7 @@ def _stop(running: Sequence[_Running], grace_s: float) -> None:
         try:
             r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            pass
+            pass  # still running after the grace: the SIGKILL below ends it
     for r in running:
         r.signal_group(signal.SIGKILL)  # the group too: grandchildren may outlive the leader
         if r.proc.poll() is None:

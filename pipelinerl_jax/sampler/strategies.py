@@ -31,6 +31,7 @@ K kv heads, S page size, D head dim, N = W * S.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import jax
@@ -53,7 +54,7 @@ CPU_LAYOUT = "feature_major"
 PLAIN_LAYOUT = "token_major"
 
 
-class DecodeAttention:
+class DecodeAttention(abc.ABC):
     """Base: the pool itself is the carry (as it is for "paged" and "gather")."""
 
     name: str
@@ -65,11 +66,11 @@ class DecodeAttention:
         del block_tables_BxM, window
         return (state.k_pages, state.v_pages)
 
+    @abc.abstractmethod
     def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
         """One step's attend(q, k, v, (layer, carry)) -> (out, (layer, carry)): attends the
         token at positions_B over the row's first `window` pages and itself, and writes its
         K/V (rows with active False write to the null page)."""
-        raise NotImplementedError
 
     def finish(self, state, carry):
         """After the scan: the pool back into state."""
