@@ -14,6 +14,7 @@ module of the package (admission, groups) does not import JAX and the trainer.
 - weights.py        asynchronous weight publication to the sampler
 - checkpointing.py  resume, the save schedule, Ctrl-C, the curves
 - diagnostics.py    why a reward is what it is: statuses, warnings, sampled completions
+- summary.py        the run summary and its closing line
 """
 
 _EXPORTS = {
