@@ -49,7 +49,7 @@ _DRY_RUN = flags.DEFINE_bool(
 _SPAWN_LOCAL = flags.DEFINE_integer(
     "spawn_local",
     0,
-    "Run as this many local processes under one supervisor: process 0 trains, the others "
+    "Run as this many local processes under one supervisor: processes 0..trainer_processes-1 train, the others "
     "sample (each on all its devices); the first failure ends them all, named in one line.",
 )
 _COORDINATOR = flags.DEFINE_string(
@@ -59,7 +59,9 @@ _COORDINATOR = flags.DEFINE_string(
     "every process).",
 )
 _NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", 1, "Processes in a multi-process run (process 0 trains, the rest sample)."
+    "num_processes",
+    1,
+    "Processes in a multi-process run (the first devices.trainer_processes train, the rest sample).",
 )
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index, 0..num_processes-1.")
 
@@ -76,8 +78,10 @@ def _multi_process(cfg):
 
     failures.watch(spec)
     try:
-        if spec.role == "trainer":
+        if spec.process_id == 0:
             roles.run_trainer(cfg, _WORKDIR.value, spec)
+        elif spec.role == "trainer":
+            roles.run_follower(cfg, _WORKDIR.value, spec)
         else:
             roles.run_sampler(cfg, spec)
     except BaseException as e:  # Ctrl-C included: the other processes must stop too
@@ -120,7 +124,13 @@ def main(argv, overrides):
             # The children's settings, checked once here rather than failing in each child.
             roles.process_spec(cfg, "127.0.0.1:1", max(_SPAWN_LOCAL.value, 2), 0)
             argv = [os.path.abspath(__file__), *sys.argv[1:]]
-            sys.exit(roles.spawn_local(argv, _SPAWN_LOCAL.value))
+            sys.exit(
+                roles.spawn_local(
+                    argv,
+                    _SPAWN_LOCAL.value,
+                    trainer_processes=cfg.devices.trainer_processes,
+                )
+            )
     except ConfigError as e:
         _fail("config error", e)
     from pipelinerl_jax.pipeline.coordinator import PipelineError

@@ -37,6 +37,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,23 +216,27 @@ def _multi_process() -> bool:
     return jax.process_count() > 1
 
 
+def _process_local(x) -> bool:
+    """Whether a leaf must travel as a host copy: in a multi-process runtime Orbax refuses
+    jax.Arrays that live on one process's devices (it expects global arrays), so a trainer on
+    one process writes and reads numpy; a trainer spanning several processes (each holding
+    shards of global arrays) goes through Orbax's own multi-process path."""
+    sharding = getattr(x, "sharding", None)
+    return _multi_process() and sharding is not None and sharding.is_fully_addressable
+
+
 def _to_host(nested: dict) -> dict:
-    """Multi-process runs: the trainer's arrays as numpy. Orbax refuses jax.Arrays that live on
-    one process's devices once jax.distributed spans several (it expects global arrays); the
-    checkpointing process's own host copies are what it writes then."""
-    if not _multi_process():
-        return nested
-    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), nested)
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)) if _process_local(x) else x, nested)
 
 
-def _this_process_only():
-    """In a multi-process run only the trainer process checkpoints (the samplers hold nothing
-    a resume needs): Orbax's barriers must then span this process alone, not every process
-    of the jax.distributed runtime, which would wait forever for the samplers."""
+def _processes(processes: Sequence[int] | None):
+    """Orbax's barriers span the processes that checkpoint together: the trainer processes
+    (default: this one alone), never the samplers, which hold nothing a resume needs and would
+    be waited for forever."""
     if jax.process_count() == 1:
         return ocp.options.MultiprocessingOptions()
-    me = jax.process_index()
-    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    group = {jax.process_index()} if processes is None else {int(p) for p in processes}
+    return ocp.options.MultiprocessingOptions(primary_host=min(group), active_processes=group)
 
 
 class RunCheckpointer:
@@ -245,13 +250,18 @@ class RunCheckpointer:
         model_config: ModelConfig | None = None,
         async_save: bool = True,
         read_only: bool = False,
+        processes: Sequence[int] | None = None,
     ):
+        """processes: in a multi-process run, the ids of the processes that save and restore
+        together (the trainer processes); default this process alone."""
         if keep < 1:
             raise ConfigError(f"checkpoint_keep={keep} must be >= 1")
         self.workdir = Path(workdir)
         self.directory = self.workdir / CHECKPOINT_DIR
         self.model_config = model_config
         self.read_only = read_only
+        # Of several processes checkpointing together, only the first moves bad steps aside.
+        self._mover = processes is None or jax.process_index() == min(processes)
         if read_only and not self.directory.is_dir():
             self._manager = None
             return
@@ -267,7 +277,7 @@ class RunCheckpointer:
             # Writes cut short (a killed run) leave "<step>.orbax-checkpoint-tmp-*" directories:
             # never listed as steps, and removed when the next run opens the directory.
             cleanup_tmp_directories=not read_only,
-            multiprocessing_options=_this_process_only(),
+            multiprocessing_options=_processes(processes),
         )
         handlers = {
             "params": ocp.StandardCheckpointHandler(),
@@ -402,24 +412,17 @@ class RunCheckpointer:
         for item, target in targets.items():
             self._check_leaves(step, meta, item, target)
         abstract = {item: as_abstract(t) for item, t in targets.items()}
-        # Multi-process runs restore host arrays (see _to_host), placed on the targets after.
-        wanted = {
-            item: jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), t) if _multi_process() else t
-            for item, t in abstract.items()
-        }
+        # Process-local leaves are restored as host arrays (see _process_local), placed after.
+        host = lambda a: np.zeros(a.shape, a.dtype) if _process_local(a) else a
+        wanted = {item: jax.tree.map(host, t) for item, t in abstract.items()}
         args = {item: ocp.args.StandardRestore(to_nested(t)) for item, t in wanted.items()}
         try:
             restored = self._manager.restore(
                 step, args=ocp.args.Composite(**args, extra=ocp.args.JsonRestore())
             )
             out = {item: _from_nested(getattr(restored, item), t) for item, t in targets.items()}
-            if _multi_process():
-                out = {
-                    item: jax.tree.map(
-                        lambda x, a: jax.device_put(x, a.sharding), v, abstract[item]
-                    )
-                    for item, v in out.items()
-                }
+            place = lambda x, a: jax.device_put(x, a.sharding) if _process_local(a) else x
+            out = {item: jax.tree.map(place, v, abstract[item]) for item, v in out.items()}
             extra = restored.extra
         except Exception as e:
             raise CorruptCheckpointError(f"{self._path(step)}: {_one_line(e)}") from e
@@ -490,7 +493,7 @@ class RunCheckpointer:
 
     def _quarantine(self, step: int) -> None:
         """Moves a bad step out of Orbax's directory (keeps it for inspection)."""
-        if self.read_only:
+        if self.read_only or not self._mover:
             return
         src = self._path(step)
         dest_dir = self.workdir / CORRUPT_DIR

@@ -73,8 +73,8 @@ class DeviceSpec:
     trainer_tp: int = 1  # tensor-parallel degree inside the trainer mesh
     sampler_tp: int = 1  # tensor-parallel degree inside the sampler mesh (the
     #   rest of its devices split the slots data-parallel)
-    trainer_processes: int = 1  # with --num_processes: how many processes train (the rest
-    #   sample, each on all its local devices); only 1 is supported so far
+    trainer_processes: int = 1  # with --num_processes: how many processes train, one mesh
+    #   over all their trainer devices (the rest sample, each on all its local devices)
 
 
 @dataclasses.dataclass(frozen=True)

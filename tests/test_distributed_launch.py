@@ -69,9 +69,9 @@ def test_one_trainer_two_samplers(tmp_path):
             [
                 "--spawn_local=3",
                 "--config.checkpoint_every=0",
-                "--config.devices.trainer_processes=2",
+                "--config.devices.trainer_processes=3",
             ],
-            "only 1 trainer process is supported so far",
+            "trainer_processes=3: use 1..2 so that at least one of the 3 processes samples",
         ),
     ],
 )
@@ -96,11 +96,19 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("victim,name", [(0, "process 0 (trainer)"), (2, "process 2 (sampler 1)")])
-def test_kill_9_then_relaunch_resumes(tmp_path, victim, name):
+@pytest.mark.parametrize(
+    "victim,name,trainers",
+    [
+        (0, "process 0 (trainer)", 1),
+        (2, "process 2 (sampler 1)", 1),
+        (1, "process 1 (trainer)", 2),  # a follower of a trainer spanning two processes
+    ],
+)
+def test_kill_9_then_relaunch_resumes(tmp_path, victim, name, trainers):
     workdir = tmp_path / "run"
     args = [
         "--config=configs/tiny.py",
+        f"--config.devices.trainer_processes={trainers}",
         "--config.steps=40",
         "--config.checkpoint_every=2",
         "--config.eval_every=0",

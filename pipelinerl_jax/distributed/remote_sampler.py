@@ -42,6 +42,8 @@ class RemoteSampler:
 
     publish(params, version): hands one weight version to every sampler process (the weight
     server's publish); it must not block the caller and must keep `params` alive until pulled.
+    prepare(params): the trainer's params -> a private copy on this process's devices (default:
+    a copy on their own devices; a trainer spanning several processes gathers instead).
     """
 
     def __init__(
@@ -53,8 +55,10 @@ class RemoteSampler:
         version: int = 0,
         wait_s: float = 0.02,
         client=None,
+        prepare: Callable[[Any], Any] | None = None,
     ):
         self._publish, self._wait_s = publish, wait_s
+        self._prepare = prepare
         self._client = client or channel.kv_client()
         self._requests = [
             channel.Sender(REQUESTS.format(i), self._client) for i in range(num_samplers)
@@ -139,6 +143,8 @@ class RemoteSampler:
         (`device_put(may_alias=False)`; `jnp.copy` ran synchronously on CPU, ~170 ms for
         540 MB in the trainer thread): the trainer donates its own buffers to the next step,
         the pullers read this copy."""
+        if self._prepare is not None:
+            return self._prepare(params)
         import jax
 
         return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), params)

@@ -1,16 +1,18 @@
-"""What each process of a multi-process run does: the trainer process runs the pipeline with
-a RemoteSampler, sampler processes serve their own PagedSampler, and `spawn_local` runs them
-all on this machine under the supervisor.
+"""What each process of a multi-process run does: trainer process 0 runs the pipeline with
+a RemoteSampler, the other trainer processes follow its trainer calls, sampler processes serve
+their own PagedSampler, and `spawn_local` runs them all on this machine under the supervisor.
 
     python launch.py --spawn_local=3 --workdir=/tmp/run        # 1 trainer + 2 samplers, here
+    python launch.py --spawn_local=3 --config.devices.trainer_processes=2 ...  # 2 + 1
     python launch.py --coordinator=HOST0:8476 --num_processes=3 --process_id=I --workdir=...
 
-The trainer process (process 0) does everything a single-process run does (data, admission,
-rewards, training, checkpoints, evaluation on its own devices), except decoding: its
-Coordinator talks to the sampler processes through `RemoteSampler` and publishes weights with a
-`WeightServer`. A sampler process needs no data, no optimizer and no weights file: it builds
-the model's shape from the config, pulls every weight version from the trainer, and decodes
-the requests it is sent until the trainer says stop.
+Trainer process 0 does everything a single-process run does (data, admission, rewards,
+training, checkpoints, evaluation on its own devices), except decoding: its Coordinator talks
+to the sampler processes through `RemoteSampler` and publishes weights with a `WeightServer`.
+With `devices.trainer_processes` > 1 the trainer mesh spans processes 0..T-1 and the others
+replay process 0's train steps, gathers and checkpoints (trainer_group.py). A sampler process
+needs no data, no optimizer and no weights file: it builds the model's shape from the config,
+pulls every weight version from process 0, and decodes the requests it is sent until stopped.
 """
 
 from __future__ import annotations
@@ -29,36 +31,103 @@ FIRST_WEIGHTS_TIMEOUT_S = 600  # a sampler waits this long for the trainer's fir
 
 def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
     """The ProcessSpec for the launch flags and the config's devices.trainer_processes."""
-    spec = runtime.ProcessSpec(
+    return runtime.ProcessSpec(
         coordinator, num_processes, process_id, cfg.devices.trainer_processes
     )
-    if spec.trainer_processes != 1:
-        raise ConfigError(
-            f"devices.trainer_processes={spec.trainer_processes}: only 1 trainer process is "
-            "supported so far (it trains on all its local devices); use 1"
-        )
-    return spec
+
+
+def _trainer_devices(cfg, spec) -> list:
+    """The trainer mesh's devices: this process's trainer share when it trains alone, else
+    every trainer process's, process by process."""
+    import jax
+
+    from pipelinerl_jax.distributed.trainer_group import group_devices
+    from pipelinerl_jax.pipeline import runner
+
+    split = lambda devices: runner.split_devices(devices, cfg.devices)
+    if spec.trainer_processes == 1:
+        return split(jax.local_devices())[1]
+    return group_devices(spec.trainer_processes, split)
 
 
 def run_trainer(cfg, workdir, spec, echo=print) -> dict:
     """Process 0: the pipeline, decoding delegated to the sampler processes."""
     from pipelinerl_jax.distributed.remote_sampler import RemoteSampler
+    from pipelinerl_jax.distributed.trainer_group import Leader
     from pipelinerl_jax.distributed.weight_server import WeightServer
     from pipelinerl_jax.pipeline import runner
 
     samplers = spec.num_processes - spec.trainer_processes
     server = WeightServer(pullers=range(spec.trainer_processes, spec.num_processes))
+    leader = None
+    prepare = None
+    if spec.trainer_processes > 1:
+        # The followers' work is this process's trainer calls, so they are wired before the
+        # first one (the initial gather below).
+        leader = _LeaderRef()
+        prepare = leader.local_params
     remote = RemoteSampler(
-        samplers, cfg.sampler.num_slots, functools.partial(server.publish, copy=False)
+        samplers,
+        cfg.sampler.num_slots,
+        functools.partial(server.publish, copy=False),
+        prepare=prepare,
     )
     try:
-        c = runner.build(cfg, sampler=remote)
+        c = runner.build(cfg, sampler=remote, trainer_devices=_trainer_devices(cfg, spec))
+        if leader is not None:
+            leader.target = Leader(c.trainer, followers=range(1, spec.trainer_processes))
+            c.trainer = leader.target
+            c.local_params = leader.target.local_params
+            c.make_checkpointer = leader.target.checkpointer
         # The samplers' first weights; a resume publishes the checkpoint's version after it.
         remote.set_params(c.state.params, int(c.state.version))
         return runner.run(cfg, workdir, components=c, echo=echo)
     finally:
+        if leader is not None and leader.target is not None:
+            leader.target.stop()
         remote.stop()
         server.close()
+
+
+class _LeaderRef:
+    """The Leader, once built (RemoteSampler needs its gather before build() makes it)."""
+
+    target = None
+
+    def local_params(self, params):
+        return self.target.local_params(params)
+
+
+def run_follower(cfg, workdir, spec, echo=print) -> dict:
+    """Trainer process 1..T-1: its shards of the trainer, replaying process 0's calls."""
+    import jax
+
+    from pipelinerl_jax.distributed.trainer_group import follow
+    from pipelinerl_jax.models import decoder
+    from pipelinerl_jax.pipeline import runner
+    from pipelinerl_jax.trainer import Trainer, trainer_mesh
+
+    # What build() does for the trainer, in the same order: the same init (or weights file)
+    # on every trainer process, then the collective placement onto the global mesh.
+    tokenizer, _, _ = runner.build_data(cfg, load_source=False)
+    graphdef, params = runner.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
+    mesh = trainer_mesh(_trainer_devices(cfg, spec), tp=cfg.devices.trainer_tp)
+    trainer = Trainer(cfg.trainer, graphdef, jax.eval_shape(lambda: params), mesh)
+    trainer.check_rows(cfg.batch.num_rows)
+    state = trainer.init_state(params)
+    from pipelinerl_jax.checkpoint import RunCheckpointer
+
+    open_checkpointer = functools.partial(
+        RunCheckpointer,
+        workdir,
+        keep=cfg.checkpoint_keep,
+        model_config=decoder.config_of(graphdef),
+        processes=range(spec.trainer_processes),
+    )
+    echo(f"{spec.name}: following process 0 on {len(mesh.devices.flat)} trainer device(s)")
+    counts = follow(trainer, state, open_checkpointer, spec.process_id)
+    echo(f"{spec.name}: stopped after {counts.get('step', 0)} train steps")
+    return counts
 
 
 def run_sampler(cfg, spec, echo=print) -> int:
@@ -100,16 +169,18 @@ def run_sampler(cfg, spec, echo=print) -> int:
         client.close()
 
 
-def spawn_local(argv: Sequence[str], num_processes: int, echo=print) -> int:
-    """Runs `launch.py argv` as `num_processes` local processes (process 0 trains) under the
-    supervisor; returns the job's exit code."""
+def spawn_local(
+    argv: Sequence[str], num_processes: int, echo=print, *, trainer_processes: int = 1
+) -> int:
+    """Runs `launch.py argv` as `num_processes` local processes (the first
+    `trainer_processes` train) under the supervisor; returns the job's exit code."""
     if num_processes < 2:
         raise ConfigError(f"--spawn_local={num_processes}: use 2 or more (1 trainer + samplers)")
     coordinator = f"127.0.0.1:{runtime.free_port()}"
     base = [a for a in argv if not a.startswith("--spawn_local")]
     children = [
         Child(
-            runtime.ProcessSpec(coordinator, num_processes, i).name,
+            runtime.ProcessSpec(coordinator, num_processes, i, trainer_processes).name,
             (
                 sys.executable,
                 *base,

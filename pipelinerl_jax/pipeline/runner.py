@@ -225,6 +225,12 @@ class Components:
     # (params, version) -> a fresh Sampler like `sampler` (held-out evaluation runs on one);
     # None: no evaluation (eval_every must be 0)
     make_sampler: object = None
+    # trainer params -> arrays on this process's devices (a trainer spanning several
+    # processes gathers them: distributed.trainer_group); identity for a one-process trainer
+    local_params: object = lambda params: params
+    # RunCheckpointer's signature: the run's checkpointer (a trainer spanning several
+    # processes checkpoints with all of them)
+    make_checkpointer: object = RunCheckpointer
 
 
 def build(
@@ -235,6 +241,7 @@ def build(
     loss_fn=None,
     optimizer=None,
     sampler: Sampler | None = None,
+    trainer_devices=None,
 ) -> Components:
     """Meshes, model, trainer state, sampler, data stream and admission. (The run builds
     the weight Publisher over `sampler.prepare`, so a replaced sampler gets its own.)
@@ -242,9 +249,12 @@ def build(
     prompts: the stream to draw from instead of the config's (any iterable of Problems);
     loss_fn, optimizer: passed to the Trainer when given (its defaults come from cfg);
     sampler: generate with this one instead of building a PagedSampler here (e.g. a
-    distributed.RemoteSampler; held-out evaluation still runs on a local PagedSampler)."""
+    distributed.RemoteSampler; held-out evaluation still runs on a local PagedSampler);
+    trainer_devices: the trainer mesh's devices instead of this process's share (a trainer
+    spanning several processes: distributed.trainer_group.group_devices)."""
     devices = devices or jax.local_devices()
-    sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
+    sampler_devices, local_trainer_devices = split_devices(devices, cfg.devices)
+    trainer_devices = list(trainer_devices or local_trainer_devices)
     tokenizer, source, encode = build_data(cfg, load_source=prompts is None)
     if prompts is None:
         stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
@@ -334,7 +344,7 @@ def build_evaluator(cfg, c: Components, reward_pool):
 
     def evaluate(params, version):
         return evaluate_problems(
-            c.make_sampler(params, version),
+            c.make_sampler(c.local_params(params), version),
             c.tokenizer,
             problems,
             reward_pool,
@@ -425,7 +435,7 @@ def _train(cfg, workdir, c, writer, echo, watch) -> dict:
     ckpt = None
     if workdir and cfg.checkpoint_every:
         ckpt = Checkpoints(
-            RunCheckpointer(
+            c.make_checkpointer(
                 workdir,
                 keep=cfg.checkpoint_keep,
                 model_config=decoder.config_of(c.graphdef),
