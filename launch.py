@@ -89,6 +89,7 @@ def _multi_process(cfg):
         raise
     import jax
 
+    failures.finished(spec)
     jax.distributed.shutdown()  # every process meets here before any of them exits
     return 0
 

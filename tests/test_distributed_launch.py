@@ -155,9 +155,17 @@ def test_kill_9_then_relaunch_resumes(tmp_path, victim, name, trainers):
     assert resumed_at >= 2 and steps == list(range(resumed_at, 12))
 
 
-def test_without_a_supervisor_one_process_failing_stops_the_others(tmp_path):
+@pytest.mark.parametrize(
+    "signum,code,line",
+    [
+        (signal.SIGINT, 130, "stopping: process 2 (sampler 1): KeyboardInterrupt"),
+        (signal.SIGKILL, -9, "stopping: process 2 (sampler 1) stopped responding"),
+    ],
+)
+def test_without_a_supervisor_one_process_failing_stops_the_others(tmp_path, signum, code, line):
     """Processes launched one by one (as on separate hosts): Ctrl-C of a sampler is reported
-    through the key-value store and every other process stops, naming it in one line."""
+    through the key-value store, kill -9 shows as its beat stopping, and every other process
+    stops, naming it in one line, before JAX's heartbeat would abort them."""
     from pipelinerl_jax.distributed import runtime
 
     coordinator = f"127.0.0.1:{runtime.free_port()}"
@@ -191,7 +199,7 @@ def test_without_a_supervisor_one_process_failing_stops_the_others(tmp_path):
         while not (metrics.exists() and '"train"' in metrics.read_text()):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
             time.sleep(0.2)
-        procs[2].send_signal(signal.SIGINT)
+        procs[2].send_signal(signum)
         t0 = time.monotonic()
         codes = [p.wait(timeout=60) for p in procs]
         assert time.monotonic() - t0 < 30
@@ -199,7 +207,7 @@ def test_without_a_supervisor_one_process_failing_stops_the_others(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert codes[2] == 130 and codes[0] == codes[1] == 1, codes
+    assert codes[2] == code and codes[0] == codes[1] == 1, codes
     for i in (0, 1):
         text = (tmp_path / f"p{i}.log").read_text()
-        assert "stopping: process 2 (sampler 1): KeyboardInterrupt" in text, text[-2000:]
+        assert line in text, text[-2000:]

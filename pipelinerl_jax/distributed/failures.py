@@ -2,11 +2,18 @@
 
 Under the supervisor (`--spawn_local`) the supervisor does this. On separate hosts there is
 none, and JAX alone only notices a dead peer at the heartbeat timeout, then aborts the others
-with a native stack dump that names nobody. So each process of a multi-process run reports
-its own exception (Ctrl-C included) under one key of the jax.distributed key-value store,
-and watches that key from a daemon thread: the first report from another process is printed
-as one line on stderr and this process exits at once with code 1. A process killed outright
-cannot report; its peers end at the 10 s heartbeat (runtime.initialize).
+with a native stack dump that names nobody. So every process of a multi-process run:
+
+- reports its own exception (Ctrl-C included) under one key of the jax.distributed key-value
+  store (`report`);
+- beats: a daemon thread bumps "pipelinerl/alive/<process id>" every `beat_s`;
+- watches (`watch`): the first report from another process, or another process whose beat
+  has not moved for `silent_s` (killed outright, or its host gone), is printed as one line on
+  stderr and this process exits at once with code 1.
+
+`silent_s` is shorter than JAX's own heartbeat timeout (runtime.initialize), so the named line
+comes before JAX's abort. A process that ends normally says so first (`finished`), so its
+silence afterwards is not taken for a death.
 """
 
 from __future__ import annotations
@@ -14,10 +21,19 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from pipelinerl_jax.distributed import channel
 
 KEY = "pipelinerl/failed"
+ALIVE = "pipelinerl/alive/{}"
+DONE = "pipelinerl/done/{}"
+SEEN = "pipelinerl/seen/{}"  # a process read the failure report and is stopping
+# Process 0 hosts the store: once it exits the others abort natively (JAX) before they can
+# read the report, so it waits this long at most for every other process to have read it.
+LINGER_S = 5.0
+BEAT_S = 1.0
+SILENT_S = 6.0
 
 
 def one_line(spec, error: BaseException) -> str:
@@ -33,25 +49,120 @@ def report(spec, error: BaseException, client=None) -> None:
         client.key_value_set(KEY, one_line(spec, error))
     except Exception:
         pass  # another process reported first (ALREADY_EXISTS), or the store is gone
+    _linger(spec, client)
 
 
-def watch(spec, *, poll_s: float = 1.0, client=None, exit=os._exit) -> threading.Thread:
-    """Starts the daemon thread that ends this process when another one reports a failure."""
+def _linger(spec, client, gone: int | None = None, timeout_s: float = LINGER_S) -> None:
+    """Process 0: keeps the store up until every other process (but `gone`, a dead one) has
+    read the report."""
+    if spec.process_id != 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    others = [p for p in range(1, spec.num_processes) if p != gone]
+    while time.monotonic() < deadline:
+        try:
+            if all(
+                channel.try_get(client, SEEN.format(p)) is not None
+                or channel.try_get(client, DONE.format(p)) is not None
+                for p in others
+            ):
+                return
+        except Exception:
+            return
+        time.sleep(0.05)
+
+
+def finished(spec, client=None) -> None:
+    """This process ends normally: its beat stopping from now on is no failure."""
+    try:
+        channel.set_value(DONE.format(spec.process_id), True, client)
+    except Exception:
+        pass  # the store is gone: the run is over anyway
+
+
+def _peer(spec, process_id: int):
+    from pipelinerl_jax.distributed.runtime import ProcessSpec
+
+    return ProcessSpec(spec.coordinator, spec.num_processes, process_id, spec.trainer_processes)
+
+
+class _Silence:
+    """Which other process has not beaten for `silent_s` (judged only once it has beaten)."""
+
+    def __init__(self, spec, client, silent_s: float):
+        self.spec, self.client, self.silent_s = spec, client, silent_s
+        self.seen: dict[int, tuple[str, float]] = {}  # process id -> (last beat, when seen)
+
+    def silent(self) -> tuple[int, str] | None:
+        """(process id, the line naming it) of a silent process, or None."""
+        now = time.monotonic()
+        for p in range(self.spec.num_processes):
+            if p == self.spec.process_id:
+                continue
+            beat = channel.try_get(self.client, ALIVE.format(p))
+            if beat is None or channel.try_get(self.client, DONE.format(p)) is not None:
+                continue
+            last = self.seen.get(p)
+            if last is None or last[0] != beat:
+                self.seen[p] = (beat, now)
+            elif now - last[1] > self.silent_s:
+                return p, (
+                    f"{_peer(self.spec, p).name} stopped responding (no beat for "
+                    f"{self.silent_s:.0f} s: killed, or its host is gone)"
+                )
+        return None
+
+
+def watch(
+    spec,
+    *,
+    poll_s: float = BEAT_S,
+    silent_s: float = SILENT_S,
+    client=None,
+    exit=os._exit,
+) -> threading.Thread:
+    """Starts the daemon threads that beat for this process and end it when another one
+    reports a failure or falls silent."""
     client = client or channel.kv_client()
+    silence = _Silence(spec, client, silent_s)
+
+    def beat():
+        n = 0
+        while True:
+            try:
+                channel.set_value(ALIVE.format(spec.process_id), n, client)
+            except Exception:
+                return  # the store is gone: the run is ending anyway
+            n += 1
+            time.sleep(poll_s)
 
     def run():
         while True:
+            gone = None
             try:
                 line = channel.wait_get(client, KEY, poll_s)
+                if line is None and (found := silence.silent()) is not None:
+                    gone, line = found
             except Exception:
-                return  # the store is gone: the run is ending anyway
+                # The store is gone: the run is ending, or process 0, which hosts it, died,
+                # and JAX itself ends this process within a second (a native message; under
+                # the supervisor the one line names process 0).
+                return
             if line is not None and not line.startswith(f"{spec.name}:"):
                 print(f"stopping: {line}", file=sys.stderr, flush=True)
+                try:
+                    channel.set_value(SEEN.format(spec.process_id), True, client)
+                    if gone is not None:  # the dead cannot report: say it for them
+                        client.key_value_set(KEY, line)
+                except Exception:
+                    pass  # the store is gone, or another report came first
+                _linger(spec, client, gone)
                 exit(1)
                 return
             if line is not None:
                 return  # our own report: the main thread is already on its way out
 
+    threading.Thread(target=beat, name="failure-beat", daemon=True).start()
     thread = threading.Thread(target=run, name="failure-watch", daemon=True)
     thread.start()
     return thread
