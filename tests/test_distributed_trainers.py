@@ -1,9 +1,12 @@
 """A trainer spanning two processes (`devices.trainer_processes=2`) and one sampler process,
-under `launch.py --spawn_local=3`: the follower makes every train step the leader makes, step 0
-trains what a single-process run trains, the multi-process Orbax checkpoint holds whole arrays
-a single process can read, and a relaunch resumes from it with both trainer processes."""
+each with two CPU devices, under `launch.py --spawn_local=3`: the trainer mesh has all four
+trainer devices, the follower makes every train step the leader makes, step 0 trains what a
+single-process run trains, held-out evaluation runs on the gathered params, the multi-process
+Orbax checkpoint holds whole arrays a single process can read, and a relaunch resumes from it
+with both trainer processes."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _launch(*args, timeout=300):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     return subprocess.run(
         [sys.executable, "launch.py", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 
@@ -45,18 +50,22 @@ def test_two_trainer_processes_train_checkpoint_and_resume(tmp_path):
     args = [
         "--config=configs/tiny.py",
         "--config.checkpoint_every=3",
-        "--config.eval_every=0",
+        "--config.eval_every=3",
+        "--config.eval.num_problems=8",
         "--config.devices.trainer_processes=2",
         "--spawn_local=3",
         f"--workdir={workdir}",
     ]
     done = _launch(*args, "--config.steps=6")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "process 1 (trainer): following process 0 on 2 trainer device(s)" in done.stdout
+    assert "process 1 (trainer): following process 0 on 4 trainer device(s)" in done.stdout
+    assert "devices: sampler 2, trainer 4" in done.stdout
     assert _follower_steps(done.stdout) == 6
     train = [r for r in _records(workdir) if r.get("kind") == "train"]
     assert [r["step"] for r in train] == list(range(6))
     assert max(r["lag/token_max"] for r in train) <= train[0]["lag/bound"]
+    evals = [r for r in _records(workdir) if r.get("kind") == "eval"]
+    assert [r["step"] for r in evals] == [3, 6] and all(r["num_problems"] == 8 for r in evals)
 
     # Step 0 (all of it decoded by version 0) trains what one process on one device trains.
     single = pipeline.run(presets.tiny(steps=1, checkpoint_every=0, eval_every=0), tmp_path / "one")

@@ -36,18 +36,12 @@ def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
     )
 
 
-def _trainer_devices(cfg, spec) -> list:
-    """The trainer mesh's devices: this process's trainer share when it trains alone, else
-    every trainer process's, process by process."""
-    import jax
-
+def _trainer_devices(spec) -> list:
+    """The trainer mesh's devices: every device of the trainer processes (the samplers are
+    other processes; held-out evaluation shares process 0's)."""
     from pipelinerl_jax.distributed.trainer_group import group_devices
-    from pipelinerl_jax.pipeline import runner
 
-    split = lambda devices: runner.split_devices(devices, cfg.devices)
-    if spec.trainer_processes == 1:
-        return split(jax.local_devices())[1]
-    return group_devices(spec.trainer_processes, split)
+    return group_devices(spec.trainer_processes)
 
 
 def run_trainer(cfg, workdir, spec, echo=print) -> dict:
@@ -73,7 +67,7 @@ def run_trainer(cfg, workdir, spec, echo=print) -> dict:
         prepare=prepare,
     )
     try:
-        c = runner.build(cfg, sampler=remote, trainer_devices=_trainer_devices(cfg, spec))
+        c = runner.build(cfg, sampler=remote, trainer_devices=_trainer_devices(spec))
         if leader is not None:
             leader.target = Leader(c.trainer, followers=range(1, spec.trainer_processes))
             c.trainer = leader.target
@@ -111,7 +105,7 @@ def run_follower(cfg, workdir, spec, echo=print) -> dict:
     # on every trainer process, then the collective placement onto the global mesh.
     tokenizer, _, _ = runner.build_data(cfg, load_source=False)
     graphdef, params = runner.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
-    mesh = trainer_mesh(_trainer_devices(cfg, spec), tp=cfg.devices.trainer_tp)
+    mesh = trainer_mesh(_trainer_devices(spec), tp=cfg.devices.trainer_tp)
     trainer = Trainer(cfg.trainer, graphdef, jax.eval_shape(lambda: params), mesh)
     trainer.check_rows(cfg.batch.num_rows)
     state = trainer.init_state(params)

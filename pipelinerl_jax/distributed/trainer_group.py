@@ -69,15 +69,10 @@ def _fields() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainBatch)]
 
 
-def group_devices(trainer_processes: int, local_split) -> list:
-    """The trainer mesh's devices: each trainer process's trainer devices, process by process.
-    `local_split(devices) -> (sampler devices, trainer devices)` is applied to each process's
-    devices (every trainer process runs the same config, so the same split)."""
-    out = []
-    for p in range(trainer_processes):
-        mine = [d for d in jax.devices() if d.process_index == p]
-        out += list(local_split(mine)[1])
-    return out
+def group_devices(trainer_processes: int) -> list:
+    """The trainer mesh's devices: every device of processes 0..trainer_processes-1, process
+    by process (the samplers are other processes, so trainers keep all of theirs)."""
+    return [d for d in jax.devices() if d.process_index < trainer_processes]
 
 
 def gather_fn(mesh):

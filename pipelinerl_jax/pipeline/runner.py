@@ -250,11 +250,14 @@ def build(
     loss_fn, optimizer: passed to the Trainer when given (its defaults come from cfg);
     sampler: generate with this one instead of building a PagedSampler here (e.g. a
     distributed.RemoteSampler; held-out evaluation still runs on a local PagedSampler);
-    trainer_devices: the trainer mesh's devices instead of this process's share (a trainer
-    spanning several processes: distributed.trainer_group.group_devices)."""
+    trainer_devices: the trainer mesh's devices instead of a split of `devices` (a
+    multi-process run, whose samplers are other processes: every device of the trainer
+    processes, distributed.trainer_group.group_devices)."""
     devices = devices or jax.local_devices()
-    sampler_devices, local_trainer_devices = split_devices(devices, cfg.devices)
-    trainer_devices = list(trainer_devices or local_trainer_devices)
+    if trainer_devices is None:
+        sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
+    else:  # the samplers are elsewhere: held-out evaluation shares this process's devices
+        sampler_devices, trainer_devices = list(devices), list(trainer_devices)
     tokenizer, source, encode = build_data(cfg, load_source=prompts is None)
     if prompts is None:
         stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
