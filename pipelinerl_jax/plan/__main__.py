@@ -4,6 +4,7 @@
   python -m pipelinerl_jax.plan --reproduce_paper            # Appendix A.4, figures 7 and 8
   python -m pipelinerl_jax.plan measure --out=profile.json   # U(h) on this backend
   python -m pipelinerl_jax.plan measure --engine_model=tiny  # + our decode latency, train rate
+  python -m pipelinerl_jax.plan --devices=32 --devices_per_host=8 --transfer_gb_per_s=10 ...
 
 Prints the recommended split (PipelineRL vs Conventional RL at the same lag) and writes
 utilisation.png and throughput_vs_lag.png to --out_dir. Units follow the profile: with a 'decode'
@@ -20,9 +21,11 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 from absl import app, flags
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.plan import hosts as hosts_lib
 from pipelinerl_jax.plan import layout, model, paper
 from pipelinerl_jax.plan import utilisation as util
 from pipelinerl_jax.plan.utilisation import PlanError
@@ -53,6 +56,22 @@ _LENGTHS = flags.DEFINE_string(
 )
 _GEN_DEVICES = flags.DEFINE_integer("gen_devices", None, "Fix the generation device count I.")
 _GEN_BATCH = flags.DEFINE_float("gen_batch", None, "Fix the per-device generation batch H.")
+_DEVICES_PER_HOST = flags.DEFINE_integer(
+    "devices_per_host",
+    None,
+    "Several hosts: devices per host; generation and training get whole hosts each.",
+)
+_TRANSFER = flags.DEFINE_float(
+    "transfer_gb_per_s",
+    None,
+    "Several hosts: weight-pull bandwidth from the trainer host, GB/s (default: the "
+    "profile's weight_transfer.bytes_per_s; bench/bench_weight_transfer.py measures it).",
+)
+_PARAM_BYTES = flags.DEFINE_float(
+    "param_bytes",
+    None,
+    "Several hosts: bytes of one weight version (default: the profile's model params x dtype).",
+)
 _MAX_GEN_BATCH = flags.DEFINE_float(
     "max_gen_batch", None, "KV-cache bound on the per-device batch (overrides profile)."
 )
@@ -169,6 +188,31 @@ def device_profile(profile: dict, name: str) -> tuple[layout.DeviceProfile, str]
     return layout.DeviceProfile(curve, tau, kv), note
 
 
+def hosts_from(profile: dict) -> hosts_lib.Hosts | None:
+    """The Hosts the flags and profile describe (None: one host, no transfer)."""
+    if _DEVICES_PER_HOST.value is None:
+        for name in ("transfer_gb_per_s", "param_bytes"):
+            if flags.FLAGS[name].present:
+                raise PlanError(f"--{name} describes several hosts: give --devices_per_host too")
+        return None
+    bandwidth = (
+        _TRANSFER.value * 1e9
+        if _TRANSFER.value is not None
+        else (profile.get("weight_transfer") or {}).get("bytes_per_s")
+    )
+    param_bytes = _PARAM_BYTES.value
+    if param_bytes is None:
+        described = (profile.get("decode") or {}).get("model") or {}
+        if "params" in described:
+            itemsize = np.dtype(described.get("dtype", "float32")).itemsize
+            param_bytes = float(described["params"]) * itemsize
+    return hosts_lib.Hosts(
+        _DEVICES_PER_HOST.value,
+        param_bytes=param_bytes or 0.0,
+        transfer_bytes_per_s=None if bandwidth is None else float(bandwidth),
+    )
+
+
 def profile_warnings(profile: dict, path: str) -> list[str]:
     """Why the profile may not describe the hardware being planned for, one line each.
 
@@ -225,7 +269,9 @@ def run_plan() -> None:
             f"exist and one must train; use --gen_devices <= {_DEVICES.value - 1} or "
             f"raise --devices above {_GEN_DEVICES.value}"
         )
-    work = layout.Workload(_DEVICES.value, _BATCH.value, dist, _MAX_LAG.value)
+    work = layout.Workload(
+        _DEVICES.value, _BATCH.value, dist, _MAX_LAG.value, hosts=hosts_from(profile)
+    )
     plan = layout.plan_layout(
         prof, work, gen_devices=_GEN_DEVICES.value, gen_batch=_GEN_BATCH.value
     )

@@ -95,10 +95,12 @@ def apply(grid, hosts: Hosts, *, num_devices: int, batch_size: int, mean_len: fl
     return dataclasses.replace(grid, lag_HxI=grid.lag_HxI + extra)
 
 
-def describe(hosts: Hosts, gen_devices: int, r: float, batch_size: int, mean_len: float) -> str:
+def describe(
+    hosts: Hosts, gen_devices: int, devices: int, r: float, batch_size: int, mean_len: float
+) -> str:
     """One line for the plan table: hosts per role and what the transfer costs."""
     d = hosts.devices_per_host
-    line = f"hosts: {gen_devices // d} sampling + trainer on the other(s), {d} devices each"
+    line = f"hosts: {gen_devices // d} sampling, {(devices - gen_devices) // d} training ({d} devices each)"
     if hosts.transfer_bytes_per_s is None:
         return line + "; weight transfer not modelled (give its bandwidth)"
     t_x = float(hosts.transfer_s(np.array([gen_devices]))[0])

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from pipelinerl_jax.plan import hosts as hosts_lib
 from pipelinerl_jax.plan import model
 from pipelinerl_jax.plan.utilisation import UNIT_FRACTION, PlanError, UtilisationCurve
 
@@ -94,6 +95,7 @@ class Workload:
     batch_size: int  # B, sequences per optimizer step
     lengths: model.LengthDistribution
     max_lag: int  # the staleness the algorithm tolerates, in optimizer steps
+    hosts: hosts_lib.Hosts | None = None  # several hosts: whole hosts per role, transfer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +117,8 @@ class Plan:
     steps_rate: float  # optimizer steps per time unit, r / (L̄·B)
     conventional: dict  # Conventional RL at G = max_lag + 1 (same lag), or {} if not asked
     speedup: float  # r / r_conv (nan without the comparison)
+    transfer_s: float = 0.0  # seconds to move one version to every sampler host (hosts.py)
+    transfer_lag: int = 0  # versions that transfer adds to lag (included in `lag`)
 
     @property
     def train_devices(self) -> int:
@@ -175,8 +179,20 @@ def plan_layout(
             r_pipe_HxI=grid.r_pipe_HxI[:, keep],
             lag_HxI=grid.lag_HxI[:, keep],
         )
+    grid = _with_hosts(grid, prof, workload)
     choice = model.best_pipeline(grid, workload.max_lag)
     mean_len = workload.lengths.mean_len
+    transfer_s, transfer_lag = 0.0, 0
+    if workload.hosts is not None:
+        transfer_s = float(workload.hosts.transfer_s(np.array([choice.gen_devices]))[0])
+        transfer_lag = int(
+            workload.hosts.transfer_lag(
+                np.array([[choice.r_pipe]]),
+                np.array([choice.gen_devices]),
+                workload.batch_size,
+                mean_len,
+            )[0, 0]
+        )
     conv, speedup = {}, float("nan")
     if compare_conventional:
         conv = model.conventional_rate_at_lag(
@@ -207,6 +223,26 @@ def plan_layout(
         steps_rate=choice.r_pipe / (mean_len * workload.batch_size),
         conventional=conv,
         speedup=speedup,
+        transfer_s=transfer_s,
+        transfer_lag=transfer_lag,
+    )
+
+
+def _with_hosts(grid, prof: DeviceProfile, workload: Workload):
+    """The grid over whole-host splits with the weight transfer's lag (hosts.py), if any."""
+    if workload.hosts is None:
+        return grid
+    if workload.hosts.transfer_bytes_per_s is not None and prof.unit != "tokens/s":
+        raise PlanError(
+            "the weight transfer is timed in seconds: plan in seconds mode (--units=seconds "
+            "with a measured profile) or leave the transfer bandwidth out"
+        )
+    return hosts_lib.apply(
+        grid,
+        workload.hosts,
+        num_devices=workload.devices,
+        batch_size=workload.batch_size,
+        mean_len=workload.lengths.mean_len,
     )
 
 
@@ -223,7 +259,7 @@ def lag_sweep(prof: DeviceProfile, workload: Workload, max_lags) -> dict[str, np
         tau=prof.tau,
         max_gen_batch=prof.max_gen_batch,
     )
-    pipe = model.best_rate_by_lag(grid, lags)
+    pipe = model.best_rate_by_lag(_with_hosts(grid, prof, workload), lags)
     covered = conventional_lag_covered(prof, workload)
     conv = np.array(
         [  # NaN where the profile does not reach the round's per-device batch
@@ -275,6 +311,17 @@ def format_plan(plan: Plan, workload: Workload) -> str:
         f"{'samples per ' + u.split('/')[1]:28s}{plan.samples_rate:>16.4g}",
         f"{'optimizer steps per ' + u.split('/')[1]:28s}{plan.steps_rate:>16.4g}",
     ]
+    if workload.hosts is not None:
+        lines.append(
+            hosts_lib.describe(
+                workload.hosts,
+                plan.gen_devices,
+                plan.devices,
+                plan.r,
+                workload.batch_size,
+                workload.lengths.mean_len,
+            )
+        )
     if plan.conventional:
         lines.append(
             f"{'speedup over Conventional':28s}{plan.speedup:>16.3f}x  (same lag: "
