@@ -1,11 +1,12 @@
-"""The default run as one process and as 1 trainer + 1 or 2 sampler processes (localhost).
+"""The default run as one process, 1 trainer + 1 or 2 sampler processes, and 2 trainer processes + 1 sampler (localhost).
 
     python bench/bench_multiprocess.py              # the default config, 400 steps per layout
     python bench/bench_multiprocess.py --steps=40   # a quick check that every layout runs
 
 Each layout runs `launch.py` (configs/default.py, the demo) with the same seed: single process,
-`--spawn_local=2` (1 trainer + 1 sampler) and `--spawn_local=3` (1 trainer + 2 samplers), one
-after another. Reported per layout: steady samples/s (the run summary's, second half of the
+`--spawn_local=2` (1 trainer + 1 sampler), `--spawn_local=3` (1 trainer + 2 samplers) and
+`--spawn_local=3` with `devices.trainer_processes=2` (one trainer mesh over two processes, whose
+every step crosses processes through gloo), one after another. Reported per layout: steady samples/s (the run summary's, second half of the
 run), wall time of the whole job, reward over the first 20 steps and the last tenth, max lag
 against the bound, and the fraction of sequences that mixed policy versions.
 
@@ -32,6 +33,9 @@ from bench import common  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = (("1 process", []), ("1 trainer + 1 sampler", ["--spawn_local=2"]))
 LAYOUTS += (("1 trainer + 2 samplers", ["--spawn_local=3"]),)
+LAYOUTS += (
+    ("2 trainers + 1 sampler", ["--spawn_local=3", "--config.devices.trainer_processes=2"]),
+)
 
 
 def run_layout(flags: list[str], steps: int, root: Path) -> dict:

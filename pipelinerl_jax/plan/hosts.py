@@ -107,7 +107,7 @@ def describe(
     step = batch_size * mean_len / r
     lag = math.ceil(t_x / step - 1e-12)
     return (
-        f"{line}; weights {hosts.param_bytes / 1e6:.0f} MB to each sampler host at "
+        f"{line}; weights {hosts.param_bytes / 1e6:.3g} MB to each sampler host at "
         f"{hosts.transfer_bytes_per_s / 1e9:.3g} GB/s: {t_x:.3g} s per version, "
         f"{t_x / step:.2f} of a {step:.3g} s step (+{lag} lag)"
     )
