@@ -116,13 +116,20 @@ def hf_generate_fn(
     return run
 
 
-def our_sampler(path: Path, dtype: str, batch: int, new_tokens: int, chunk_steps: int):
+def our_sampler(
+    path: Path,
+    dtype: str,
+    batch: int,
+    new_tokens: int,
+    chunk_steps: int,
+    prompt_len: int = PROMPT_LEN,
+):
     from pipelinerl_jax.models import hf_io
     from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
 
     _, graphdef, params = hf_io.load_hf(path, param_dtype=dtype)
     page = 16
-    max_len = -(-(PROMPT_LEN + new_tokens) // page) * page
+    max_len = -(-(prompt_len + new_tokens) // page) * page
     config = SamplerConfig(
         num_slots=batch,
         max_seq_len=max_len,
@@ -135,16 +142,25 @@ def our_sampler(path: Path, dtype: str, batch: int, new_tokens: int, chunk_steps
 
 
 def bench_pair(
-    path, dtype, batch, new_tokens, repeats, chunk_steps, check_parity, temperature: float = 0.0
+    path,
+    dtype,
+    batch,
+    new_tokens,
+    repeats,
+    chunk_steps,
+    check_parity,
+    temperature: float = 0.0,
+    *,
+    prompt_len: int = PROMPT_LEN,
+    vocab_size: int = common.BENCH_MODEL["vocab_size"],
 ):
     """One row: ours vs transformers generate, greedy (temperature 0) or plain temperature
-    sampling (no top-k / top-p: how RL samples), every row forced to `new_tokens` tokens."""
+    sampling (no top-k / top-p: how RL samples), every row forced to `new_tokens` tokens
+    (no EOS on either side), from random prompts of `prompt_len` tokens."""
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
-    prompts = np.random.default_rng(batch).integers(
-        0, common.BENCH_MODEL["vocab_size"], (batch, PROMPT_LEN)
-    )
-    sampler, params = our_sampler(path, dtype, batch, new_tokens, chunk_steps)
+    prompts = np.random.default_rng(batch).integers(0, vocab_size, (batch, prompt_len))
+    sampler, params = our_sampler(path, dtype, batch, new_tokens, chunk_steps, prompt_len)
     how = SamplingParams(temperature=temperature, max_new_tokens=new_tokens)
     ours_out, hf_out = [], []
     hf_fn = hf_generate_fn(path, dtype, prompts, new_tokens, temperature)
@@ -173,7 +189,7 @@ def bench_pair(
     row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
     if check_parity:
         ours_tokens = [s.token_ids for s in ours_out[-1]]
-        hf_tokens = hf_out[-1][:, PROMPT_LEN:].tolist()
+        hf_tokens = hf_out[-1][:, prompt_len:].tolist()
         row["same_tokens_frac"] = float(np.mean([a == b for a, b in zip(ours_tokens, hf_tokens)]))
     return row, sampler, params
 

@@ -96,6 +96,28 @@ def _decode(d):
     return out
 
 
+def _decode_real(d):
+    """SmolLM2 decode rows, each against its goal (>= 2.5x f32, >= 1.5x bf16)."""
+    c = d["config"]
+    out = []
+    for r in d["rows"]:
+        how = "greedy" if not r.get("temperature") else f"temperature {r['temperature']:g}"
+        same = r.get("same_tokens_frac")
+        ours = f"{r['ours_tok_s']:.0f}" + (f" ({same:.0%} same tokens)" if same is not None else "")
+        goal = r.get("goal")
+        met = "" if goal is None else (" (goal met)" if r["ratio"] >= goal else f" (goal {goal}x)")
+        out.append(
+            (
+                f"SmolLM2-135M decode {r['dtype']}, batch {r['batch']}, {how}, {c['prompt_len']} + "
+                f"{c['new_tokens']} tokens: tokens/s",
+                ours,
+                f"{r['hf_tok_s']:.0f}",
+                f"{r['ratio']:.2f}x{met}",
+            )
+        )
+    return out
+
+
 def _projections(d):
     out = []
     for r in d["rows"]:
@@ -405,6 +427,7 @@ def _multiprocess(d):
 SECTIONS = (
     ("forward", "python bench/bench_forward.py", "transformers", _forward),
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
+    ("decode_real", "python bench/bench_decode_real.py", "transformers generate", _decode_real),
     ("projections", "python bench/bench_projections.py", "torch", _projections),
     ("train_step", "python bench/bench_train_step.py", "torch + transformers", _train),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode", _pipeline),

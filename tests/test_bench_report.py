@@ -176,3 +176,20 @@ def test_real_model_rows(tmp_path, monkeypatch):
         "train step float32, 16 x 512 tokens (ours remat, torch gradient checkpointing): "
         "tokens/s | 150 (55 s) | 120 (68 s) | 1.25x (goal >= 1.2) |"
     ) in text
+
+
+def test_real_decode_rows_say_whether_each_goal_is_met(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    row = dict(batch=16, temperature=0.0, ours_tok_s=260.0, hf_tok_s=100.0, ratio=2.6)
+    d = {
+        "config": {"prompt_len": 64, "new_tokens": 256},
+        "rows": [
+            {**row, "dtype": "float32", "goal": 2.5, "same_tokens_frac": 1.0},
+            {**row, "dtype": "bfloat16", "goal": 1.5, "temperature": 1.0, "ratio": 1.2},
+        ],
+    }
+    (tmp_path / "decode_real.json").write_text(json.dumps(d))
+    text = report.table()
+    assert "decode float32, batch 16, greedy, 64 + 256 tokens: tokens/s | 260 (100% same" in text
+    assert "| 2.60x (goal met) |" in text
+    assert "bfloat16, batch 16, temperature 1" in text and "| 1.20x (goal 1.5x) |" in text

@@ -17,24 +17,14 @@ from pathlib import Path
 import pytest
 
 from pipelinerl_jax import pipeline, presets
+from tests.launching import ROOT, launch
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
 FLAGS = ["--config=configs/tiny.py", f"--config.steps={STEPS}", "--config.checkpoint_every=0"]
 
 
-def _launch(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "launch.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_one_trainer_two_samplers(tmp_path):
-    done = _launch(*FLAGS, "--config.eval_every=0", "--spawn_local=3", f"--workdir={tmp_path}")
+    done = launch(*FLAGS, "--config.eval_every=0", "--spawn_local=3", f"--workdir={tmp_path}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     out = done.stdout
     served = [
@@ -76,7 +66,7 @@ def test_one_trainer_two_samplers(tmp_path):
     ],
 )
 def test_bad_multi_process_settings_are_one_line(tmp_path, args, message):
-    done = _launch("--config=configs/tiny.py", *args, f"--workdir={tmp_path}", timeout=120)
+    done = launch("--config=configs/tiny.py", *args, f"--workdir={tmp_path}", timeout=120)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
@@ -145,7 +135,7 @@ def test_kill_9_then_relaunch_resumes(tmp_path, victim, name, trainers):
     while _processes_with(str(workdir)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _processes_with(str(workdir)) == []  # no orphans
-    done = _launch(*[a.replace("steps=40", "steps=12") for a in args], timeout=300)
+    done = launch(*[a.replace("steps=40", "steps=12") for a in args], timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "resumed from step" in done.stdout
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -207,7 +197,8 @@ def test_without_a_supervisor_one_process_failing_stops_the_others(tmp_path, sig
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert codes[2] == code and codes[0] == codes[1] == 1, codes
+    logs = [(tmp_path / f"p{i}.log").read_text() for i in range(3)]
+    assert codes[2] == code and codes[0] == codes[1] == 1, (codes, logs[0][-3000:])
     for i in (0, 1):
         text = (tmp_path / f"p{i}.log").read_text()
         assert line in text, text[-2000:]

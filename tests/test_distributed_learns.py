@@ -4,13 +4,9 @@ the lag bound held over both samplers and every trained token's version one the 
 published by then."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
+from tests.launching import launch
 from tests.test_rl_learns import MAX_NEW, STEPS
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_one_trainer_two_samplers_raise_a_dense_reward(tmp_path):
@@ -46,13 +42,7 @@ def test_one_trainer_two_samplers_raise_a_dense_reward(tmp_path):
         "--spawn_local=3",
         f"--workdir={tmp_path}",
     ]
-    done = subprocess.run(
-        [sys.executable, "launch.py", *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    done = launch(*flags, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("kind") == "train"]

@@ -6,9 +6,6 @@ Orbax checkpoint holds whole arrays a single process can read, and a relaunch re
 with both trainer processes."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -20,20 +17,7 @@ from pipelinerl_jax.checkpoint import RunCheckpointer, model_config_from_json
 from pipelinerl_jax.distributed.trainer_group import pack_batch, unpack_batch
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _launch(*args, timeout=300):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    return subprocess.run(
-        [sys.executable, "launch.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+from tests.launching import launch
 
 
 def _records(workdir: Path) -> list[dict]:
@@ -56,7 +40,7 @@ def test_two_trainer_processes_train_checkpoint_and_resume(tmp_path):
         "--spawn_local=3",
         f"--workdir={workdir}",
     ]
-    done = _launch(*args, "--config.steps=6")
+    done = launch(*args, "--config.steps=6", devices=2)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "process 1 (trainer): following process 0 on 4 trainer device(s)" in done.stdout
     assert "devices: sampler 2, trainer 4" in done.stdout
@@ -82,7 +66,7 @@ def test_two_trainer_processes_train_checkpoint_and_resume(tmp_path):
     assert step == 6
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
-    again = _launch(*args, "--config.steps=8")
+    again = launch(*args, "--config.steps=8", devices=2)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert "resumed from step 6" in again.stdout
     assert _follower_steps(again.stdout) == 2

@@ -31,7 +31,8 @@ DONE = "pipelinerl/done/{}"
 SEEN = "pipelinerl/seen/{}"  # a process read the failure report and is stopping
 # Process 0 hosts the store: once it exits the others abort natively (JAX) before they can
 # read the report, so it waits this long at most for every other process to have read it.
-LINGER_S = 5.0
+LINGER_S = 4.0
+STILL_S = 2.5  # a process whose beat has not moved this long while process 0 lingers is dead
 BEAT_S = 1.0
 SILENT_S = 6.0
 
@@ -53,23 +54,29 @@ def report(spec, error: BaseException, client=None) -> None:
 
 
 def _linger(spec, client, gone: int | None = None, timeout_s: float = LINGER_S) -> None:
-    """Process 0: keeps the store up until every other process (but `gone`, a dead one) has
-    read the report."""
+    """Process 0: keeps the store up until every other process has read the report, or is
+    dead itself (`gone`, or a beat that does not move while we wait)."""
     if spec.process_id != 0:
         return
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
     others = [p for p in range(1, spec.num_processes) if p != gone]
-    while time.monotonic() < deadline:
-        try:
-            if all(
-                channel.try_get(client, SEEN.format(p)) is not None
-                or channel.try_get(client, DONE.format(p)) is not None
-                for p in others
-            ):
+    try:
+        beats = {p: channel.try_get(client, ALIVE.format(p)) for p in others}
+        while time.monotonic() - start < timeout_s:
+            waiting = []
+            for p in others:
+                if (
+                    channel.try_get(client, SEEN.format(p)) is None
+                    and channel.try_get(client, DONE.format(p)) is None
+                ):
+                    moved = channel.try_get(client, ALIVE.format(p)) != beats[p]
+                    if moved or time.monotonic() - start < STILL_S:
+                        waiting.append(p)
+            if not waiting:
                 return
-        except Exception:
-            return
-        time.sleep(0.05)
+            time.sleep(0.05)
+    except Exception:
+        return  # the store is gone
 
 
 def finished(spec, client=None) -> None:

@@ -69,7 +69,7 @@ class ProcessSpec:
 def initialize(
     spec: ProcessSpec,
     *,
-    heartbeat_s: int = 15,
+    heartbeat_s: int = 20,
     init_timeout_s: int = 60,
     shutdown_timeout_s: int = 10,
 ) -> None:

@@ -83,14 +83,7 @@ def apply(grid, hosts: Hosts, *, num_devices: int, batch_size: int, mean_len: fl
     keep = hosts.gen_devices_ok(grid.gen_devices)
     if not keep.any():
         raise PlanError(f"no whole-host split of {num_devices} devices")
-    grid = dataclasses.replace(
-        grid,
-        gen_devices=grid.gen_devices[keep],
-        r_gen_HxI=grid.r_gen_HxI[:, keep],
-        r_train_HxI=grid.r_train_HxI[:, keep],
-        r_pipe_HxI=grid.r_pipe_HxI[:, keep],
-        lag_HxI=grid.lag_HxI[:, keep],
-    )
+    grid = grid.keep_gen_devices(keep)
     extra = hosts.transfer_lag(grid.r_pipe_HxI, grid.gen_devices, batch_size, mean_len)
     return dataclasses.replace(grid, lag_HxI=grid.lag_HxI + extra)
 

@@ -170,15 +170,7 @@ def plan_layout(
         gen_batches=None if gen_batch is None else [gen_batch],
     )
     if gen_devices is not None:
-        keep = grid.gen_devices == gen_devices
-        grid = dataclasses.replace(
-            grid,
-            gen_devices=grid.gen_devices[keep],
-            r_gen_HxI=grid.r_gen_HxI[:, keep],
-            r_train_HxI=grid.r_train_HxI[:, keep],
-            r_pipe_HxI=grid.r_pipe_HxI[:, keep],
-            lag_HxI=grid.lag_HxI[:, keep],
-        )
+        grid = grid.keep_gen_devices(grid.gen_devices == gen_devices)
     grid = _with_hosts(grid, prof, workload)
     choice = model.best_pipeline(grid, workload.max_lag)
     mean_len = workload.lengths.mean_len

@@ -218,6 +218,17 @@ class PipelineGrid:
     r_pipe_HxI: np.ndarray
     lag_HxI: np.ndarray
 
+    def keep_gen_devices(self, keep_I: np.ndarray) -> PipelineGrid:
+        """The grid over the I values where the boolean mask `keep_I` [nI] is set."""
+        return dataclasses.replace(
+            self,
+            gen_devices=self.gen_devices[keep_I],
+            r_gen_HxI=self.r_gen_HxI[:, keep_I],
+            r_train_HxI=self.r_train_HxI[:, keep_I],
+            r_pipe_HxI=self.r_pipe_HxI[:, keep_I],
+            lag_HxI=self.lag_HxI[:, keep_I],
+        )
+
 
 def pipeline_grid(
     curve: UtilisationCurve,

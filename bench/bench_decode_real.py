@@ -1,0 +1,105 @@
+"""Decode throughput on the real model, SmolLM2-135M-Instruct, against transformers `generate`.
+
+    make real-model                                   # the weights, once
+    .venv/bin/python bench/bench_decode_real.py       # the timed run (machine must be idle)
+    .venv/bin/python bench/bench_decode_real.py --quick
+
+Both engines load the same safetensors directory. Prompts of 64 random tokens, 256 forced new
+tokens (no EOS on either side), batch 1 / 8 / 16 / 64, f32 and bf16 (ours: bf16 params and
+compute; transformers: the model loaded in torch.bfloat16), greedy and plain temperature-1
+sampling (no top-k / top-p, as RL samples). Tokens/s = generated tokens / wall time of the
+whole generate call, prefill included; medians of repeats timed in alternating rounds
+(bench/common.alternating_medians) and their ratio. Greedy f32 rows at batch <= 8 also report
+the fraction of sequences whose tokens equal transformers' exactly. The goals (#16): >= 2.5x
+transformers at every batch in f32, >= 1.5x transformers bf16 in bf16. Writes
+bench/results/decode_real.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+from bench.bench_decode import bench_pair  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+PROMPT_LEN = 64
+GOALS = {"float32": 2.5, "bfloat16": 1.5}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes: checks that it runs")
+    ap.add_argument("--model", default=str(MODEL_DIR), help="a Llama-family HF directory")
+    ap.add_argument("--batches", default="1,8,16,64")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--new_tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--chunk_steps", type=int, default=16)
+    args = ap.parse_args()
+    path = Path(args.model)
+    if not (path / "config.json").is_file():
+        print(
+            f"error: --model={path} has no config.json; `make real-model` fetches SmolLM2",
+            file=sys.stderr,
+        )
+        return 2
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    batches = [1, 8] if args.quick else [int(b) for b in args.batches.split(",")]
+    dtypes = args.dtypes.split(",")
+    temps = [float(t) for t in args.temperatures.split(",")]
+    new_tokens = 16 if args.quick else args.new_tokens
+    repeats = 1 if args.quick else args.repeats
+    chunk = 4 if args.quick else min(args.chunk_steps, new_tokens)
+
+    load = common.warn_if_busy()
+    rows = []
+    for dtype in dtypes:
+        for temperature in temps:
+            for batch in batches:
+                row, _, _ = bench_pair(
+                    path,
+                    dtype,
+                    batch,
+                    new_tokens,
+                    repeats,
+                    chunk,
+                    check_parity=dtype == "float32" and temperature == 0 and batch <= 8,
+                    temperature=temperature,
+                    prompt_len=PROMPT_LEN,
+                    vocab_size=vocab,
+                )
+                row["goal"] = GOALS.get(dtype)
+                rows.append(row)
+                print(row, flush=True)
+    payload = {
+        "config": {
+            "model": path.name,
+            "prompt_len": PROMPT_LEN,
+            "new_tokens": new_tokens,
+            "chunk_steps": chunk,
+            "repeats": repeats,
+            "quick": args.quick,
+        },
+        "load_before": load,
+        "load_after": common.load_average(),
+        "cpu": common.cpu_features(),
+        "rows": rows,
+    }
+    common.print_table(
+        rows,
+        ["batch", "dtype", "temperature", "ours_tok_s", "hf_tok_s", "ratio", "same_tokens_frac"],
+    )
+    common.write_result("decode_real_quick" if args.quick else "decode_real", payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
