@@ -60,6 +60,12 @@ def main() -> int:
     chunk = 4 if args.quick else min(args.chunk_steps, new_tokens)
 
     load = common.warn_if_busy()
+    from pipelinerl_jax.models import hf_io
+    from pipelinerl_jax.models.config import ModelConfig
+
+    model_cfg = ModelConfig.from_hf(hf_io.read_config(path))
+    flop_per_token = 2 * model_cfg.matmul_params_per_token()
+    gflops = common.f32_matmul_gflops(n=1024 if args.quick else 2048)
     rows = []
     for dtype in dtypes:
         for temperature in temps:
@@ -77,6 +83,11 @@ def main() -> int:
                     vocab_size=vocab,
                 )
                 row["goal"] = GOALS.get(dtype)
+                # What bounds a batch: the rate as a fraction of this machine's f32 matmul rate
+                # (2 x matmul params FLOPs per token; attention not counted).
+                for side in ("ours", "hf"):
+                    rate = row[f"{side}_tok_s"] * flop_per_token / (gflops * 1e9)
+                    row[f"{side}_frac_f32_matmul_peak"] = rate
                 rows.append(row)
                 print(row, flush=True)
     payload = {
@@ -91,11 +102,22 @@ def main() -> int:
         "load_before": load,
         "load_after": common.load_average(),
         "cpu": common.cpu_features(),
+        "f32_matmul_gflops": gflops,
+        "flop_per_token": flop_per_token,
         "rows": rows,
     }
     common.print_table(
         rows,
-        ["batch", "dtype", "temperature", "ours_tok_s", "hf_tok_s", "ratio", "same_tokens_frac"],
+        [
+            "batch",
+            "dtype",
+            "temperature",
+            "ours_tok_s",
+            "hf_tok_s",
+            "ratio",
+            "ours_frac_f32_matmul_peak",
+            "same_tokens_frac",
+        ],
     )
     common.write_result("decode_real_quick" if args.quick else "decode_real", payload)
     return 0

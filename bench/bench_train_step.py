@@ -13,7 +13,7 @@ bench/results/train_step.json.
   .venv/bin/python bench/bench_train_step.py --model_dir=models/SmolLM2-135M-Instruct
 
 With --model_dir (after `make real-model`): the real model, 16 sequences x 512 tokens (64 prompt
-+ 448 completion), f32, per-layer remat on our side and gradient checkpointing on torch's (as
++ 448 completion), f32 and bf16 (f32 params, bf16 compute), per-layer remat on our side and gradient checkpointing on torch's (as
 TRL trains by default), 3 alternating rounds with no untimed call between them (a step takes
 most of a minute, so the few milliseconds of torch's spinning OpenMP workers do not matter);
 writes bench/results/train_step_real.json.
@@ -147,8 +147,8 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--model_dir",
         default=None,
-        help="a Hugging Face directory: time that model (f32, 16 x 512, remat "
-        "vs gradient checkpointing) instead of the bench model",
+        help="a Hugging Face directory: time that model (16 x 512, remat "
+        "vs gradient checkpointing, --dtypes) instead of the bench model",
     )
     args = parser.parse_args(argv)
     if args.model_dir:
@@ -223,38 +223,49 @@ def main(argv=None) -> dict:
 
 
 def real_model(args) -> dict:
-    """The real model's f32 step: ours (remat) vs torch + transformers (gradient checkpointing)."""
+    """The real model's step, per dtype: ours (remat) vs torch + transformers (gradient
+    checkpointing). bf16: f32 params (the master weights) with bf16 compute on both sides,
+    ours through compute_dtype, torch through autocast."""
     import torch
 
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
     num_seq, seq_len, prompt_len, repeats = 16, 512, 64, 3
-    cfg, _, params = hf_io.load_hf(args.model_dir, param_dtype="float32", remat=True)
-    batch = make_batch(cfg, num_seq, seq_len, prompt_len)
-    ours = jax_step(cfg, params, batch, args.token_chunk)
-    t0 = time.perf_counter()
-    first_ours = ours()  # compiles
-    compile_s = time.perf_counter() - t0
-    theirs = torch_step(cfg, params, batch, autocast=False, checkpointing=True)
-    first_torch = theirs()
-    medians = common.alternating_medians({"ours": ours, "torch": theirs}, repeats=repeats, warmup=0)
-    ours_s, torch_s = medians["ours"][0], medians["torch"][0]
     tokens = num_seq * seq_len
-    row = dict(
-        dtype="float32",
-        ours_s=ours_s,
-        torch_s=torch_s,
-        ours_tok_s=tokens / ours_s,
-        torch_tok_s=tokens / torch_s,
-        ratio=torch_s / ours_s,
-        first_loss_ours=first_ours,
-        first_loss_torch=first_torch,
-        compile_s=compile_s,
-        ours_times=medians["ours"][1],
-        torch_times=medians["torch"][1],
-    )
+    rows = []
+    for dtype in args.dtypes.split(","):
+        cfg, _, params = hf_io.load_hf(
+            args.model_dir, param_dtype="float32", compute_dtype=dtype, remat=True
+        )
+        batch = make_batch(cfg, num_seq, seq_len, prompt_len)
+        ours = jax_step(cfg, params, batch, args.token_chunk)
+        t0 = time.perf_counter()
+        first_ours = ours()  # compiles
+        compile_s = time.perf_counter() - t0
+        row = dict(dtype=dtype, first_loss_ours=first_ours, compile_s=compile_s)
+        steps = {"ours": ours}
+        if dtype in args.no_peer_dtypes.split(","):
+            row["torch_not_timed"] = "--no-peer-dtypes"
+        else:
+            steps["torch"] = torch_step(
+                cfg, params, batch, autocast=dtype == "bfloat16", checkpointing=True
+            )
+            row["first_loss_torch"] = steps["torch"]()
+        medians = common.alternating_medians(steps, repeats=repeats, warmup=0)
+        ours_s = medians["ours"][0]
+        row.update(ours_s=ours_s, ours_tok_s=tokens / ours_s, ours_times=medians["ours"][1])
+        if "torch" in medians:
+            torch_s = medians["torch"][0]
+            row.update(
+                torch_s=torch_s,
+                torch_tok_s=tokens / torch_s,
+                ratio=torch_s / ours_s,
+                torch_times=medians["torch"][1],
+            )
+        rows.append(row)
+        print(row, flush=True)
     common.print_table(
-        [row],
+        rows,
         [
             "dtype",
             "ours_tok_s",
@@ -270,7 +281,7 @@ def real_model(args) -> dict:
     payload = dict(
         benchmark="train_step_real",
         load=load,
-        rows=[row],
+        rows=rows,
         config=dict(
             model=str(args.model_dir),
             sequences=num_seq,
@@ -279,6 +290,7 @@ def real_model(args) -> dict:
             objective="tis_reinforce",
             optimizer="adamw",
             remat="ours: per layer; torch: gradient checkpointing",
+            bf16="f32 params, bf16 compute (ours compute_dtype, torch autocast)",
             token_chunk=args.token_chunk,
             repeats=repeats,
             jax=jax.__version__,
