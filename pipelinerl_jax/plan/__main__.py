@@ -4,7 +4,7 @@
   python -m pipelinerl_jax.plan --reproduce_paper            # Appendix A.4, figures 7 and 8
   python -m pipelinerl_jax.plan measure --out=profile.json   # U(h) on this backend
   python -m pipelinerl_jax.plan measure --engine_model=tiny  # + our decode latency, train rate
-  python -m pipelinerl_jax.plan --devices=32 --devices_per_host=8 --transfer_gb_per_s=10 ...
+  python -m pipelinerl_jax.plan --devices=32 --devices_per_host=8 --batch=128 --max_lag=4
 
 Prints the recommended split (PipelineRL vs Conventional RL at the same lag) and writes
 utilisation.png and throughput_vs_lag.png to --out_dir. Units follow the profile: with a 'decode'
