@@ -27,6 +27,7 @@ deletes what all of them have read, so the store holds only the last few message
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -64,8 +65,6 @@ def unpack_batch(payload: bytes) -> TrainBatch:
 
 
 def _fields() -> list[str]:
-    import dataclasses
-
     return [f.name for f in dataclasses.fields(TrainBatch)]
 
 
