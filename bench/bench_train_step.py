@@ -16,13 +16,18 @@ With --model_dir (after `make real-model`): the real model, 16 sequences x 512 t
 + 448 completion), f32 and bf16 (f32 params, bf16 compute), per-layer remat on our side and gradient checkpointing on torch's (as
 TRL trains by default), 3 alternating rounds with no untimed call between them (a step takes
 most of a minute, so the few milliseconds of torch's spinning OpenMP workers do not matter);
-writes bench/results/train_step_real.json.
+Then each side's peak memory: one child process per side and dtype builds that side alone and
+makes 2 steps, and reports its peak RSS (the goal: ours <= torch's). Also writes
+bench/results/train_step_real.json. `--head_dtype=bfloat16` runs our bf16 rows' LM head on bf16
+operands (f32 accumulation), as torch autocast runs its head; the default keeps it f32.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,14 +68,14 @@ def make_batch(cfg: ModelConfig, num_seq: int, seq_len: int, prompt_len: int):
     return build_batch(samples, batch_cfg)[0]
 
 
-def jax_step(cfg: ModelConfig, params, batch, token_chunk: int):
+def jax_step(cfg: ModelConfig, params, batch, token_chunk: int, head_dtype: str = "float32"):
     tcfg = tr.TrainerConfig(
         learning_rate=LR,
         lr_schedule="constant",
         warmup_steps=0,
         weight_decay=WEIGHT_DECAY,
         grad_clip_norm=GRAD_CLIP,
-        loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk),
+        loss=LossConfig(tis_clip=CLIP_C, token_chunk=token_chunk, head_dtype=head_dtype),
     )
     graphdef, abstract_params = decoder.abstract_init(cfg)
     trainer = tr.Trainer(tcfg, graphdef, abstract_params, tr.trainer_mesh(jax.devices()[:1]))
@@ -150,7 +155,24 @@ def main(argv=None) -> dict:
         help="a Hugging Face directory: time that model (16 x 512, remat "
         "vs gradient checkpointing, --dtypes) instead of the bench model",
     )
+    parser.add_argument(
+        "--head_dtype",
+        default="float32",
+        help="our LM head's matmul operands in the bf16 rows (float32 or bfloat16)",
+    )
+    parser.add_argument(
+        "--peak_of",
+        choices=("ours", "torch"),
+        default=None,
+        help="(internal) build one side for --model_dir and --dtypes, make 2 steps, print its "
+        "peak RSS as JSON",
+    )
+    parser.add_argument(
+        "--no_peaks", action="store_true", help="skip the per-side peak-memory child runs"
+    )
     args = parser.parse_args(argv)
+    if args.peak_of:
+        return peak_of(args)
     if args.model_dir:
         return real_model(args)
     import torch
@@ -222,6 +244,50 @@ def main(argv=None) -> dict:
     return payload
 
 
+REAL_SHAPE = dict(num_seq=16, seq_len=512, prompt_len=64)
+
+
+def _real_side(args, dtype: str, side: str):
+    """One side's step function for the real model in `dtype` (f32 params, `dtype` compute)."""
+    cfg, _, params = hf_io.load_hf(
+        args.model_dir, param_dtype="float32", compute_dtype=dtype, remat=True
+    )
+    batch = make_batch(cfg, REAL_SHAPE["num_seq"], REAL_SHAPE["seq_len"], REAL_SHAPE["prompt_len"])
+    if side == "ours":
+        head = args.head_dtype if dtype == "bfloat16" else "float32"
+        return jax_step(cfg, params, batch, args.token_chunk, head)
+    return torch_step(cfg, params, batch, autocast=dtype == "bfloat16", checkpointing=True)
+
+
+def peak_of(args) -> dict:
+    """Child process: one side alone, 2 steps, its peak RSS on stdout (the last line); the
+    peak is this process's own (memory.peak_rss_bytes), not the parent's that spawned it."""
+    import torch
+
+    from pipelinerl_jax import memory
+
+    torch.set_num_threads(os.cpu_count())
+    step = _real_side(args, args.dtypes, args.peak_of)
+    losses = [step(), step()]
+    out = dict(side=args.peak_of, dtype=args.dtypes, peak_rss_gib=memory.peak_rss_bytes() / 2**30)
+    print(json.dumps(dict(out, losses=losses)), flush=True)
+    return out
+
+
+def measure_peaks(args, dtype: str) -> dict:
+    """{side: peak RSS GiB} from one child process per side (peak RSS is per process)."""
+    peaks = {}
+    for side in ("ours", "torch"):
+        cmd = [sys.executable, __file__, f"--model_dir={args.model_dir}", f"--dtypes={dtype}"]
+        cmd += [f"--peak_of={side}", f"--head_dtype={args.head_dtype}"]
+        cmd += [f"--token-chunk={args.token_chunk}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{side} {dtype} peak run failed:\n{proc.stderr[-2000:]}")
+        peaks[side] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_gib"]
+    return peaks
+
+
 def real_model(args) -> dict:
     """The real model's step, per dtype: ours (remat) vs torch + transformers (gradient
     checkpointing). bf16: f32 params (the master weights) with bf16 compute on both sides,
@@ -230,26 +296,22 @@ def real_model(args) -> dict:
 
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
-    num_seq, seq_len, prompt_len, repeats = 16, 512, 64, 3
+    num_seq, seq_len, prompt_len, repeats = *REAL_SHAPE.values(), 3
     tokens = num_seq * seq_len
     rows = []
     for dtype in args.dtypes.split(","):
-        cfg, _, params = hf_io.load_hf(
-            args.model_dir, param_dtype="float32", compute_dtype=dtype, remat=True
-        )
-        batch = make_batch(cfg, num_seq, seq_len, prompt_len)
-        ours = jax_step(cfg, params, batch, args.token_chunk)
+        ours = _real_side(args, dtype, "ours")
         t0 = time.perf_counter()
         first_ours = ours()  # compiles
         compile_s = time.perf_counter() - t0
         row = dict(dtype=dtype, first_loss_ours=first_ours, compile_s=compile_s)
+        if dtype == "bfloat16":
+            row["head_dtype"] = args.head_dtype
         steps = {"ours": ours}
         if dtype in args.no_peer_dtypes.split(","):
             row["torch_not_timed"] = "--no-peer-dtypes"
         else:
-            steps["torch"] = torch_step(
-                cfg, params, batch, autocast=dtype == "bfloat16", checkpointing=True
-            )
+            steps["torch"] = _real_side(args, dtype, "torch")
             row["first_loss_torch"] = steps["torch"]()
         medians = common.alternating_medians(steps, repeats=repeats, warmup=0)
         ours_s = medians["ours"][0]
@@ -262,6 +324,10 @@ def real_model(args) -> dict:
                 ratio=torch_s / ours_s,
                 torch_times=medians["torch"][1],
             )
+        del steps, ours
+        if not args.no_peaks:
+            peaks = measure_peaks(args, dtype)
+            row.update(ours_peak_gib=peaks["ours"], torch_peak_gib=peaks["torch"])
         rows.append(row)
         print(row, flush=True)
     common.print_table(
@@ -273,6 +339,8 @@ def real_model(args) -> dict:
             "ratio",
             "ours_s",
             "torch_s",
+            "ours_peak_gib",
+            "torch_peak_gib",
             "first_loss_ours",
             "first_loss_torch",
             "compile_s",
@@ -291,6 +359,7 @@ def real_model(args) -> dict:
             optimizer="adamw",
             remat="ours: per layer; torch: gradient checkpointing",
             bf16="f32 params, bf16 compute (ours compute_dtype, torch autocast)",
+            peak_rss="one child process per side and dtype, 2 steps each",
             token_chunk=args.token_chunk,
             repeats=repeats,
             jax=jax.__version__,

@@ -145,8 +145,19 @@ def cpu_features() -> dict:
     }
 
 
+def machine_kind(cpu: dict) -> str:
+    """A file-name-safe CPU kind ("xeon", "epyc", ...): which of the machines made a figure."""
+    model = str(cpu.get("model", "unknown")).lower()
+    for kind in ("xeon", "epyc"):
+        if kind in model:
+            return kind
+    return "".join(ch if ch.isalnum() else "-" for ch in model)[:40] or "unknown"
+
+
 def write_result(name: str, payload: dict) -> Path:
-    """Writes bench/results/<name>.json with machine facts attached; returns the path."""
+    """Writes bench/results/<name>.json with machine facts attached, and the same file as
+    bench/results/by_machine/<name>.<kind>.json, so the newest figure of each machine kind
+    stays (bench/report.py shows every kind's); returns the main path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = dict(payload)
     payload.setdefault(
@@ -161,10 +172,14 @@ def write_result(name: str, payload: dict) -> Path:
     payload.setdefault("command", " ".join(["python", *sys.argv]))
     payload.setdefault("date", datetime.datetime.now(datetime.UTC).isoformat())
     path = RESULTS_DIR / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=_jsonable))
-    tmp.replace(path)
-    print(f"wrote {path}")
+    text = json.dumps(payload, indent=2, default=_jsonable)
+    by_machine = RESULTS_DIR / "by_machine" / f"{name}.{machine_kind(payload['cpu'])}.json"
+    by_machine.parent.mkdir(exist_ok=True)
+    for target in (path, by_machine):
+        tmp = target.with_suffix(".json.tmp")
+        tmp.write_text(text)
+        tmp.replace(target)
+    print(f"wrote {path} and {by_machine.relative_to(RESULTS_DIR)}")
     return path
 
 

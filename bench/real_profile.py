@@ -18,7 +18,11 @@ group's 4 attempts sharing one prompt copy in rows of 448 tokens):
    and empty micro-batches skipped, the step's cost follows the rows the batch fills), each a
    median of 3.
 3. The serial prediction for one step, tokens / sampler tok/s + train step, against the
-   pipeline's steady seconds per step (goal: pipeline tok/s >= 0.8x serial).
+   pipeline's steady seconds per step (goal: pipeline tok/s >= 0.8x serial), and the planner's
+   prediction from the same lone rates: on one shared device (its serial formula) and on 1
+   sampler + 1 trainer device (what a pair of real devices would give).
+4. The reward function's seconds per step, scored in this process on the lone sampler's
+   completions (in a run, reward worker processes score them off the trainer's path).
 
 Writes bench/results/real_profile.json. One shared device: the roles take turns on the cores.
 """
@@ -173,13 +177,27 @@ def alone(c, cfg, rounds: int = 3) -> dict:
 
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     groups = cfg.batch_size // cfg.group_size
-    gen_s, gen_tokens, batches = [], [], []
+    from pipelinerl_jax.pipeline.runner import completion_text
+    from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, resolve_callable
+
+    fn = BUILTIN_REWARDS.get(cfg.reward.fn, cfg.reward.fn)
+    reward_fn = resolve_callable(fn) if isinstance(fn, str) else fn
+    stop_ids = tuple(getattr(c.tokenizer, "eos_token_ids", ()))
+    gen_s, gen_tokens, batches, reward_s = [], [], [], []
     rng = np.random.default_rng(0)
     for r in range(rounds + 1):  # the first round warms up (the pipeline compiled already)
-        prompts = [c.encode_prompt(next(c.stream)) for _ in range(groups)]
+        problems = [next(c.stream) for _ in range(groups)]
+        prompts = [c.encode_prompt(p) for p in problems]
         t0 = time.perf_counter()
         out = c.sampler.generate(prompts, n=cfg.group_size, params=sampling)
         dt = time.perf_counter() - t0
+        t1 = time.perf_counter()  # the step's rewards, in this process (the run's workers
+        for i, s in enumerate(out):  # score them off the trainer's path)
+            reward_fn(
+                completion_text(c.tokenizer, s.token_ids, stop_ids), problems[i // cfg.group_size]
+            )
+        if r:
+            reward_s.append(time.perf_counter() - t1)
         samples = [
             ScoredSample(
                 prompt_tokens=s.prompt_ids,
@@ -210,7 +228,36 @@ def alone(c, cfg, rounds: int = 3) -> dict:
         "sampler_rounds_tokens": gen_tokens,
         "train_step_s": statistics.median(train_s),
         "train_rounds_s": train_s,
+        "reward_s_per_step": statistics.median(reward_s),
     }
+
+
+def planner_predictions(cfg, pipeline: dict, solo: dict) -> dict:
+    """The planner's tokens/s for this config from the lone roles' rates: on one shared device
+    (the serial formula: the roles take turns) and on 2 devices, 1 sampler + 1 trainer (the
+    overlap a pair of real devices would give; this CPU cannot run that split)."""
+    from pipelinerl_jax.plan import validate
+
+    mean_len = pipeline["steady_generated_tokens_per_step"] / cfg.batch_size
+    lengths = validate.maxent_lengths(mean_len, cfg.max_new_tokens)
+    out = {}
+    for name, devices in (("shared_1_device", 1), ("split_2_devices", 2)):
+        shape = validate.RunShape(
+            devices, 1, cfg.sampler.num_slots, cfg.batch_size, cfg.max_lag, cfg.max_new_tokens
+        )
+        p = validate.predict(
+            shape,
+            gen_tokens_per_s_per_device=solo["sampler_tokens_per_s"],
+            train_step_s_per_device=solo["train_step_s"],
+            lengths=lengths,
+        )
+        out[name] = dict(
+            tokens_per_s=p["samples_per_s"] * mean_len,
+            samples_per_s=p["samples_per_s"],
+            bottleneck=p["bottleneck"],
+            lag=p["lag"],
+        )
+    return out
 
 
 def main() -> None:
@@ -232,6 +279,7 @@ def main() -> None:
     tokens = pipeline["steady_generated_tokens_per_step"]
     serial_s = tokens / solo["sampler_tokens_per_s"] + solo["train_step_s"]
     ratio = serial_s / pipeline["steady_s_per_step"]
+    planner = planner_predictions(cfg, pipeline, solo)
     out = {
         "load_before": load,
         "cpu": common.cpu_features(),
@@ -240,6 +288,7 @@ def main() -> None:
         "pipeline": pipeline,
         "alone": solo,
         "serial_s_per_step": serial_s,
+        "planner": planner,
         "pipeline_over_serial": ratio,
         "goal_pipeline_over_serial": GOAL_PIPELINE_OVER_SERIAL,
         "meets_goal": ratio >= GOAL_PIPELINE_OVER_SERIAL,
@@ -253,6 +302,16 @@ def main() -> None:
         f"alone: sampler {solo['sampler_tokens_per_s']:.0f} tok/s, train step "
         f"{solo['train_step_s']:.1f} s; serial {serial_s:.1f} s/step; pipeline/serial "
         f"{ratio:.2f} (goal >= {GOAL_PIPELINE_OVER_SERIAL})"
+    )
+    print(
+        "tokens/s: measured {:.1f}, serial {:.1f}, planner shared {:.1f}, planner 1+1 devices "
+        "{:.1f}; rewards {:.2f} s of CPU a step (in worker processes)".format(
+            pipeline["pipeline_tokens_per_s"],
+            tokens / serial_s,
+            planner["shared_1_device"]["tokens_per_s"],
+            planner["split_2_devices"]["tokens_per_s"],
+            solo["reward_s_per_step"],
+        )
     )
     print(
         "per step:",

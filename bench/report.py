@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench.common, when run as `python bench/report.py`
 RESULTS = ROOT / "bench" / "results"
 BEGIN, END = "<!-- bench/report.py: begin -->", "<!-- bench/report.py: end -->"
 
@@ -23,6 +24,20 @@ BEGIN, END = "<!-- bench/report.py: begin -->", "<!-- bench/report.py: end -->"
 def _load(name: str) -> dict | None:
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def _other_machines(name: str, newest: dict) -> list[dict]:
+    """The newest result of `name` from each other machine kind (bench/results/by_machine),
+    so a figure measured on both kinds of machine shows both."""
+    from bench.common import machine_kind
+
+    shown = machine_kind(newest.get("cpu") or {})
+    out = []
+    for path in sorted((RESULTS / "by_machine").glob(f"{name}.*.json")):
+        kind = path.name[len(name) + 1 : -len(".json")]
+        if kind != shown and "." not in kind:
+            out.append(json.loads(path.read_text()))
+    return out
 
 
 def _load_avg(d: dict) -> str:
@@ -233,7 +248,7 @@ def _real_profile(d):
     steps = p["per_step_seconds"]
     where = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in steps.items())
     serial_tok_s = p["steady_generated_tokens_per_step"] / d["serial_s_per_step"]
-    return [
+    rows = [
         (
             f"{REAL}: peak RSS of a whole run, f32, 16 x 288 tokens a step",
             f"{p['peak_rss_gib']:.2f} GiB",
@@ -264,11 +279,30 @@ def _real_profile(d):
         (
             f"{REAL}: where a steady step's seconds go (idle decode slots "
             f"{p['idle_slot_fraction']:.0%})",
-            where,
+            where
+            + (
+                f"; rewards {solo['reward_s_per_step']:.2f} of CPU in worker processes"
+                if "reward_s_per_step" in solo
+                else ""
+            ),
             "-",
             "-",
         ),
     ]
+    if "planner" in d:
+        shared, split = d["planner"]["shared_1_device"], d["planner"]["split_2_devices"]
+        rows.append(
+            (
+                f"{REAL}: generated tokens/s, measured (one shared device) vs the planner's "
+                "prediction from the lone rates: shared device (= serial) / 1 sampler + 1 "
+                "trainer device",
+                f"{p['pipeline_tokens_per_s']:.1f} measured",
+                f"{shared['tokens_per_s']:.1f} / {split['tokens_per_s']:.1f} predicted "
+                f"({split['bottleneck']}-bound on 2 devices)",
+                f"{p['pipeline_tokens_per_s'] / shared['tokens_per_s']:.2f}",
+            )
+        )
+    return rows
 
 
 def _real_learning(d):
@@ -319,15 +353,23 @@ def _train_real(d):
     goals = {"float32": 1.2, "bfloat16": 1.0}
     out = []
     for r in d["rows"]:
-        how = "" if r["dtype"] == "float32" else " (f32 params, bf16 compute; torch autocast)"
+        how = ""
+        if r["dtype"] != "float32":
+            head = r.get("head_dtype", "float32").replace("float32", "f32").replace("bfloat", "bf")
+            how = f" (f32 params, bf16 compute, {head} LM head; torch autocast)"
         theirs = "-" if "torch_s" not in r else f"{r['torch_tok_s']:.0f} ({r['torch_s']:.0f} s)"
         ratio = "-" if "ratio" not in r else f"{r['ratio']:.2f}x (goal >= {goals[r['dtype']]})"
+        ours = f"{r['ours_tok_s']:.0f} ({r['ours_s']:.0f} s)"
+        if "ours_peak_gib" in r:
+            ours += f", peak {r['ours_peak_gib']:.2f} GiB"
+            theirs += f", peak {r['torch_peak_gib']:.2f} GiB"
+            ratio += f"; memory {r['ours_peak_gib'] / r['torch_peak_gib']:.2f}x"
         out.append(
             (
                 f"{REAL}: train step {r['dtype']}{how}, {d['config']['sequences']} x "
                 f"{d['config']['seq_len']} tokens (ours remat, torch gradient checkpointing): "
                 "tokens/s",
-                f"{r['ours_tok_s']:.0f} ({r['ours_s']:.0f} s)",
+                ours,
                 theirs,
                 ratio,
             )
@@ -474,14 +516,15 @@ def table() -> str:
         if d is None:
             lines.append(f"| {name}: not measured yet | - | {peer} | - | `{command}` | - |")
             continue
-        # The full command line the result recorded (common.write_result), if it did.
-        recorded = str(d.get("command", ""))
-        shown = recorded if recorded.startswith("python ") else command
-        for what, ours, theirs, ratio in render(d):
-            lines.append(
-                f"| {what} | {ours} | {theirs} | {ratio} | `{shown}` "
-                f"({_load_avg(d)}) | {_machine(d)} |"
-            )
+        for result in (d, *_other_machines(name, d)):
+            # The full command line the result recorded (common.write_result), if it did.
+            recorded = str(result.get("command", ""))
+            shown = recorded if recorded.startswith("python ") else command
+            for what, ours, theirs, ratio in render(result):
+                lines.append(
+                    f"| {what} | {ours} | {theirs} | {ratio} | `{shown}` "
+                    f"({_load_avg(result)}) | {_machine(result)} |"
+                )
     return "\n".join(lines)
 
 

@@ -278,9 +278,20 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set so far (what the kernel's OOM killer would count)."""
+    """This process's peak resident set so far (what the kernel's OOM killer would count).
+
+    On Linux, VmHWM of /proc/self/status: getrusage's ru_maxrss survives fork and exec, so a
+    child started by a large process would report its parent's peak.
+    """
     import resource
 
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass  # no procfs (macOS): getrusage below
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 

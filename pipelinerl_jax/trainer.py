@@ -201,6 +201,7 @@ def default_loss_fn(
             batch.targets,
             temperature=loss_cfg.temperature,
             vocab_chunk=loss_cfg.vocab_chunk,
+            head_dtype=loss_cfg.head_dtype,
         )
         ref_lp = jax.lax.stop_gradient(ref_lp)
     hidden, _ = decoder.forward_hidden(

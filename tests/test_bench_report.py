@@ -193,3 +193,35 @@ def test_real_decode_rows_say_whether_each_goal_is_met(tmp_path, monkeypatch):
     assert "decode float32, batch 16, greedy, 64 + 256 tokens: tokens/s | 260 (100% same" in text
     assert "| 2.60x (goal met) |" in text
     assert "bfloat16, batch 16, temperature 1" in text and "| 1.20x (goal 1.5x) |" in text
+
+
+def test_each_machine_kinds_newest_result_gets_its_rows(tmp_path, monkeypatch):
+    """A figure measured on the Xeon and on the AMD EPYC shows both rows, each with its machine;
+    the by_machine copy of the newest result itself is not shown twice."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    (tmp_path / "by_machine").mkdir()
+
+    def result(model, ours):
+        return {
+            "date": "2026-11-26T08:00:00",
+            "cpu": {"model": model, "avx512f": True},
+            "rows": [
+                {
+                    "batch": 8,
+                    "dtype": "float32",
+                    "ours_tok_s": ours,
+                    "hf_tok_s": 100.0,
+                    "ratio": ours / 100.0,
+                }
+            ],
+            "param_swap": {"batch": 8, "extra_cost_in_decode_steps": 0.3, "recompiled": False},
+        }
+
+    xeon, epyc = result("Intel(R) Xeon(R) Processor", 140.0), result("AMD EPYC 9B14", 230.0)
+    (tmp_path / "decode.json").write_text(json.dumps(xeon))
+    (tmp_path / "by_machine" / "decode.xeon.json").write_text(json.dumps(xeon))
+    (tmp_path / "by_machine" / "decode.epyc.json").write_text(json.dumps(epyc))
+    rows = [line for line in report.table().splitlines() if line.startswith("| decode float32")]
+    assert len(rows) == 2, rows
+    assert "| 140 " in rows[0] and "Intel Xeon" in rows[0]
+    assert "| 230 " in rows[1] and "AMD EPYC 9B14" in rows[1]

@@ -6,6 +6,8 @@ Nothing is compiled: params are shapes from decoder.abstract_init / jax.eval_sha
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -292,3 +294,13 @@ def test_real_config_estimate_is_within_10_percent_of_its_measured_peak():
     assert est.eval_sampler > 0 and est.sampler_params > est.params
     ratio = est.total / (6.83 * GiB)
     assert 0.9 <= ratio <= 1.1, f"{est}: {ratio:.2f} of the measured 6.83 GiB"
+
+
+def test_peak_rss_of_a_child_is_its_own_not_its_parents():
+    """A benchmark measures each side's peak in a child process: the child must not report
+    the high-water mark of the large process that started it (getrusage's ru_maxrss does)."""
+    block = np.ones(512 * 2**20 // 8)  # 512 MiB resident in this process
+    code = "from pipelinerl_jax import memory; print(memory.peak_rss_bytes())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    child_peak = int(out.stdout.strip())
+    assert child_peak < memory.peak_rss_bytes() - block.nbytes // 2, (child_peak, block.nbytes)

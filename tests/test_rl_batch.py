@@ -39,6 +39,8 @@ def test_packing_errors():
         LossConfig(objective="dpo")
     with pytest.raises(ConfigError, match="ppo_eps_low"):
         LossConfig(ppo_eps_low=1.5)
+    with pytest.raises(ConfigError, match="head_dtype='bf16' must be float32, bfloat16"):
+        LossConfig(head_dtype="bf16")
 
 
 def _sample(prompt, completion, reward, group, finished=True, version=3):

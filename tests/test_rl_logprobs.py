@@ -105,6 +105,48 @@ def test_bf16_inputs_give_bf16_grads_from_f32_math():
     _close(lp, lp_ref, 1e-4)
 
 
+def _rounded(x):
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("path", ["chunked", "fused"])
+def test_bf16_head_is_f32_math_on_bf16_rounded_operands(path):
+    """head_dtype="bfloat16": the values are those of the f32 head on the bf16-rounded hidden
+    states and head (f32 accumulation), not those of the unrounded f32 inputs; the gradients
+    are the reference's up to rounding d logits to bf16 (as torch autocast does)."""
+    h, w, t, a, b = _inputs()
+    inputs = {"a": a, "b": b}
+
+    def token_loss(lp, ent, inp):
+        return jnp.sum(inp["a"] * lp + inp["b"] * ent)
+
+    def ours(h, w):
+        if path == "fused":
+            loss, lp, ent = fused_token_loss(
+                h, w, t, inputs, token_loss, token_chunk=4, head_dtype="bfloat16"
+            )
+            return loss, (lp, ent)
+        lp, ent = chunked_logprobs(h, w, t, vocab_chunk=8, head_dtype="bfloat16")
+        return token_loss(lp, ent, inputs), (lp, ent)
+
+    def reference(h, w):
+        lp, ent = full_logprobs(_rounded(h), _rounded(w), t)
+        return token_loss(lp, ent, inputs), (lp, ent)
+
+    (loss, (lp, ent)), grads = jax.jit(jax.value_and_grad(ours, (0, 1), has_aux=True))(h, w)
+    (loss_ref, (lp_ref, ent_ref)), grads_ref = jax.value_and_grad(reference, (0, 1), has_aux=True)(
+        h, w
+    )
+    _close(lp, lp_ref, 1e-4)
+    _close(ent, ent_ref, 1e-4)
+    _close(loss, loss_ref, 1e-3)
+    unrounded, _ = full_logprobs(h, w, t)
+    assert float(jnp.max(jnp.abs(lp - unrounded))) > 1e-3  # the head really ran on bf16
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        assert g.dtype == jnp.float32
+        _close(g, g_ref, 3e-2)
+
+
 def _shapes(jaxpr, out):
     for eqn in jaxpr.eqns:
         out.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))

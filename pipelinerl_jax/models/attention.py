@@ -13,6 +13,7 @@ S keys, H query heads, K kv heads, G = H / K, D head dim.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -76,12 +77,20 @@ def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -
     layout once so every block's matmuls read contiguous [T, D] panels (per-block einsums over
     the token-major layout made XLA CPU transpose K and V again for every block). Blocks are
     unrolled (static shapes), capped at 16 so compile time stays flat for long rows.
-    Letters: B rows, T tokens, S keys, H query heads, K kv heads, G = H/K, D head dim.
+
+    The gradient is written out (`_blocked`, a custom VJP) rather than left to autodiff: the
+    backward recomputes each block's probabilities from the saved log-sum-exp and adds each
+    block's dK and dV into one buffer, where autodiff padded every block's contribution to the
+    whole row and summed the copies; its matmuls take the operands' own dtype (bf16 in bf16
+    compute) with f32 accumulation.
     """
     seg_BxT = segment_ids_BxT
     T = seg_BxT.shape[1]
     num = min(max(1, math.ceil(T / max(block, 1))), 16)
     size = math.ceil(T / num)
+    bounds = tuple((a, min(a + size, T)) for a in range(0, T, size))
+    has_prefix = prefix_ids_BxT is not None
+    prefix_BxT = prefix_ids_BxT if has_prefix else seg_BxT  # a placeholder when unused
 
     def attend(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, layer_cache):
         B, _, H, D = q_BxTxHxD.shape
@@ -89,20 +98,89 @@ def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -
         q_BxKxGxTxD = q_BxTxHxD.reshape(B, T, K, H // K, D).transpose(0, 2, 3, 1, 4)
         k_BxKxSxD = k_BxSxKxD.transpose(0, 2, 1, 3)
         v_BxKxSxD = v_BxSxKxD.transpose(0, 2, 1, 3)
-        outs = []
-        for a in range(0, T, size):
-            b = min(a + size, T)
-            s = jnp.einsum(
-                "bkgtd,bksd->bkgts",
-                q_BxKxGxTxD[:, :, :, a:b],
-                k_BxKxSxD[:, :, :b],
-                preferred_element_type=jnp.float32,
-            ) * (1.0 / math.sqrt(D))
-            mask_BxQxS = segment_visible(seg_BxT, prefix_ids_BxT, slice(a, b), slice(0, b))
-            s = jnp.where(mask_BxQxS[:, None, None], s, jnp.finfo(jnp.float32).min)
-            p = jax.nn.softmax(s, axis=-1).astype(v_BxKxSxD.dtype)
-            outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v_BxKxSxD[:, :, :b]))
-        out_BxKxGxTxD = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
+        static = (bounds, 1.0 / math.sqrt(D), has_prefix)
+        out_BxKxGxTxD = _blocked(q_BxKxGxTxD, k_BxKxSxD, v_BxKxSxD, seg_BxT, prefix_BxT, *static)
         return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D), layer_cache
 
     return attend
+
+
+def _block_probs(q_BxKxGxTxD, k_BxKxSxD, seg_BxT, prefix_BxT, a, b, scale, has_prefix):
+    """(masked scores, visible mask) of query block [a, b) against keys [0, b), f32."""
+    s_BxKxGxQxS = (
+        jnp.einsum(
+            "bkgtd,bksd->bkgts",
+            q_BxKxGxTxD[:, :, :, a:b],
+            k_BxKxSxD[:, :, :b],
+            preferred_element_type=jnp.float32,
+        )
+        * scale
+    )
+    prefix = prefix_BxT if has_prefix else None
+    mask_BxQxS = segment_visible(seg_BxT, prefix, slice(a, b), slice(0, b))[:, None, None]
+    return jnp.where(mask_BxQxS, s_BxKxGxQxS, jnp.finfo(jnp.float32).min), mask_BxQxS
+
+
+def _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix):
+    outs, lses = [], []
+    for a, b in bounds:
+        s_BxKxGxQxS, _ = _block_probs(q, k, seg, prefix, a, b, scale, has_prefix)
+        m_BxKxGxQ = s_BxKxGxQxS.max(axis=-1)
+        e_BxKxGxQxS = jnp.exp(s_BxKxGxQxS - m_BxKxGxQ[..., None])
+        l_BxKxGxQ = e_BxKxGxQxS.sum(axis=-1)
+        p_BxKxGxQxS = (e_BxKxGxQxS / l_BxKxGxQ[..., None]).astype(v.dtype)
+        outs.append(
+            jnp.einsum(
+                "bkgts,bksd->bkgtd", p_BxKxGxQxS, v[:, :, :b], preferred_element_type=jnp.float32
+            )
+        )
+        lses.append(m_BxKxGxQ + jnp.log(l_BxKxGxQ))
+    out_BxKxGxTxD = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
+    lse_BxKxGxT = jnp.concatenate(lses, axis=3) if len(lses) > 1 else lses[0]
+    return out_BxKxGxTxD.astype(q.dtype), lse_BxKxGxT
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _blocked(q, k, v, seg, prefix, bounds, scale, has_prefix):
+    return _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix)[0]
+
+
+def _blocked_fwd(q, k, v, seg, prefix, bounds, scale, has_prefix):
+    out, lse = _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix)
+    return out, (q, k, v, seg, prefix, out, lse)
+
+
+def _blocked_bwd(bounds, scale, has_prefix, res, dout_BxKxGxTxD):
+    q, k, v, seg, prefix, out, lse_BxKxGxT = res
+    f32 = jnp.float32
+    # softmax backward: ds = p * (dp - sum_d dout * out), the row term computed once.
+    delta_BxKxGxT = jnp.sum(dout_BxKxGxTxD.astype(f32) * out.astype(f32), axis=-1)
+    dout = dout_BxKxGxTxD.astype(q.dtype)
+    dq_blocks = []
+    dk_BxKxSxD = jnp.zeros(k.shape, f32)
+    dv_BxKxSxD = jnp.zeros(v.shape, f32)
+    for a, b in bounds:
+        s_BxKxGxQxS, _ = _block_probs(q, k, seg, prefix, a, b, scale, has_prefix)
+        p_BxKxGxQxS = jnp.exp(s_BxKxGxQxS - lse_BxKxGxT[..., a:b, None])  # masked: exactly 0
+        dout_b = dout[:, :, :, a:b]
+        dv_BxKxSxD = dv_BxKxSxD.at[:, :, :b].add(
+            jnp.einsum(
+                "bkgts,bkgtd->bksd", p_BxKxGxQxS.astype(q.dtype), dout_b, preferred_element_type=f32
+            )
+        )
+        dp_BxKxGxQxS = jnp.einsum(
+            "bkgtd,bksd->bkgts", dout_b, v[:, :, :b], preferred_element_type=f32
+        )
+        ds = (p_BxKxGxQxS * (dp_BxKxGxQxS - delta_BxKxGxT[..., a:b, None]) * scale).astype(q.dtype)
+        dq_blocks.append(
+            jnp.einsum("bkgts,bksd->bkgtd", ds, k[:, :, :b], preferred_element_type=f32)
+        )
+        dk_BxKxSxD = dk_BxKxSxD.at[:, :, :b].add(
+            jnp.einsum("bkgts,bkgtd->bksd", ds, q[:, :, :, a:b], preferred_element_type=f32)
+        )
+    dq = jnp.concatenate(dq_blocks, axis=3) if len(dq_blocks) > 1 else dq_blocks[0]
+    # Segment and prefix ids are integers: no cotangent (None, a symbolic zero).
+    return dq.astype(q.dtype), dk_BxKxSxD.astype(k.dtype), dv_BxKxSxD.astype(v.dtype), None, None
+
+
+_blocked.defvjp(_blocked_fwd, _blocked_bwd)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from pipelinerl_jax.models import rope
+from pipelinerl_jax.models.mixed_matmul import mixed_matmul
 
 # attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache) -> (out_BxTxHxD, new_layer_cache)
 AttentionFn = Callable[[jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
@@ -74,9 +75,10 @@ def dense(x_BxTxI: jax.Array, w: jax.Array, n_in: int) -> jax.Array:
     ins, outs = w.shape[:n_in], w.shape[n_in:]
     lead = x_BxTxI.shape[: x_BxTxI.ndim - n_in]
     x2 = x_BxTxI.reshape(math.prod(lead), math.prod(ins))
-    y2 = jnp.matmul(
-        x2, w.reshape(math.prod(ins), math.prod(outs)), preferred_element_type=jnp.float32
-    )
+    w2 = w.reshape(math.prod(ins), math.prod(outs))
+    if jnp.dtype(x_BxTxI.dtype).itemsize == 2:  # backward on 16-bit operands too (mixed_matmul)
+        return mixed_matmul(x2, w2, x_BxTxI.dtype).reshape(*lead, *outs)
+    y2 = jnp.matmul(x2, w2, preferred_element_type=jnp.float32)
     return y2.astype(x_BxTxI.dtype).reshape(*lead, *outs)
 
 

@@ -103,6 +103,10 @@ class LossConfig:
     # uses vocabulary chunks of `vocab_chunk` with a recomputing backward.
     token_chunk: int = 1024
     vocab_chunk: int = 8192  # gspo's vocabulary chunk (see token_chunk)
+    # The LM head's matmul operands: "float32" (exact, the default: trainer logprobs match the
+    # sampler's f32 head) or "bfloat16" (bf16 operands, f32 accumulation, as torch autocast
+    # runs the head; faster where bf16 matmuls are, e.g. AMX, at ~1e-2 logprob error).
+    head_dtype: str = "float32"
 
     def __post_init__(self):
         # Imported here: the registry module imports jax, this one stays light to import.
@@ -116,6 +120,10 @@ class LossConfig:
             token_chunk=self.token_chunk,
             vocab_chunk=self.vocab_chunk,
         )
+        if self.head_dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(
+                f"loss.head_dtype={self.head_dtype!r} must be float32, bfloat16 or float16"
+            )
         for name in ("ppo_eps_low", "gspo_eps_low"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"loss.{name}={getattr(self, name)!r} must be in [0, 1)")

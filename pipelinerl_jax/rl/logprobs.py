@@ -14,6 +14,11 @@ logits = hidden @ W / temperature is never materialised whole as [tokens, V] in 
   (3 matmuls, like plain autodiff, no recompute) and keeps them as residuals. Used by
   tis_reinforce and ppo.
 
+`head_dtype` picks the head's matmul precision: float32 (the default: f32 operands at the
+highest precision on every backend, so trainer logprobs match the sampler's f32 head) or a
+16-bit dtype (bf16 operands accumulated in f32, as torch autocast runs the head; forward and
+backward through models/mixed_matmul.py). The softmax and the loss stay f32 either way.
+
 Chunks are strided (chunk j holds ids j, j + n, j + 2n, ...) so that reshaping a sharded axis
 keeps every chunk spread over the same devices. Letters (pipelinerl_jax/__init__.py):
 N tokens, E hidden, V vocabulary,
@@ -31,8 +36,17 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
+from pipelinerl_jax.models.mixed_matmul import lhs_transposed, mixed_matmul
+
 _NEG = -1e30  # finite "minus infinity": keeps p * (z - mean) at 0 instead of NaN
 _HIGHEST = jax.lax.Precision.HIGHEST  # f32 head on every backend (no TF32 on GPUs)
+
+
+def _head_dot(a_MxK, b_KxV, head_dtype) -> jax.Array:
+    """a @ b in f32: f32 operands at HIGHEST precision, or head_dtype operands, f32 accumulated."""
+    if jnp.dtype(head_dtype) == jnp.float32:
+        return jnp.dot(a_MxK.astype(jnp.float32), b_KxV.astype(jnp.float32), precision=_HIGHEST)
+    return mixed_matmul(a_MxK, b_KxV, head_dtype, jnp.float32)
 
 
 def _strided_chunks(x, axis_size: int, chunk: int, axis: int):
@@ -63,19 +77,24 @@ def _vocab_chunks(w_ExV, vocab_chunk: int):
     return w_CxExVc, ids_CxVc < V
 
 
-def _target_logits(h_NxE, w_ExV, targets_N, temperature):
-    w_NxE = jnp.take(w_ExV.astype(jnp.float32).T, targets_N, axis=0)
-    return jnp.sum(h_NxE * w_NxE, axis=-1) / temperature, w_NxE
+def _rounded(x, head_dtype):
+    """x as the head's matmul sees it (rounded to head_dtype), in f32."""
+    return x.astype(head_dtype).astype(jnp.float32)
 
 
-def _chunked_forward(h_NxE, w_ExV, targets_N, temperature, vocab_chunk):
+def _target_logits(h_NxE, w_ExV, targets_N, temperature, head_dtype):
+    w_NxE = _rounded(jnp.take(w_ExV.T, targets_N, axis=0), head_dtype)
+    return jnp.sum(_rounded(h_NxE, head_dtype) * w_NxE, axis=-1) / temperature, w_NxE
+
+
+def _chunked_forward(h_NxE, w_ExV, targets_N, temperature, vocab_chunk, head_dtype):
     w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
     N = h_NxE.shape[0]
 
     def body(carry, xs):
         m_N, s_N, t_N = carry
         w_ExVc, valid_Vc = xs
-        z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
+        z_NxVc = _head_dot(h_NxE, w_ExVc, head_dtype) / temperature
         z_NxVc = jnp.where(valid_Vc, z_NxVc, _NEG)
         m_new = jnp.maximum(m_N, z_NxVc.max(axis=-1))
         scale = jnp.exp(m_N - m_new)
@@ -90,7 +109,7 @@ def _chunked_forward(h_NxE, w_ExV, targets_N, temperature, vocab_chunk):
     (m_N, s_N, t_N), _ = jax.lax.scan(body, init, (w_CxExVc, valid_CxVc))
     lse_N = m_N + jnp.log(s_N)
     mean_z_N = t_N / s_N
-    zt_N, _ = _target_logits(h_NxE, w_ExV, targets_N, temperature)
+    zt_N, _ = _target_logits(h_NxE, w_ExV, targets_N, temperature, head_dtype)
     return zt_N - lse_N, lse_N - mean_z_N, (lse_N, mean_z_N)
 
 
@@ -106,41 +125,44 @@ def _flatten(hidden, targets):
 # trace: grad(jit(f)), grad through lax.scan (gradient accumulation), jax.checkpoint.
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk, head_dtype):
     h_NxE, t_N = _flatten(hidden_xE, targets)
-    lp_N, ent_N, _ = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk)
+    lp_N, ent_N, _ = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk, head_dtype)
     return lp_N, ent_N
 
 
-def _chunked_fwd(hidden_xE, w_ExV, targets, temperature, vocab_chunk):
+def _chunked_fwd(hidden_xE, w_ExV, targets, temperature, vocab_chunk, head_dtype):
     h_NxE, t_N = _flatten(hidden_xE, targets)
-    lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(h_NxE, w_ExV, t_N, temperature, vocab_chunk)
+    lp_N, ent_N, (lse_N, mean_z_N) = _chunked_forward(
+        h_NxE, w_ExV, t_N, temperature, vocab_chunk, head_dtype
+    )
     return (lp_N, ent_N), (hidden_xE, w_ExV, targets, lse_N, mean_z_N)
 
 
-def _chunked_bwd(temperature, vocab_chunk, res, cotangents):
+def _chunked_bwd(temperature, vocab_chunk, head_dtype, res, cotangents):
     hidden_xE, w_ExV, targets, lse_N, mean_z_N = res
     g_lp_N, g_ent_N = cotangents
     h_NxE, t_N = _flatten(hidden_xE, targets)
     w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
+    hT_ExN = h_NxE.T if jnp.dtype(head_dtype) == jnp.float32 else lhs_transposed(h_NxE)
 
     def body(dh_NxE, xs):
         w_ExVc, valid_Vc = xs
-        z_NxVc = jnp.dot(h_NxE, w_ExVc, precision=_HIGHEST) / temperature
+        z_NxVc = _head_dot(h_NxE, w_ExVc, head_dtype) / temperature
         p_NxVc = jnp.where(valid_Vc, jnp.exp(z_NxVc - lse_N[:, None]), 0.0)
         # d logprob / dz = onehot - p (onehot added below); d entropy / dz = -p (z - E_p[z]).
         dz_NxVc = -p_NxVc * (g_lp_N[:, None] + g_ent_N[:, None] * (z_NxVc - mean_z_N[:, None]))
         dz_NxVc = dz_NxVc / temperature
-        dh_NxE = dh_NxE + jnp.dot(dz_NxVc, w_ExVc.T, precision=_HIGHEST)
-        return dh_NxE, jnp.dot(h_NxE.T, dz_NxVc, precision=_HIGHEST)
+        dh_NxE = dh_NxE + _head_dot(dz_NxVc, w_ExVc.T, head_dtype)
+        return dh_NxE, _head_dot(hT_ExN, dz_NxVc, head_dtype)
 
     dh_NxE, dw_CxExVc = jax.lax.scan(body, jnp.zeros_like(h_NxE), (w_CxExVc, valid_CxVc))
     dw_ExV = _unchunk(dw_CxExVc, w_ExV.shape[1], axis=1)
-    _, w_NxE = _target_logits(h_NxE, w_ExV, t_N, temperature)
+    _, w_NxE = _target_logits(h_NxE, w_ExV, t_N, temperature, head_dtype)
     g_t_N = g_lp_N / temperature
     dh_NxE = dh_NxE + g_t_N[:, None] * w_NxE
-    dw_ExV = dw_ExV.at[:, t_N].add((g_t_N[:, None] * h_NxE).T)
+    dw_ExV = dw_ExV.at[:, t_N].add((g_t_N[:, None] * _rounded(h_NxE, head_dtype)).T)
     # Integer targets take no cotangent (None: a symbolic zero, float0 as JAX requires).
     return (
         dh_NxE.reshape(hidden_xE.shape).astype(hidden_xE.dtype),
@@ -153,7 +175,13 @@ _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
 def chunked_logprobs(
-    hidden_xE, w_ExV, targets, *, temperature: float = 1.0, vocab_chunk: int = 8192
+    hidden_xE,
+    w_ExV,
+    targets,
+    *,
+    temperature: float = 1.0,
+    vocab_chunk: int = 8192,
+    head_dtype="float32",
 ):
     """(logprobs, entropy) f32 with targets' shape, of softmax(hidden @ W / temperature).
 
@@ -162,7 +190,9 @@ def chunked_logprobs(
     vmap, scan and checkpoint in any order (see the note above _chunked).
     """
     shape = targets.shape
-    lp_N, ent_N = _chunked(hidden_xE, w_ExV, targets, temperature, vocab_chunk)
+    lp_N, ent_N = _chunked(
+        hidden_xE, w_ExV, targets, temperature, vocab_chunk, jnp.dtype(head_dtype)
+    )
     return lp_N.reshape(shape), ent_N.reshape(shape)
 
 
@@ -177,9 +207,9 @@ def full_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0):
     return lp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
-def _token_chunk_values(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature):
+def _token_chunk_values(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature, head_dtype):
     """Loss of one token chunk and its (logprobs, entropy), from whole-vocabulary logits."""
-    z_NcxV = jnp.dot(h_NcxE, w_ExV, precision=_HIGHEST) / temperature
+    z_NcxV = _head_dot(h_NcxE, w_ExV, head_dtype) / temperature
     lse_Nc = jax.nn.logsumexp(z_NcxV, axis=-1)
     # A compare-select instead of a gather: its transpose is an elementwise select that fuses
     # into the softmax gradient, where a gather's would scatter into a fresh [Nc, V] buffer.
@@ -206,7 +236,9 @@ def _closure_convert(fn, *example_args):
     return converted, list(closed.consts)
 
 
-def _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs, consts):
+def _fused_forward(
+    chunk_loss, temperature, Nc, head_dtype, hidden_xE, w_ExV, targets, inputs, consts
+):
     """((loss, logprobs, entropy), (d loss / d hidden, d loss / d W)) in one pass."""
     shape = targets.shape
     N = math.prod(shape)
@@ -224,7 +256,7 @@ def _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, input
         loss, dw_ExV = carry
         h_NcxE, t_Nc, inp = xs
         (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(
-            h_NcxE, w32_ExV, t_Nc, inp, loss_fn, temperature
+            h_NcxE, w32_ExV, t_Nc, inp, loss_fn, temperature, head_dtype
         )
         return (loss + loss_c, dw_ExV + dw_c), (lp_Nc, ent_Nc, dh_NcxE)
 
@@ -237,19 +269,21 @@ def _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, input
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
 def _fused(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts):
-    return _fused_forward(chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs, consts)[0]
+    head_dtype = dtypes[2]
+    args = (hidden_xE, w_ExV, targets, inputs, consts)
+    return _fused_forward(chunk_loss, temperature, Nc, head_dtype, *args)[0]
 
 
 def _fused_fwd(chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts):
-    out, (dh_xE, dw_ExV) = _fused_forward(
-        chunk_loss, temperature, Nc, hidden_xE, w_ExV, targets, inputs, consts
-    )
+    head_dtype = dtypes[2]
+    args = (hidden_xE, w_ExV, targets, inputs, consts)
+    out, (dh_xE, dw_ExV) = _fused_forward(chunk_loss, temperature, Nc, head_dtype, *args)
     return out, (dh_xE, dw_ExV)
 
 
 def _fused_bwd(chunk_loss, temperature, Nc, dtypes, res, cotangents):
     dh_xE, dw_ExV = res
-    h_dtype, w_dtype = dtypes
+    h_dtype, w_dtype, _ = dtypes
     g = cotangents[0]  # the logprob/entropy outputs are stop-gradient'ed by fused_token_loss
     # targets, inputs and the loss's closed-over values are constants: no cotangent (None).
     return (g * dh_xE).astype(h_dtype), (g * dw_ExV).astype(w_dtype), None, None, None
@@ -267,6 +301,7 @@ def fused_token_loss(
     *,
     temperature: float = 1.0,
     token_chunk: int = 1024,
+    head_dtype="float32",
 ):
     """(sum of loss_fn over token chunks, logprobs, entropy); gradients flow to hidden and W only.
 
@@ -283,7 +318,7 @@ def fused_token_loss(
     lp_Nc = jax.ShapeDtypeStruct((Nc,), jnp.float32)
     inp_Nc = jax.tree.map(lambda x: jax.ShapeDtypeStruct((Nc,), x.dtype), inputs)
     chunk_loss, consts = _closure_convert(loss_fn, lp_Nc, lp_Nc, inp_Nc)
-    dtypes = (jnp.dtype(hidden_xE.dtype), jnp.dtype(w_ExV.dtype))
+    dtypes = (jnp.dtype(hidden_xE.dtype), jnp.dtype(w_ExV.dtype), jnp.dtype(head_dtype))
     loss, lp, ent = _fused(
         chunk_loss, temperature, Nc, dtypes, hidden_xE, w_ExV, targets, inputs, consts
     )

@@ -361,6 +361,7 @@ def loss_from_hidden(
             token_loss,
             temperature=cfg.temperature,
             token_chunk=cfg.token_chunk,
+            head_dtype=cfg.head_dtype,
         )
     else:
         lp, ent = chunked_logprobs(
@@ -369,6 +370,7 @@ def loss_from_hidden(
             batch.targets,
             temperature=cfg.temperature,
             vocab_chunk=cfg.vocab_chunk,
+            head_dtype=cfg.head_dtype,
         )
         # Stop-gradient, as TokenContext promises: the ratio weights tokens, it is not trained.
         seq_ratio = sg(
