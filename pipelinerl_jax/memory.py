@@ -30,8 +30,8 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 - eval_sampler: with held-out evaluation on (eval_every or eval.at_start), the evaluation's own
   sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
   built for each evaluation and dropped after, pipeline/runner.py build_evaluator).
-- activations: the train step's. With remat: the residual stream [R/A, T, E] saved per layer,
-  plus one layer's recomputed internals. Without: every layer's internals, plus one more for
+- activations: the train step's. With remat: the residual stream [R/A, T, E] and the attention
+  output and log-sum-exp saved per layer, plus one layer's recomputed internals. Without: every layer's internals, plus one more for
   the cotangents of the layer being differentiated. Either way plus the LM head's working set
   (rl/logprobs.py): two f32 logit chunks ([min(token_chunk, N), V] on the fused per-token path,
   [N, vocab_chunk] for gspo) and the f32 head gradient [E, V].
@@ -253,8 +253,11 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     rows, T = cfg.batch.num_rows // micro, cfg.batch.seq_len
     layer = layer_internals_bytes(m, rows, T, cfg.trainer.attention_block)
     if m.remat:
-        # Saved: each layer's input [rows, T, E]; the backward recomputes one layer at a time.
-        saved = m.num_layers * rows * T * E * c_size + layer
+        # Saved: each layer's input [rows, T, E] and its attention output [rows, T, H * D] with
+        # the f32 log-sum-exp [rows, H, T] (attention.REMAT_SAVED); the backward recomputes one
+        # layer at a time.
+        per_token = (E + m.num_heads * m.head_dim) * c_size + m.num_heads * F32
+        saved = m.num_layers * rows * T * per_token + layer
     else:
         # Saved: every layer's internals; plus the cotangents of the layer being differentiated.
         saved = (m.num_layers + 1) * layer

@@ -18,8 +18,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from pipelinerl_jax.models.block import AttentionFn
+
+# What a rematerialised layer saves: the blocked attention's output and log-sum-exp (its VJP
+# needs nothing else it cannot recompute from the projections), [B, T, H, D] + [B, H, T] a layer.
+REMAT_SAVED = ("attention_out", "attention_lse")
 
 
 def segment_visible(
@@ -122,6 +127,8 @@ def _block_probs(q_BxKxGxTxD, k_BxKxSxD, seg_BxT, prefix_BxT, a, b, scale, has_p
 
 
 def _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix):
+    """(out [B, K, G, T, D] in q's dtype, log-sum-exp [B, K, G, T] f32) from q [B, K, G, T, D]
+    and k, v [B, K, S, D], one query block [a, b) of `bounds` at a time."""
     outs, lses = [], []
     for a, b in bounds:
         s_BxKxGxQxS, _ = _block_probs(q, k, seg, prefix, a, b, scale, has_prefix)
@@ -147,10 +154,15 @@ def _blocked(q, k, v, seg, prefix, bounds, scale, has_prefix):
 
 def _blocked_fwd(q, k, v, seg, prefix, bounds, scale, has_prefix):
     out, lse = _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix)
+    # Named so that a rematerialised layer (decoder.forward_hidden) keeps them instead of
+    # running the attention forward again in the backward pass (REMAT_SAVED).
+    out, lse = checkpoint_name(out, "attention_out"), checkpoint_name(lse, "attention_lse")
     return out, (q, k, v, seg, prefix, out, lse)
 
 
 def _blocked_bwd(bounds, scale, has_prefix, res, dout_BxKxGxTxD):
+    """(dq, dk, dv): each block's probabilities recomputed from the saved log-sum-exp; dk and
+    dv accumulate in f32 over the blocks whose keys they are."""
     q, k, v, seg, prefix, out, lse_BxKxGxT = res
     f32 = jnp.float32
     # softmax backward: ds = p * (dp - sum_d dout * out), the row term computed once.

@@ -147,7 +147,8 @@ def forward_hidden(
         )
 
     if cfg.remat:
-        body = jax.checkpoint(body, prevent_cse=False)
+        saved = jax.checkpoint_policies.save_only_these_names(*attention.REMAT_SAVED)
+        body = jax.checkpoint(body, prevent_cse=False, policy=saved)
     x_BxTxE, new_cache = jax.lax.scan(body, x_BxTxE, (p["layers"], cache))
     return family.norm(x_BxTxE, p["final_norm"], cfg.rms_norm_eps), new_cache
 

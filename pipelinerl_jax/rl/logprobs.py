@@ -207,16 +207,40 @@ def full_logprobs(hidden_xE, w_ExV, targets, *, temperature: float = 1.0):
     return lp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
-def _token_chunk_values(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature, head_dtype):
-    """Loss of one token chunk and its (logprobs, entropy), from whole-vocabulary logits."""
+def _token_chunk_grads(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature, head_dtype):
+    """One token chunk's (loss, logprobs, entropy, d loss / d h, d loss / d W), from its
+    whole-vocabulary logits, with the softmax gradient written out.
+
+    Autodiff of logsumexp, the target pick and the entropy sum walked the [Nc, V] logits
+    several more times (each exp and select again in the backward); here the logits are read
+    by one max, one pass for both softmax sums, and the one pass that forms d logits.
+    d logprob / dz = onehot - p; d entropy / dz = -p (z - E_p[z]).
+    """
+    f32 = jnp.float32
     z_NcxV = _head_dot(h_NcxE, w_ExV, head_dtype) / temperature
-    lse_Nc = jax.nn.logsumexp(z_NcxV, axis=-1)
-    # A compare-select instead of a gather: its transpose is an elementwise select that fuses
-    # into the softmax gradient, where a gather's would scatter into a fresh [Nc, V] buffer.
+    m_Nc = jnp.max(z_NcxV, axis=-1)
+    e_NcxV = jnp.exp(z_NcxV - m_Nc[:, None])
+    s_Nc = jnp.sum(e_NcxV, axis=-1)
+    mean_z_Nc = jnp.sum(e_NcxV * z_NcxV, axis=-1) / s_Nc
+    lse_Nc = m_Nc + jnp.log(s_Nc)
+    zt_Nc = jnp.take_along_axis(z_NcxV, t_Nc[:, None], axis=-1)[:, 0]
+    lp_Nc, ent_Nc = zt_Nc - lse_Nc, lse_Nc - mean_z_Nc
+    loss_c, pullback = jax.vjp(lambda lp, ent: loss_fn(lp, ent, inputs), lp_Nc, ent_Nc)
+    g_lp_Nc, g_ent_Nc = pullback(jnp.ones((), loss_c.dtype))
+    # A compare-select rather than a scatter: it fuses into the pass that forms d logits.
     hit_NcxV = jnp.arange(z_NcxV.shape[-1])[None, :] == t_Nc[:, None]
-    lp_Nc = jnp.sum(jnp.where(hit_NcxV, z_NcxV, 0.0), axis=-1) - lse_Nc
-    ent_Nc = lse_Nc - jnp.sum(jnp.exp(z_NcxV - lse_Nc[:, None]) * z_NcxV, axis=-1)
-    return loss_fn(lp_Nc, ent_Nc, inputs), (lp_Nc, ent_Nc)
+    p_NcxV = e_NcxV / s_Nc[:, None]
+    dz_NcxV = jnp.where(hit_NcxV, g_lp_Nc[:, None], 0.0) - p_NcxV * (
+        g_lp_Nc[:, None] + g_ent_Nc[:, None] * (z_NcxV - mean_z_Nc[:, None])
+    )
+    dz_NcxV = (dz_NcxV / temperature).astype(f32)
+    if jnp.dtype(head_dtype) == f32:
+        hT_ExNc = h_NcxE.T
+    else:
+        hT_ExNc = lhs_transposed(h_NcxE.astype(head_dtype))
+    dh_NcxE = _head_dot(dz_NcxV, w_ExV.T, head_dtype)
+    dw_ExV = _head_dot(hT_ExNc, dz_NcxV, head_dtype)
+    return loss_c, lp_Nc, ent_Nc, dh_NcxE.astype(h_NcxE.dtype), dw_ExV
 
 
 def _closure_convert(fn, *example_args):
@@ -247,7 +271,6 @@ def _fused_forward(
     h_CxNcxE, _ = _strided_chunks(h_NxE, N, Nc, axis=0)
     t_CxNc, _ = _strided_chunks(t_N, N, Nc, axis=0)
     inp_C = jax.tree.map(lambda x: _strided_chunks(x.reshape(-1), N, Nc, axis=0)[0], inputs)
-    grad_fn = jax.value_and_grad(_token_chunk_values, argnums=(0, 1), has_aux=True)
 
     def loss_fn(lp_Nc, ent_Nc, inp):
         return chunk_loss(lp_Nc, ent_Nc, inp, *consts)
@@ -255,7 +278,7 @@ def _fused_forward(
     def body(carry, xs):
         loss, dw_ExV = carry
         h_NcxE, t_Nc, inp = xs
-        (loss_c, (lp_Nc, ent_Nc)), (dh_NcxE, dw_c) = grad_fn(
+        loss_c, lp_Nc, ent_Nc, dh_NcxE, dw_c = _token_chunk_grads(
             h_NcxE, w32_ExV, t_Nc, inp, loss_fn, temperature, head_dtype
         )
         return (loss + loss_c, dw_ExV + dw_c), (lp_Nc, ent_Nc, dh_NcxE)
