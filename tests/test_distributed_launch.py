@@ -170,7 +170,9 @@ def test_without_a_supervisor_one_process_failing_stops_the_others(tmp_path, sig
                         sys.executable,
                         "launch.py",
                         *FLAGS[:1],
-                        "--config.steps=200",
+                        # More steps than the run can make before the signal lands: on a fast
+                        # machine 200 steps finished first and every process exited 0.
+                        "--config.steps=5000",
                         "--config.checkpoint_every=0",
                         "--config.eval_every=0",
                         f"--workdir={workdir}",

@@ -125,8 +125,11 @@ def test_every_strategy_decodes_the_same(model, prompts, cache_dtype):
             for key in ("tokens", "valid", "versions"):
                 np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} {key}")
             # bf16 pools: one rounding of nearly equal f32 values (the layouts' K/V) may differ
-            # by an ulp, which moves a logprob by ~1e-5.
-            tol = 1e-5 if cache_dtype == "float32" else 1e-4
+            # by an ulp, which moves a logprob by ~1e-5. On a Xeon with AMX, XLA:CPU also runs
+            # some layouts' bf16 dots through AMX and others not (another accumulation order):
+            # logprobs then differ by up to ~1.5e-3 (bf16 keeps 8 bits, 3.9e-3 relative), with
+            # the same tokens.
+            tol = 1e-5 if cache_dtype == "float32" else 5e-3
             np.testing.assert_allclose(got["logprobs"], want["logprobs"], rtol=tol, atol=tol)
             # The pool is the one source of truth: every strategy leaves the same K/V behind.
             tol = 1e-5 if cache_dtype == "float32" else 1e-2
