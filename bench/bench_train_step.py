@@ -247,12 +247,18 @@ def main(argv=None) -> dict:
 REAL_SHAPE = dict(num_seq=16, seq_len=512, prompt_len=64)
 
 
-def _real_side(args, dtype: str, side: str):
-    """One side's step function for the real model in `dtype` (f32 params, `dtype` compute)."""
+def _real_inputs(args, dtype: str):
+    """(cfg, f32 params, batch) of the real model with `dtype` compute, loaded once per dtype."""
     cfg, _, params = hf_io.load_hf(
         args.model_dir, param_dtype="float32", compute_dtype=dtype, remat=True
     )
     batch = make_batch(cfg, REAL_SHAPE["num_seq"], REAL_SHAPE["seq_len"], REAL_SHAPE["prompt_len"])
+    return cfg, params, batch
+
+
+def _real_side(args, dtype: str, side: str, inputs):
+    """One side's step function for the real model in `dtype` (f32 params, `dtype` compute)."""
+    cfg, params, batch = inputs
     if side == "ours":
         head = args.head_dtype if dtype == "bfloat16" else "float32"
         return jax_step(cfg, params, batch, args.token_chunk, head)
@@ -267,7 +273,7 @@ def peak_of(args) -> dict:
     from pipelinerl_jax import memory
 
     torch.set_num_threads(os.cpu_count())
-    step = _real_side(args, args.dtypes, args.peak_of)
+    step = _real_side(args, args.dtypes, args.peak_of, _real_inputs(args, args.dtypes))
     losses = [step(), step()]
     out = dict(side=args.peak_of, dtype=args.dtypes, peak_rss_gib=memory.peak_rss_bytes() / 2**30)
     print(json.dumps(dict(out, losses=losses)), flush=True)
@@ -300,7 +306,8 @@ def real_model(args) -> dict:
     tokens = num_seq * seq_len
     rows = []
     for dtype in args.dtypes.split(","):
-        ours = _real_side(args, dtype, "ours")
+        inputs = _real_inputs(args, dtype)
+        ours = _real_side(args, dtype, "ours", inputs)
         t0 = time.perf_counter()
         first_ours = ours()  # compiles
         compile_s = time.perf_counter() - t0
@@ -311,7 +318,7 @@ def real_model(args) -> dict:
         if dtype in args.no_peer_dtypes.split(","):
             row["torch_not_timed"] = "--no-peer-dtypes"
         else:
-            steps["torch"] = _real_side(args, dtype, "torch")
+            steps["torch"] = _real_side(args, dtype, "torch", inputs)
             row["first_loss_torch"] = steps["torch"]()
         medians = common.alternating_medians(steps, repeats=repeats, warmup=0)
         ours_s = medians["ours"][0]
@@ -324,7 +331,7 @@ def real_model(args) -> dict:
                 ratio=torch_s / ours_s,
                 torch_times=medians["torch"][1],
             )
-        del steps, ours
+        del steps, ours, inputs
         if not args.no_peaks:
             peaks = measure_peaks(args, dtype)
             row.update(ours_peak_gib=peaks["ours"], torch_peak_gib=peaks["torch"])

@@ -31,8 +31,9 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
   sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
   built for each evaluation and dropped after, pipeline/runner.py build_evaluator).
 - activations: the train step's. With remat: the residual stream [R/A, T, E] and the attention
-  output and log-sum-exp saved per layer, plus one layer's recomputed internals. Without: every layer's internals, plus one more for
-  the cotangents of the layer being differentiated. Either way plus the LM head's working set
+  output and log-sum-exp saved per layer, plus one layer's recomputed internals. Without:
+  every layer's internals, plus one more for the cotangents of the layer being
+  differentiated. Either way plus the LM head's working set
   (rl/logprobs.py): two f32 logit chunks ([min(token_chunk, N), V] on the fused per-token path,
   [N, vocab_chunk] for gspo) and the f32 head gradient [E, V].
 - runtime: a fixed overhead for the interpreter, JAX/XLA and the compiled executables.

@@ -110,8 +110,9 @@ def blocked_causal_attention(segment_ids_BxT, block: int, prefix_ids_BxT=None) -
     return attend
 
 
-def _block_probs(q_BxKxGxTxD, k_BxKxSxD, seg_BxT, prefix_BxT, a, b, scale, has_prefix):
-    """(masked scores, visible mask) of query block [a, b) against keys [0, b), f32."""
+def _block_scores(q_BxKxGxTxD, k_BxKxSxD, seg_BxT, prefix_BxT, a, b, scale, has_prefix):
+    """Scaled scores of query block [a, b) against keys [0, b), f32, the invisible ones at the
+    f32 minimum (exp of them minus any finite log-sum-exp is exactly 0)."""
     s_BxKxGxQxS = (
         jnp.einsum(
             "bkgtd,bksd->bkgts",
@@ -123,7 +124,7 @@ def _block_probs(q_BxKxGxTxD, k_BxKxSxD, seg_BxT, prefix_BxT, a, b, scale, has_p
     )
     prefix = prefix_BxT if has_prefix else None
     mask_BxQxS = segment_visible(seg_BxT, prefix, slice(a, b), slice(0, b))[:, None, None]
-    return jnp.where(mask_BxQxS, s_BxKxGxQxS, jnp.finfo(jnp.float32).min), mask_BxQxS
+    return jnp.where(mask_BxQxS, s_BxKxGxQxS, jnp.finfo(jnp.float32).min)
 
 
 def _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix):
@@ -131,7 +132,7 @@ def _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix):
     and k, v [B, K, S, D], one query block [a, b) of `bounds` at a time."""
     outs, lses = [], []
     for a, b in bounds:
-        s_BxKxGxQxS, _ = _block_probs(q, k, seg, prefix, a, b, scale, has_prefix)
+        s_BxKxGxQxS = _block_scores(q, k, seg, prefix, a, b, scale, has_prefix)
         m_BxKxGxQ = s_BxKxGxQxS.max(axis=-1)
         e_BxKxGxQxS = jnp.exp(s_BxKxGxQxS - m_BxKxGxQ[..., None])
         l_BxKxGxQ = e_BxKxGxQxS.sum(axis=-1)
@@ -172,7 +173,7 @@ def _blocked_bwd(bounds, scale, has_prefix, res, dout_BxKxGxTxD):
     dk_BxKxSxD = jnp.zeros(k.shape, f32)
     dv_BxKxSxD = jnp.zeros(v.shape, f32)
     for a, b in bounds:
-        s_BxKxGxQxS, _ = _block_probs(q, k, seg, prefix, a, b, scale, has_prefix)
+        s_BxKxGxQxS = _block_scores(q, k, seg, prefix, a, b, scale, has_prefix)
         p_BxKxGxQxS = jnp.exp(s_BxKxGxQxS - lse_BxKxGxT[..., a:b, None])  # masked: exactly 0
         dout_b = dout[:, :, :, a:b]
         dv_BxKxSxD = dv_BxKxSxD.at[:, :, :b].add(

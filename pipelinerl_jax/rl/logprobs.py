@@ -49,6 +49,14 @@ def _head_dot(a_MxK, b_KxV, head_dtype) -> jax.Array:
     return mixed_matmul(a_MxK, b_KxV, head_dtype, jnp.float32)
 
 
+def _head_lhs_T(h_NxE, head_dtype) -> jax.Array:
+    """h^T [E, N] as the left operand of the head's weight gradient: a plain transpose for the
+    f32 head, the 16-bit matmul's own copy otherwise (models/mixed_matmul.lhs_transposed)."""
+    if jnp.dtype(head_dtype) == jnp.float32:
+        return h_NxE.T
+    return lhs_transposed(h_NxE.astype(head_dtype))
+
+
 def _strided_chunks(x, axis_size: int, chunk: int, axis: int):
     """Pads `axis` to C*chunk and splits it into C strided chunks, moved to the front."""
     num = math.ceil(axis_size / chunk)
@@ -145,7 +153,7 @@ def _chunked_bwd(temperature, vocab_chunk, head_dtype, res, cotangents):
     g_lp_N, g_ent_N = cotangents
     h_NxE, t_N = _flatten(hidden_xE, targets)
     w_CxExVc, valid_CxVc = _vocab_chunks(w_ExV, vocab_chunk)
-    hT_ExN = h_NxE.T if jnp.dtype(head_dtype) == jnp.float32 else lhs_transposed(h_NxE)
+    hT_ExN = _head_lhs_T(h_NxE, head_dtype)
 
     def body(dh_NxE, xs):
         w_ExVc, valid_Vc = xs
@@ -234,10 +242,7 @@ def _token_chunk_grads(h_NcxE, w_ExV, t_Nc, inputs, loss_fn, temperature, head_d
         g_lp_Nc[:, None] + g_ent_Nc[:, None] * (z_NcxV - mean_z_Nc[:, None])
     )
     dz_NcxV = (dz_NcxV / temperature).astype(f32)
-    if jnp.dtype(head_dtype) == f32:
-        hT_ExNc = h_NcxE.T
-    else:
-        hT_ExNc = lhs_transposed(h_NcxE.astype(head_dtype))
+    hT_ExNc = _head_lhs_T(h_NcxE, head_dtype)
     dh_NcxE = _head_dot(dz_NcxV, w_ExV.T, head_dtype)
     dw_ExV = _head_dot(hT_ExNc, dz_NcxV, head_dtype)
     return loss_c, lp_Nc, ent_Nc, dh_NcxE.astype(h_NcxE.dtype), dw_ExV
