@@ -324,6 +324,10 @@ def test_server_drops_unclaimed_versions_and_keeps_claimed_ones():
         assert store.wait_for("w/to_client/1/0") == {"ok": False}
         send(1, 1, op="claim", version=2)
         assert store.wait_for("w/to_client/1/1")["ok"] is True
+        # Announcements are written by a background thread: 1's may land before 2's.
+        deadline = time.monotonic() + 10
+        while store.wait_for("w/latest")["version"] != 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
         assert store.wait_for("w/latest")["version"] == 2
         server.publish(_params(3), 3)  # 2 is mid-pull by puller 1: kept
         assert server.live_versions == 2 and server.pulls_in_flight() == 1
