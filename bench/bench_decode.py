@@ -123,6 +123,7 @@ def our_sampler(
     new_tokens: int,
     chunk_steps: int,
     prompt_len: int = PROMPT_LEN,
+    head_dtype: str = "float32",
 ):
     from pipelinerl_jax.models import hf_io
     from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
@@ -137,6 +138,7 @@ def our_sampler(
         chunk_steps=chunk_steps,
         max_prefill_rows=min(batch, 64),
         prefill_chunk=max(page, min(512, max_len)),
+        head_dtype=head_dtype,
     )
     return PagedSampler(graphdef, params, config), params
 

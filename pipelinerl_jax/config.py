@@ -353,6 +353,8 @@ def from_config_dict(cfg) -> RunConfig:
             "same one (leave loss.temperature unset)"
         )
     loss = _build(LossConfig, loss_values, "loss")
+    if sampler_cfg.head_dtype is None:  # behaviour logprobs from the head the trainer uses
+        sampler_cfg = dataclasses.replace(sampler_cfg, head_dtype=loss.head_dtype)
     trainer_values = _section(cfg, "trainer")
     trainer_values.setdefault("total_steps", steps)
     trainer = _build(TrainerConfig, trainer_values, "trainer", loss=loss)

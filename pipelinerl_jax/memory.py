@@ -20,10 +20,11 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 - gradients: the f32 gradient (count x 4); with A > 1 micro-batches two of them, the scan's
   accumulator and the current micro-batch's gradient.
 - sampler_params: `sampler.forward.decode_params`, the sampler's own per-version copy (embedding
-  and layers in compute dtype, plus the LM head as f32 [V, E]), twice: the next version is
-  prepared while the current one still decodes; plus the publisher's copy of the trainer's
-  params that the conversion reads (pipeline/weights.py: it never aliases the trainer's
-  buffers, which the next step donates), held until the conversion is done.
+  and layers in compute dtype, plus the LM head [V, E] in the sampler's head dtype), twice:
+  the next version is prepared while the current one still decodes; plus the publisher's
+  copy of the trainer's params that the conversion reads (pipeline/weights.py: it never
+  aliases the trainer's buffers, which the next step donates), held until the conversion is
+  done.
 - kv_pool: the page pool exactly as `pages.size_pool` sizes it for the sampler config.
 - decode_stage: the staged attention's dense copy of every slot's window (staged.py), at the
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
@@ -233,11 +234,12 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     micro = cfg.trainer.micro_batches
     gradients = (2 if micro > 1 else 1) * count * F32
 
-    # decode_params: embedding and layers in compute dtype, final norm as is, f32 [V, E] head
-    # (an untied lm_head is only ever there as that f32 head).
+    # decode_params: embedding and layers in compute dtype, final norm as is, the [V, E] head
+    # in the sampler's head dtype (an untied lm_head is only ever there as that head).
     V, E = m.vocab_size, m.hidden_size
     untied_head = 0 if m.tie_word_embeddings else E * V
-    decode_copy = (count - untied_head - E) * c_size + E * p_size + V * E * F32
+    head_size = _itemsize(cfg.sampler.head_dtype or "float32")
+    decode_copy = (count - untied_head - E) * c_size + E * p_size + V * E * head_size
     sampler_params = 2 * decode_copy + params
 
     pool, cache_size = _sampler_kv_pool(cfg, m)

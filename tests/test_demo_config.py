@@ -14,7 +14,7 @@ from configs import default as default_config
 from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline.runner import completion_text
+from pipelinerl_jax.pipeline.runner import completion_text, model_config
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +106,21 @@ def test_bad_override_of_the_default_fails_in_one_line():
     c.sampler.attention = "flash"
     with pytest.raises(ConfigError, match="attention='flash'"):
         config_lib.from_config_dict(c)
+
+
+def test_the_sampler_head_follows_the_loss_head_unless_set():
+    """Behaviour logprobs come from the head the trainer uses (loss.head_dtype) unless
+    sampler.head_dtype says otherwise; a 16-bit head halves its share of the memory estimate."""
+    from pipelinerl_jax import memory
+
+    c = default_config.get_config()
+    assert config_lib.from_config_dict(c).sampler.head_dtype == "float32"
+    c.loss.head_dtype = "bfloat16"
+    bf16 = config_lib.from_config_dict(c)
+    assert bf16.sampler.head_dtype == "bfloat16" and bf16.trainer.loss.head_dtype == "bfloat16"
+    c.sampler.head_dtype = "float32"
+    mixed = config_lib.from_config_dict(c)
+    assert mixed.sampler.head_dtype == "float32"
+    m = model_config(bf16)
+    saved = memory.estimate(mixed, m).sampler_params - memory.estimate(bf16, m).sampler_params
+    assert saved == 2 * m.vocab_size * m.hidden_size * 2  # two decode copies, 2 bytes less each

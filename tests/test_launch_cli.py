@@ -121,6 +121,7 @@ def test_values_convert_to_the_field_type():
         (["--config.data.task_options.difficulty=2"], "task reverse_digits has no such option"),
         (["--config.batch.max_sequences=3"], "is set from batch_size; leave it out"),
         (["--config.max_lag"], "--config.max_lag needs a value"),
+        (["--config.sampler.head_dtype=int8"], "sampler head_dtype='int8': use one of"),
         (["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
         (["stray"], "error: unexpected arguments ['stray']"),
     ],

@@ -136,3 +136,53 @@ def test_project_accumulates_in_f32_in_both_forms(dtype, tokens):
     want = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
     tol = 1e-2 if dtype == "bfloat16" else 1e-5  # one bf16 rounding of the output
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("head_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_sampler_head_runs_in_its_dtype_with_f32_accumulation(head_dtype, tokens):
+    """decode_params' head_dtype: the head and the hidden state rounded to it, the product
+    accumulated in f32 (what rl/logprobs computes with the same loss.head_dtype), at one token
+    (the two-column product) and several."""
+    cfg = dataclasses.replace(CFG, tie_word_embeddings=True, compute_dtype="bfloat16")
+    _, params = _model(cfg, seed=5)
+    dparams = fwd.decode_params(cfg, params, head_dtype=head_dtype)
+    assert dparams["head_VxE"].dtype == jnp.dtype(head_dtype)
+    rng = np.random.default_rng(tokens)
+    hidden_ExN = jnp.asarray(rng.standard_normal((cfg.hidden_size, tokens)), jnp.bfloat16)
+    got = jax.jit(fwd.logits_vocab_major)(dparams, hidden_ExN)
+    assert got.shape == (cfg.vocab_size, tokens) and got.dtype == jnp.float32
+    w_VxE = np.asarray(
+        decoder.lm_head_weight(params).astype(head_dtype).T.astype(jnp.float32), np.float64
+    )
+    want = w_VxE @ np.asarray(hidden_ExN.astype(jnp.float32), np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+    f32_head = fwd.logits_vocab_major(fwd.decode_params(cfg, params), hidden_ExN)
+    if head_dtype == "bfloat16":  # the rounded head is a different head
+        assert not np.allclose(np.asarray(f32_head), np.asarray(got), rtol=0, atol=1e-6)
+
+
+def test_decode_params_hold_a_16_bit_embedding_as_bits():
+    """A bf16 table is stored as its uint16 patterns (an integer gather on CPU); the rows
+    block.embed returns from it are the float table's rows exactly, Gemma's scale included."""
+    for model_type in ("llama", "gemma"):
+        cfg = dataclasses.replace(
+            CFG, compute_dtype="bfloat16", model_type=model_type, tie_word_embeddings=True
+        )
+        _, params = _model(cfg, seed=1)
+        dparams = fwd.decode_params(cfg, params)
+        assert dparams["embed"].dtype == jnp.uint16
+        table = decoder.arrays(params)["embed"].astype(jnp.bfloat16)
+        family = decoder.family_of(cfg)
+        tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 5)))
+        got = block.embed(cfg, family, dparams["embed"], tokens, jnp.bfloat16)
+        want = block.embed(cfg, family, table, tokens, jnp.bfloat16)
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    f32 = fwd.decode_params(CFG, _model(CFG, seed=1)[1])
+    assert f32["embed"].dtype == jnp.float32  # f32 tables stay floats
+
+
+def test_bad_head_dtype_is_named():
+    with pytest.raises(Exception, match="head_dtype='int8'"):
+        fwd.decode_params(CFG, _model(CFG, seed=0)[1], head_dtype="int8")

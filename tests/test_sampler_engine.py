@@ -287,6 +287,10 @@ def test_bf16_decode_chunk_makes_no_f32_copy_of_the_pool(models, prompts, tmp_pa
     # gathered elements and is fine.
     copies = re.findall(r"= f32\[" + pool + r"\]\{[^}]*\} (?:fusion|scatter|copy)\(", hlo)
     assert not copies
+    # Nor an f32 copy of the embedding table (it is gathered as bits: forward.decode_params).
+    cfg = engine.model_cfg
+    table = rf"= f32\[{cfg.vocab_size},{cfg.hidden_size}\]\{{[^}}]*\}} fusion\("
+    assert not re.findall(table, hlo)
 
 
 def test_bad_requests_become_error_samples(models):

@@ -130,3 +130,20 @@ def test_dense_attention_rows_see_only_their_positions():
     p = np.exp(s - s.max(-1, keepdims=True))
     want = np.einsum("kgn,knd->kgd", p / p.sum(-1, keepdims=True), v[1, :, :6]).reshape(H, D)
     np.testing.assert_allclose(np.asarray(out)[1], want, rtol=2e-5, atol=2e-5)
+
+
+def test_f32_of_widens_every_bf16_bit_pattern_exactly():
+    """attend.f32_of on a stage carried as bits equals the float view widened to f32 for all
+    65536 bf16 patterns (NaNs compared as NaN), and for fp16 and f32 arrays as they are."""
+    from pipelinerl_jax.sampler import attend
+
+    bits = jnp.arange(2**16, dtype=jnp.uint32).astype(jnp.uint16)
+    for dtype in (jnp.bfloat16, jnp.float16):
+        got = np.asarray(jax.jit(attend.f32_of, static_argnums=1)(bits, dtype))
+        want = np.asarray(jax.lax.bitcast_convert_type(bits, dtype).astype(jnp.float32))
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        np.testing.assert_array_equal(got[ok], want[ok])
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(7), jnp.float32)
+    np.testing.assert_array_equal(attend.f32_of(x, jnp.float32), x)

@@ -138,23 +138,8 @@ class FeatureMajor:
         return out
 
     def project(self, x_IxN, w_OxI, n_in: int):
-        """w @ x, accumulated in f32 and returned in x's dtype.
-
-        For 16-bit weights the f32 accumulation is what lets XLA:CPU take its fast path: a bf16
-        product with a bf16 result ran at ~220 GFLOP/s at N = 64 on the Xeon (AMX) and the same
-        product with f32 accumulation at ~930 GFLOP/s (~30 GB/s of weights from N = 2 on). One
-        16-bit token (N = 1) runs as two identical columns: XLA rewrites a matrix-vector product
-        into an f32 multiply-reduce that converts the weights to f32 (~2 GB/s of weights; ~17
-        GB/s as a row-vector product, ~30 GB/s as two columns). f32 weights keep the plain
-        product, the fast one for them at every N.
-        """
-        f32 = jnp.float32
-        if x_IxN.shape[1] == 1 and w_OxI.dtype != f32:
-            y_Ox2 = jnp.matmul(
-                w_OxI, jnp.concatenate([x_IxN, x_IxN], axis=1), preferred_element_type=f32
-            )
-            return y_Ox2[:, :1].astype(x_IxN.dtype)
-        return jnp.matmul(w_OxI, x_IxN, preferred_element_type=f32).astype(x_IxN.dtype)
+        """w @ x, accumulated in f32 and returned in x's dtype (`output_major_matmul`)."""
+        return output_major_matmul(w_OxI, x_IxN).astype(x_IxN.dtype)
 
     def split_heads(self, y_OxN, batch_shape, head_dim: int):
         """[heads * D, N] -> token-major [B, T, heads, D]."""
@@ -174,6 +159,25 @@ class FeatureMajor:
 
     def tokens(self, x_ExN):
         return x_ExN.T.reshape(*self.batch_shape, -1)
+
+
+def output_major_matmul(w_OxI: jax.Array, x_IxN: jax.Array) -> jax.Array:
+    """w @ x with x in w's dtype, accumulated in f32: the f32 [O, N] product (CPU layout).
+
+    For 16-bit weights the f32 accumulation is what lets XLA:CPU take its fast path: a bf16
+    product with a bf16 result ran at ~220 GFLOP/s at N = 64 on the Xeon (AMX) and the same
+    product with f32 accumulation at ~930 GFLOP/s (~30 GB/s of weights from N = 2 on). One
+    16-bit token (N = 1) runs as two identical columns: XLA rewrites a matrix-vector product
+    into an f32 multiply-reduce that converts the weights to f32 (~2 GB/s of weights; ~17
+    GB/s as a row-vector product, ~30 GB/s as two columns). f32 weights keep the plain
+    product, the fast one for them at every N.
+    """
+    f32 = jnp.float32
+    x_IxN = x_IxN.astype(w_OxI.dtype)
+    if x_IxN.shape[1] == 1 and w_OxI.dtype != f32:
+        x_Ix2 = jnp.concatenate([x_IxN, x_IxN], axis=1)
+        return jnp.matmul(w_OxI, x_Ix2, preferred_element_type=f32)[:, :1]
+    return jnp.matmul(w_OxI, x_IxN, preferred_element_type=f32)
 
 
 TOKEN_MAJOR = TokenMajor()
@@ -232,8 +236,14 @@ def decoder_block(
 
 
 def embed(cfg, family, embed_VxE, tokens, dtype):
-    """Token embeddings in the compute dtype (Gemma-style families scale them by sqrt(E))."""
+    """Token embeddings in the compute dtype (Gemma-style families scale them by sqrt(E)).
+
+    embed_VxE may be a table already in the 16-bit `dtype` held as its uint16 bit patterns (the
+    sampler's decode params, forward.decode_params says why): the gathered rows are viewed back.
+    """
     x = jnp.take(embed_VxE, tokens, axis=0)
+    if x.dtype == jnp.uint16:
+        x = jax.lax.bitcast_convert_type(x, dtype)
     if family.scale_embeddings:
         # transformers rounds sqrt(E) to the table's dtype and multiplies in it.
         x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)

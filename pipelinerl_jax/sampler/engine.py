@@ -103,6 +103,7 @@ class EngineConfig:
     pages_per_slot: int  # M
     max_stop_tokens: int  # X
     cache_dtype: str = "float32"
+    head_dtype: str = "float32"  # the LM head's matmul operands (forward.decode_params)
     truncated_logprobs: bool = False  # see sampling.py: default records tempered logprobs
     attention: str = "auto"  # decode attention strategy (strategies.py): "paged" runs the
     #   model's token-major block, writes the step's K/V with .at[].set
@@ -172,7 +173,7 @@ def _scale(cfg) -> float:
 def prepare_params(params, *, cfg, ecfg: EngineConfig):
     """Model params -> the engine's view of them (forward.decode_params in the decode
     strategy's layout); run it once per params version, off the chunk boundary."""
-    return fwd.decode_params(cfg, params, layout=_strategy(ecfg).layout)
+    return fwd.decode_params(cfg, params, layout=_strategy(ecfg).layout, head_dtype=ecfg.head_dtype)
 
 
 def decode_chunk(

@@ -9,8 +9,8 @@ layer stack at batch 1 took 18 ms CPU scanned vs 8 ms unrolled over separate arr
 at `set_params` time or in the publisher's thread, off the chunk boundary): unstacked, cast to
 the compute dtype once, laid out for the block's `layout` (models/block.py: "feature_major",
 the CPU layout, transposes every projection to output-major; "token_major", plain JAX, keeps
-them as stored), the LM head kept as an f32 [V, E] array; the layers run unrolled through the
-model's own `block.decoder_block`, so the math is the model's.
+them as stored), the LM head kept as a [V, E] array (f32 unless head_dtype says otherwise);
+the layers run unrolled through the model's own `block.decoder_block`, so the math is the model's.
 
 Tensor parallelism (Megatron-style, inside the engine's shard_map): `decode_param_specs` splits
 every weight along the dimension its logical axis maps to the tp mesh axis (models/params.py
@@ -46,12 +46,27 @@ def _layout(layout: str, batch_shape=None):
     raise ValueError(f"layout={layout!r}: use one of {LAYOUTS}")
 
 
-def decode_params(cfg: ModelConfig, params, layout: str = "feature_major") -> dict:
+HEAD_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def decode_params(
+    cfg: ModelConfig, params, layout: str = "feature_major", head_dtype: str = "float32"
+) -> dict:
     """Stacked model params -> {embed, layers: (per-layer dict, ...), final_norm, head_VxE};
-    each layer as the layout's `prepare` lays it out, the head vocabulary-major
-    (see `logits_vocab_major`)."""
+    each layer as the layout's `prepare` lays it out, the head vocabulary-major in
+    `head_dtype` (see `logits_vocab_major`).
+
+    A 16-bit embedding table is kept as its uint16 bit patterns (block.embed views the
+    gathered rows back): XLA:CPU gathers 16-bit floats by converting the whole table to f32
+    first, on SmolLM2 a 113 MB conversion in every decode chunk; integers it gathers in place.
+    """
+    if head_dtype not in HEAD_DTYPES:
+        raise ConfigError(f"sampler head_dtype={head_dtype!r}: use one of {HEAD_DTYPES}")
     p = decoder.arrays(params)
     dtype = jnp.dtype(cfg.compute_dtype)
+    embed_VxE = p["embed"].astype(dtype)
+    if dtype.itemsize == 2:
+        embed_VxE = jax.lax.bitcast_convert_type(embed_VxE, jnp.uint16)
     n_in = block.matmul_inputs(decoder.param_specs(cfg))
     lay = _layout(layout)
     layers = tuple(
@@ -59,10 +74,10 @@ def decode_params(cfg: ModelConfig, params, layout: str = "feature_major") -> di
         for i in range(cfg.num_layers)
     )
     return {
-        "embed": p["embed"].astype(dtype),
+        "embed": embed_VxE,
         "layers": layers,
         "final_norm": p["final_norm"],
-        "head_VxE": decoder.lm_head_weight(params).astype(jnp.float32).T,
+        "head_VxE": decoder.lm_head_weight(params).astype(head_dtype).T,
     }
 
 
@@ -139,8 +154,9 @@ def forward_hidden(
 
 
 def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None):
-    """f32 logits [V, N] (the head runs in f32, as the trainer's logprobs do), as they leave
-    the matmul: decode samples from them without a transpose.
+    """f32 logits [V, N], as they leave the matmul: decode samples from them without a
+    transpose. The head runs in its dtype (decode_params' head_dtype, f32 by default, as the
+    trainer's logprobs with the same loss.head_dtype): 16-bit operands accumulate in f32.
 
     gather_axis: the tp axis when the head is split by vocabulary (each device computes its
     V / tp rows, then all of them are gathered).
@@ -149,9 +165,7 @@ def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None
     32000 rows to split over both cores, where [N, E] @ [E, V] at decode batch sizes did not
     (bench model head alone, f32: 3.9 vs 5.9 ms at N = 8, 8.7 vs 11.8 at 32, 16.5 vs 15.4 at
     64), and the sampler reduces over V without transposing [V, N] (sampling.py)."""
-    out_VxN = jnp.matmul(
-        dparams["head_VxE"], hidden_ExN.astype(jnp.float32), preferred_element_type=jnp.float32
-    )
+    out_VxN = block.output_major_matmul(dparams["head_VxE"], hidden_ExN)
     if gather_axis is not None:
         out_VxN = jax.lax.all_gather(out_VxN, gather_axis, axis=0, tiled=True)
     return out_VxN

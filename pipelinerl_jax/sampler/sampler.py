@@ -39,6 +39,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.engine import ATTENTION_IMPLS, EngineConfig, get_engine, pick_window
+from pipelinerl_jax.sampler.forward import HEAD_DTYPES
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
 from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
@@ -65,6 +66,11 @@ class SamplerConfig:
     max_stop_tokens: int = 8  # EOS + stop ids per request
     kv_policy: str = "keep"  # "keep" | "recompute"
     cache_dtype: str | None = None  # default: the model's compute dtype
+    head_dtype: str | None = None  # the LM head's matmul operands: "float32", or
+    #   "bfloat16" / "float16" accumulated in f32 (logits stay
+    #   f32); default float32, and in a run the trainer's
+    #   loss.head_dtype, so behaviour and trainer logprobs
+    #   share one head
     truncated_logprobs: bool = False  # record logprobs of the top-k/top-p truncated
     #   distribution, not the tempered one (sampling.py)
     seed: int = 0  # sampling seed (a run adds its own seed)
@@ -80,6 +86,8 @@ class SamplerConfig:
         before anything is built)."""
         if self.kv_policy not in KV_POLICIES:
             raise ConfigError(f"kv_policy={self.kv_policy!r}: use one of {KV_POLICIES}")
+        if self.head_dtype not in (None, *HEAD_DTYPES):
+            raise ConfigError(f"sampler head_dtype={self.head_dtype!r}: use one of {HEAD_DTYPES}")
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(f"sampler attention={self.attention!r}: use one of {ATTENTION_IMPLS}")
         if self.prefill_chunk % self.page_size or self.prefill_chunk < self.page_size:
@@ -155,6 +163,7 @@ class PagedSampler:
                 pages_per_slot=pages_per_slot,
                 max_stop_tokens=cfg.max_stop_tokens,
                 cache_dtype=cache_dtype,
+                head_dtype=cfg.head_dtype or "float32",
                 truncated_logprobs=cfg.truncated_logprobs,
                 attention=cfg.attention,
             ),

@@ -33,7 +33,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.sampler.attend import float_view, set_at, write_layer_kv
+from pipelinerl_jax.sampler.attend import f32_of, set_at, write_layer_kv
 
 
 @jax.named_call
@@ -95,8 +95,8 @@ def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float
         )
         out_BxHxD = dense_decode_attention(
             q_Bx1xHxD[:, 0],
-            float_view(k_BxKxDxN, cache_dtype),
-            float_view(v_BxKxNxD, cache_dtype),
+            f32_of(k_BxKxDxN, cache_dtype or k_BxKxDxN.dtype),
+            f32_of(v_BxKxNxD, cache_dtype or v_BxKxNxD.dtype),
             positions_B,
             scale=scale,
         )
