@@ -155,6 +155,7 @@ def bench_pair(
     *,
     prompt_len: int = PROMPT_LEN,
     vocab_size: int = common.BENCH_MODEL["vocab_size"],
+    head_dtype: str = "float32",
 ):
     """One row: ours vs transformers generate, greedy (temperature 0) or plain temperature
     sampling (no top-k / top-p: how RL samples), every row forced to `new_tokens` tokens
@@ -162,7 +163,9 @@ def bench_pair(
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     prompts = np.random.default_rng(batch).integers(0, vocab_size, (batch, prompt_len))
-    sampler, params = our_sampler(path, dtype, batch, new_tokens, chunk_steps, prompt_len)
+    sampler, params = our_sampler(
+        path, dtype, batch, new_tokens, chunk_steps, prompt_len, head_dtype=head_dtype
+    )
     how = SamplingParams(temperature=temperature, max_new_tokens=new_tokens)
     ours_out, hf_out = [], []
     hf_fn = hf_generate_fn(path, dtype, prompts, new_tokens, temperature)

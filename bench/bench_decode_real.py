@@ -7,7 +7,9 @@
 Both engines load the same safetensors directory. Prompts of 64 random tokens, 256 forced new
 tokens (no EOS on either side), batch 1 / 8 / 16 / 64, f32 and bf16 (ours: bf16 params and
 compute; transformers: the model loaded in torch.bfloat16), greedy and plain temperature-1
-sampling (no top-k / top-p, as RL samples). Tokens/s = generated tokens / wall time of the
+sampling (no top-k / top-p, as RL samples). The bf16 rows run our LM head in bf16 with f32
+accumulation as transformers bf16 runs its head in bf16 (`--bf16_head_dtype=float32` for an f32
+head: sampler.head_dtype). Tokens/s = generated tokens / wall time of the
 whole generate call, prefill included; medians of repeats timed in alternating rounds
 (bench/common.alternating_medians) and their ratio. Greedy f32 rows at batch <= 8 also report
 the fraction of sequences whose tokens equal transformers' exactly. The goals (#16): >= 2.5x
@@ -43,6 +45,12 @@ def main() -> int:
     ap.add_argument("--new_tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--chunk_steps", type=int, default=16)
+    ap.add_argument(
+        "--bf16_head_dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float32"),
+        help="our LM head's operands in the bf16 rows (transformers bf16 runs its head in bf16)",
+    )
     args = ap.parse_args()
     path = Path(args.model)
     if not (path / "config.json").is_file():
@@ -68,6 +76,7 @@ def main() -> int:
     gflops = common.f32_matmul_gflops(n=1024 if args.quick else 2048)
     rows = []
     for dtype in dtypes:
+        head_dtype = args.bf16_head_dtype if dtype == "bfloat16" else "float32"
         for temperature in temps:
             for batch in batches:
                 row, _, _ = bench_pair(
@@ -81,8 +90,10 @@ def main() -> int:
                     temperature=temperature,
                     prompt_len=PROMPT_LEN,
                     vocab_size=vocab,
+                    head_dtype=head_dtype,
                 )
                 row["goal"] = GOALS.get(dtype)
+                row["head_dtype"] = head_dtype
                 # What bounds a batch: the rate as a fraction of this machine's f32 matmul rate
                 # (2 x matmul params FLOPs per token; attention not counted).
                 for side in ("ours", "hf"):

@@ -117,6 +117,8 @@ def _decode_real(d):
     out = []
     for r in d["rows"]:
         how = "greedy" if not r.get("temperature") else f"temperature {r['temperature']:g}"
+        if r.get("head_dtype", "float32") != r["dtype"]:
+            how += f", {r.get('head_dtype', 'float32')} head"
         notes = []
         if r.get("ours_frac_f32_matmul_peak") is not None:
             notes.append(f"{r['ours_frac_f32_matmul_peak']:.0%} of f32 peak")
