@@ -29,6 +29,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
+# The operand dtypes an LM head may run on (f32 accumulation for the 16-bit ones): the trainer's
+# loss.head_dtype and the sampler's head_dtype accept these.
+HEAD_DTYPES = ("float32", "bfloat16", "float16")
+
 _F32 = jnp.float32
 
 

@@ -44,7 +44,7 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        pass  # no prctl (not Linux): the parent's shutdown path still ends the worker
 
 
 def _release_forkserver() -> None:
@@ -63,7 +63,7 @@ def _release_forkserver() -> None:
         try:
             os.close(fd)
         except OSError:
-            pass
+            pass  # already closed
         server._forkserver_alive_fd = None
 
 
@@ -241,7 +241,7 @@ class RewardPool:
             try:
                 os.close(fd)
             except OSError:
-                pass
+                pass  # already closed
 
     def __enter__(self) -> "RewardPool":
         return self
@@ -391,7 +391,7 @@ class RewardPool:
                 if worker.task_id is None:
                     worker.conn.send(None)  # idle: let it exit by itself
             except OSError:
-                pass
+                pass  # its pipe is gone: the worker has exited already
         stop_by = time.monotonic() + 1.0
         for worker in workers:
             if worker.task_id is None:

@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
 
 # The built-in objectives; rl/objectives.py's registry holds them and any registered later.
 OBJECTIVES = ("tis_reinforce", "ppo", "gspo")
@@ -120,7 +121,7 @@ class LossConfig:
             token_chunk=self.token_chunk,
             vocab_chunk=self.vocab_chunk,
         )
-        if self.head_dtype not in ("float32", "bfloat16", "float16"):
+        if self.head_dtype not in HEAD_DTYPES:
             raise ConfigError(
                 f"loss.head_dtype={self.head_dtype!r} must be float32, bfloat16 or float16"
             )

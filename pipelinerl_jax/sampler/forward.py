@@ -34,6 +34,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import block, decoder, rope
 from pipelinerl_jax.models import params as param_table
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
 
 LAYOUTS = block.LAYOUTS
 
@@ -44,9 +45,6 @@ def _layout(layout: str, batch_shape=None):
     if layout == "feature_major":
         return block.FeatureMajor(batch_shape)
     raise ValueError(f"layout={layout!r}: use one of {LAYOUTS}")
-
-
-HEAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def decode_params(

@@ -37,9 +37,9 @@ import numpy as np
 from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.engine import ATTENTION_IMPLS, EngineConfig, get_engine, pick_window
-from pipelinerl_jax.sampler.forward import HEAD_DTYPES
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
 from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
