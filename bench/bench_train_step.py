@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from bench import common  # noqa: E402
 from pipelinerl_jax import trainer as tr  # noqa: E402
 from pipelinerl_jax.models import decoder, hf_io  # noqa: E402
-from pipelinerl_jax.models.config import ModelConfig  # noqa: E402
+from pipelinerl_jax.models.config import REMAT_POLICIES, ModelConfig  # noqa: E402
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch  # noqa: E402
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig  # noqa: E402
 
@@ -161,6 +161,12 @@ def main(argv=None) -> dict:
         help="our LM head's matmul operands in the bf16 rows (float32 or bfloat16)",
     )
     parser.add_argument(
+        "--remat_policy",
+        default="matmuls",
+        choices=tuple(REMAT_POLICIES),
+        help="what our rematerialised layers keep with --model_dir (model.remat_policy)",
+    )
+    parser.add_argument(
         "--peak_of",
         choices=("ours", "torch"),
         default=None,
@@ -250,7 +256,11 @@ REAL_SHAPE = dict(num_seq=16, seq_len=512, prompt_len=64)
 def _real_inputs(args, dtype: str):
     """(cfg, f32 params, batch) of the real model with `dtype` compute, loaded once per dtype."""
     cfg, _, params = hf_io.load_hf(
-        args.model_dir, param_dtype="float32", compute_dtype=dtype, remat=True
+        args.model_dir,
+        param_dtype="float32",
+        compute_dtype=dtype,
+        remat=True,
+        remat_policy=args.remat_policy,
     )
     batch = make_batch(cfg, REAL_SHAPE["num_seq"], REAL_SHAPE["seq_len"], REAL_SHAPE["prompt_len"])
     return cfg, params, batch
@@ -286,7 +296,7 @@ def measure_peaks(args, dtype: str) -> dict:
     for side in ("ours", "torch"):
         cmd = [sys.executable, __file__, f"--model_dir={args.model_dir}", f"--dtypes={dtype}"]
         cmd += [f"--peak_of={side}", f"--head_dtype={args.head_dtype}"]
-        cmd += [f"--token-chunk={args.token_chunk}"]
+        cmd += [f"--token-chunk={args.token_chunk}", f"--remat_policy={args.remat_policy}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{side} {dtype} peak run failed:\n{proc.stderr[-2000:]}")
@@ -365,6 +375,7 @@ def real_model(args) -> dict:
             objective="tis_reinforce",
             optimizer="adamw",
             remat="ours: per layer; torch: gradient checkpointing",
+            remat_policy=args.remat_policy,
             bf16="f32 params, bf16 compute (ours compute_dtype, torch autocast)",
             peak_rss="one child process per side and dtype, 2 steps each",
             token_chunk=args.token_chunk,

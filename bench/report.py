@@ -366,10 +366,13 @@ def _train_real(d):
             ours += f", peak {r['ours_peak_gib']:.2f} GiB"
             theirs += f", peak {r['torch_peak_gib']:.2f} GiB"
             ratio += f"; memory {r['ours_peak_gib'] / r['torch_peak_gib']:.2f}x"
+        # Older files predate remat_policy: their remat kept the attention only.
+        policy = d["config"].get("remat_policy", "attention")
         out.append(
             (
                 f"{REAL}: train step {r['dtype']}{how}, {d['config']['sequences']} x "
-                f"{d['config']['seq_len']} tokens (ours remat, torch gradient checkpointing): "
+                f"{d['config']['seq_len']} tokens (ours remat keeping {policy}, torch gradient "
+                "checkpointing): "
                 "tokens/s",
                 ours,
                 theirs,

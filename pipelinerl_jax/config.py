@@ -34,6 +34,8 @@ class ModelSpec:
     compute_dtype: str = "float32"  # "float32" | "bfloat16": activations (logits stay f32)
     remat: bool = False  # recompute each layer in the backward pass: activation
     #   memory of one layer instead of all (README: memory)
+    remat_policy: str = "attention"  # with remat, what each layer keeps: "attention" (least
+    #   memory) or "matmuls" (no matmul recomputed: faster, more memory; README: memory)
     init: tuple = ()  # a dict of ModelConfig fields: a fresh, random model
 
 
@@ -269,6 +271,11 @@ def from_config_dict(cfg) -> RunConfig:
     model = _section(cfg, "model")
     init = model.pop("init", {}) or {}
     model_spec = _build(ModelSpec, model, "model", init=_items(init))
+    if model_spec.remat_policy != "attention" and not model_spec.remat:
+        raise ConfigError(
+            f"config.model.remat_policy={model_spec.remat_policy!r} applies only to a "
+            "rematerialised step; set config.model.remat=True too"
+        )
     if not model_spec.hf_dir and not init:
         raise ConfigError(
             "config.model: set model.hf_dir to a Hugging Face directory or "
@@ -281,6 +288,7 @@ def from_config_dict(cfg) -> RunConfig:
         "param_dtype",
         "compute_dtype",
         "remat",
+        "remat_policy",
     }
     unknown = sorted(set(init) - arch)
     if unknown:

@@ -39,7 +39,7 @@ _DERIVED_DEFAULTS = {
 LIST_FIELDS = ("data.datasets", "data.few_shot", "eval.datasets")
 DICT_FIELDS = ("model.init", "data.task_options", "reward.table_options")
 # model.init leaves these to the model section.
-_MODEL_SECTION_FIELDS = ("param_dtype", "compute_dtype", "remat")
+_MODEL_SECTION_FIELDS = ("param_dtype", "compute_dtype", "remat", "remat_policy")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,8 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
   sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
   built for each evaluation and dropped after, pipeline/runner.py build_evaluator).
 - activations: the train step's. With remat: the residual stream [R/A, T, E] and the attention
-  output and log-sum-exp saved per layer, plus one layer's recomputed internals. Without:
+  output and log-sum-exp saved per layer (remat_policy "matmuls": also q, k, v, the residual
+  after attention, gate and up), plus one layer's recomputed internals. Without:
   every layer's internals, plus one more for the cotangents of the layer being
   differentiated. Either way plus the LM head's working set
   (rl/logprobs.py): two f32 logit chunks ([min(token_chunk, N), V] on the fused per-token path,
@@ -257,9 +258,12 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     layer = layer_internals_bytes(m, rows, T, cfg.trainer.attention_block)
     if m.remat:
         # Saved: each layer's input [rows, T, E] and its attention output [rows, T, H * D] with
-        # the f32 log-sum-exp [rows, H, T] (attention.REMAT_SAVED); the backward recomputes one
+        # the f32 log-sum-exp [rows, H, T] (models/remat.py); the backward recomputes one
         # layer at a time.
         per_token = (E + m.num_heads * m.head_dim) * c_size + m.num_heads * F32
+        if m.remat_policy == "matmuls":  # q, k, v, the residual after attention, gate and up
+            kv, F = m.num_kv_heads * m.head_dim, m.intermediate_size
+            per_token += (m.num_heads * m.head_dim + 2 * kv + E + 2 * F) * c_size
         saved = m.num_layers * rows * T * per_token + layer
     else:
         # Saved: every layer's internals; plus the cotangents of the layer being differentiated.

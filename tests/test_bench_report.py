@@ -173,7 +173,8 @@ def test_real_model_rows(tmp_path, monkeypatch):
     assert "| 0.10 -> 0.70 | +0.30 (goal) | +0.60 .. +0.60 |" in text
     assert "| 0.63 / 0.29 | 0.02 / 0.00 |" in text
     assert (
-        "train step float32, 16 x 512 tokens (ours remat, torch gradient checkpointing): "
+        "train step float32, 16 x 512 tokens (ours remat keeping attention, torch gradient "
+        "checkpointing): "
         "tokens/s | 150 (55 s) | 120 (68 s) | 1.25x (goal >= 1.2) |"
     ) in text
 

@@ -24,6 +24,9 @@ def _cfg(**overrides):
 def test_remat_reaches_the_model_config():
     assert run_lib.model_config(_cfg(**{"model.remat": True})).remat is True
     assert run_lib.model_config(_cfg()).remat is False
+    both = {"model.remat": True, "model.remat_policy": "matmuls"}
+    assert run_lib.model_config(_cfg(**both)).remat_policy == "matmuls"
+    assert run_lib.model_config(_cfg()).remat_policy == "attention"
 
 
 def test_system_prompt_default_custom_and_none():

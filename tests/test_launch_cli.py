@@ -115,6 +115,11 @@ def test_values_convert_to_the_field_type():
         (["--config.max_lag=abc"], "--config.max_lag=abc: expected an integer"),
         (["--config.trainer.learning_rate=fast"], "expected a number"),
         (["--config.model.remat=maybe"], "expected true or false"),
+        (
+            ["--config.model.remat", "--config.model.remat_policy=all"],
+            "remat_policy='all' is not supported; use one of ('attention', 'matmuls')",
+        ),
+        (["--config.model.remat_policy=matmuls"], "set config.model.remat=True too"),
         (["--config.data.datasets=x.jsonl"], "expected a JSON list, e.g. --config.data.datasets="),
         (["--config.reward.table_options=0.3"], "expected a JSON object"),
         (["--config.batch_size=30"], "not divisible by config.group_size"),

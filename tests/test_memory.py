@@ -115,6 +115,19 @@ def test_remat_and_micro_batches_lower_activations(tiny):
     remat = memory.estimate(cfg, dataclasses.replace(m, remat=True))
     assert remat.activations < plain.activations
     assert remat.remat and not plain.remat
+    # "matmuls" keeps q, k, v, the mid residual, gate and up: H D + 2 K D + E + 2 F values a
+    # token a layer more, and still less than no remat at all.
+    keeps = memory.estimate(cfg, dataclasses.replace(m, remat=True, remat_policy="matmuls"))
+    per_token = (
+        m.num_heads * m.head_dim
+        + 2 * m.num_kv_heads * m.head_dim
+        + m.hidden_size
+        + 2 * m.intermediate_size
+    )
+    tokens = cfg.batch.num_rows * cfg.batch.seq_len // cfg.trainer.micro_batches
+    extra = m.num_layers * tokens * per_token * 4  # f32 compute
+    assert keeps.activations == remat.activations + extra
+    assert keeps.activations < plain.activations
     micro = memory.estimate(_run_config(**{"trainer.micro_batches": 2}), m)
     assert micro.activations < plain.activations
     assert micro.gradients == 2 * plain.gradients  # accumulator + the micro-batch's gradient

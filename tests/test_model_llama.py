@@ -162,23 +162,33 @@ def test_remat_same_values_and_grads(model):
     assert all(float(jnp.abs(a).max()) > 0 for a in jax.tree.leaves(g1))
 
 
-def test_remat_keeps_the_blocked_attention_and_its_gradients(model, capsys):
-    """The trainer's layer: blocked attention (hand-written VJP) under per-layer remat. Values
-    and gradients equal the plain backward, and the remat policy saves the attention's output
-    and log-sum-exp (attention.REMAT_SAVED) instead of running attention again."""
-    graphdef, params = model
-    g_remat, _ = decoder.abstract_init(dataclasses.replace(CFG, remat=True))
-    rng = np.random.default_rng(5)
-    tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, 12)))
-    positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
-    seg = jnp.asarray([[1] * 5 + [2] * 7, [1] * 12])
-
+def _blocked_loss(seg, tokens, positions):
     def loss(params, graphdef):
         attend = attention.blocked_causal_attention(seg, 5)
         hidden, _ = decoder.forward_hidden(graphdef, params, tokens, positions, attend=attend)
         logits = decoder.logits_from_hidden(params, hidden)
         return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
+    return loss
+
+
+def _blocked_inputs(rng):
+    tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, 12)))
+    positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
+    seg = jnp.asarray([[1] * 5 + [2] * 7, [1] * 12])
+    return seg, tokens, positions
+
+
+@pytest.mark.parametrize("policy", ["attention", "matmuls"])
+def test_remat_keeps_the_blocked_attention_and_its_gradients(model, policy, capsys):
+    """The trainer's layer: blocked attention (hand-written VJP) under per-layer remat. Values
+    and gradients equal the plain backward under either policy, and the policy saves what it
+    names: the attention's output and log-sum-exp (remat.ATTENTION_SAVED) instead of running
+    attention again, and with "matmuls" also q, k, v, the mid residual, gate and up."""
+    graphdef, params = model
+    cfg = dataclasses.replace(CFG, remat=True, remat_policy=policy)
+    g_remat, _ = decoder.abstract_init(cfg)
+    loss = _blocked_loss(*_blocked_inputs(np.random.default_rng(5)))
     grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     (v1, g1), (v2, g2) = grad(params, graphdef), grad(params, g_remat)
     assert abs(float(v1) - float(v2)) < 1e-6
@@ -188,9 +198,83 @@ def test_remat_keeps_the_blocked_attention_and_its_gradients(model, capsys):
     printed = capsys.readouterr().out
     # Through the layer scan the names are gone; the stacked shapes say what was saved:
     # every layer's attention output [L, B, K, G, T, D] and log-sum-exp [L, B, K, G, T].
-    L, K, G, D = CFG.num_layers, CFG.num_kv_heads, CFG.num_heads // CFG.num_kv_heads, CFG.head_dim
-    for shape in ((L, 2, K, G, 12, D), (L, 2, K, G, 12)):
+    L, K, H, D = CFG.num_layers, CFG.num_kv_heads, CFG.num_heads, CFG.head_dim
+    G, F = H // K, CFG.intermediate_size
+    attention_saves = [(L, 2, K, G, 12, D), (L, 2, K, G, 12)]
+    # q [L, B, T, H, D], k and v [L, B, T, K, D], gate and up [L, B, T, F].
+    matmul_saves = [(L, 2, 12, H, D), (L, 2, 12, K, D), (L, 2, 12, F)]
+    for shape in attention_saves + (matmul_saves if policy == "matmuls" else []):
         assert f"f32[{','.join(map(str, shape))}] output of scan" in printed, printed
+    if policy == "attention":
+        for shape in matmul_saves:
+            assert f"f32[{','.join(map(str, shape))}] output of scan" not in printed, printed
+
+
+def _count_dots(jaxpr) -> int:
+    """dot_general equations in a jaxpr and every jaxpr nested in its equations' params."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "dot_general"
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _count_dots(inner)
+    return count
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmuls_policy_recomputes_no_matmul(model, dtype):
+    """What "matmuls" buys: its backward runs as many matmuls as the plain (no remat) one,
+    where "attention" runs the layer's projections again (q, k, v, o, gate, up: 6 in f32; in
+    bf16 they are custom-VJP calls whose dots the jaxpr shows only in part, so there only
+    "more" is checked)."""
+    graphdef, params = model
+    loss = _blocked_loss(*_blocked_inputs(np.random.default_rng(6)))
+
+    def dots(**remat):
+        cfg = dataclasses.replace(CFG, compute_dtype=dtype, **remat)
+        g, _ = decoder.abstract_init(cfg)
+        closed = jax.make_jaxpr(jax.grad(lambda p: loss(p, g)))(params)
+        return _count_dots(closed.jaxpr)
+
+    plain = dots()
+    assert dots(remat=True, remat_policy="matmuls") == plain
+    recomputing = dots(remat=True, remat_policy="attention")
+    assert recomputing == plain + 6 if dtype == "float32" else recomputing > plain
+
+
+@pytest.mark.parametrize("policy", ["attention", "matmuls"])
+def test_bf16_remat_keeps_bit_patterns_and_the_same_gradients(model, policy, capsys):
+    """bf16 compute under remat: what the policy keeps is stacked as uint16 bit patterns on
+    CPU (XLA:CPU converted a bf16 [L, ...] buffer to f32 and back for every layer's
+    dynamic-update-slice; models/remat.py), so the compiled step updates no bf16 stack, and
+    values and gradients are those of the bf16 step without remat."""
+    graphdef, params = model
+    bf16 = dataclasses.replace(CFG, compute_dtype="bfloat16")
+    g_plain, _ = decoder.abstract_init(bf16)
+    g_remat, _ = decoder.abstract_init(dataclasses.replace(bf16, remat=True, remat_policy=policy))
+    loss = _blocked_loss(*_blocked_inputs(np.random.default_rng(7)))
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (v1, g1), (v2, g2) = grad(params, g_plain), grad(params, g_remat)
+    assert abs(float(v1) - float(v2)) < 1e-3 * abs(float(v1))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.abs(a - b).max() <= 2e-2 * np.abs(a).max()  # some leaves are all zero
+    L, K, G = CFG.num_layers, CFG.num_kv_heads, CFG.num_heads // CFG.num_kv_heads
+    if policy == "attention":  # (it lists the custom-VJP layers' residuals only in part)
+        jax.ad_checkpoint.print_saved_residuals(lambda p: loss(p, g_remat), params)
+        printed = capsys.readouterr().out
+        out_shape = f"{L},2,{K},{G},12,{CFG.head_dim}"
+        assert f"u16[{out_shape}] output of scan" in printed, printed
+        assert f"bf16[{out_shape}] output of scan" not in printed, printed
+    hlo = grad.lower(params, g_remat).compile().as_text()
+    stacked = [
+        line
+        for line in hlo.splitlines()
+        if " dynamic-update-slice(" in line and f"bf16[{L}," in line.split("=")[1][:20]
+    ]
+    assert not stacked, stacked
 
 
 def test_bf16_compute_with_f32_params(model):

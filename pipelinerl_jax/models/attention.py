@@ -18,13 +18,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
+from pipelinerl_jax.models import remat
 from pipelinerl_jax.models.block import AttentionFn
-
-# What a rematerialised layer saves: the blocked attention's output and log-sum-exp (its VJP
-# needs nothing else it cannot recompute from the projections), [B, T, H, D] + [B, H, T] a layer.
-REMAT_SAVED = ("attention_out", "attention_lse")
 
 
 def segment_visible(
@@ -155,9 +151,9 @@ def _blocked(q, k, v, seg, prefix, bounds, scale, has_prefix):
 
 def _blocked_fwd(q, k, v, seg, prefix, bounds, scale, has_prefix):
     out, lse = _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix)
-    # Named so that a rematerialised layer (decoder.forward_hidden) keeps them instead of
-    # running the attention forward again in the backward pass (REMAT_SAVED).
-    out, lse = checkpoint_name(out, "attention_out"), checkpoint_name(lse, "attention_lse")
+    # Named so that a rematerialised layer keeps them instead of running the attention forward
+    # again in the backward pass (models/remat.py ATTENTION_SAVED).
+    out, lse = remat.keep(out, "attention_out"), remat.keep(lse, "attention_lse")
     return out, (q, k, v, seg, prefix, out, lse)
 
 

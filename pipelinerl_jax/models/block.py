@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.models import rope
+from pipelinerl_jax.models import remat, rope
 from pipelinerl_jax.models.mixed_matmul import mixed_matmul
 
 # attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache) -> (out_BxTxHxD, new_layer_cache)
@@ -217,7 +217,11 @@ def decoder_block(
         return layout.split_heads(layout.project(h, lp[name], 1), batch_shape, d)
 
     h = norm(x, lp["attn_norm"], eps, layout.feature_axis)
-    q_BxTxHxD, k_BxTxKxD, v_BxTxKxD = heads("q_proj", h), heads("k_proj", h), heads("v_proj", h)
+    # Named for the "matmuls" remat policy to keep (models/remat.py): the matmul outputs, before
+    # the bias, qk-norm and RoPE, whose backward passes read them.
+    q_BxTxHxD = remat.keep(heads("q_proj", h), "attention_q")
+    k_BxTxKxD = remat.keep(heads("k_proj", h), "attention_k")
+    v_BxTxKxD = remat.keep(heads("v_proj", h), "attention_v")
     if cfg.attention_bias:
         q_BxTxHxD = q_BxTxHxD + lp["q_bias"]
         k_BxTxKxD = k_BxTxKxD + lp["k_bias"]
@@ -229,9 +233,11 @@ def decoder_block(
     k_BxTxKxD = rope.apply(k_BxTxKxD, cos, sin)
     attn_BxTxHxD, layer_cache = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache)
     x = x + reduce(layout.project(layout.merge_heads(attn_BxTxHxD), lp["o_proj"], 2))
+    x = remat.keep(x, "residual_mid")
     h = norm(x, lp["mlp_norm"], eps, layout.feature_axis)
-    gated = family.activation(layout.project(h, lp["gate_proj"], 1))
-    gated = gated * layout.project(h, lp["up_proj"], 1)
+    gate = remat.keep(layout.project(h, lp["gate_proj"], 1), "mlp_gate")
+    up = remat.keep(layout.project(h, lp["up_proj"], 1), "mlp_up")
+    gated = family.activation(gate) * up
     return x + reduce(layout.project(gated, lp["down_proj"], 1)), layer_cache
 
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models.remat import REMAT_POLICIES
 
 _DTYPES = ("float32", "bfloat16")
 
@@ -47,6 +48,7 @@ class ModelConfig:
     param_dtype: str = "float32"  # "float32" | "bfloat16"
     compute_dtype: str = "float32"  # "float32" | "bfloat16"; logits and log-softmax always f32
     remat: bool = False  # rematerialise each layer in the backward pass
+    remat_policy: str = "attention"  # what a rematerialised layer keeps: a REMAT_POLICIES name
     bos_token_id: int | None = None  # from the HF config; None: none
     eos_token_id: int | tuple[int, ...] | None = None  # one id or several (HF config)
 
@@ -57,6 +59,11 @@ class ModelConfig:
                 raise ConfigError(
                     f"{name}={getattr(self, name)!r} is not supported; use one of {_DTYPES}"
                 )
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ConfigError(
+                f"remat_policy={self.remat_policy!r} is not supported; use one of "
+                f"{tuple(REMAT_POLICIES)}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"config.json: num_attention_heads={self.num_heads} is not a multiple of "

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipelinerl_jax.models import attention, block, registry, rope
+from pipelinerl_jax.models import attention, block, registry, remat, rope
 from pipelinerl_jax.models import params as param_table
 from pipelinerl_jax.models.block import AttentionFn
 from pipelinerl_jax.models.config import ModelConfig
@@ -147,7 +147,7 @@ def forward_hidden(
         )
 
     if cfg.remat:
-        saved = jax.checkpoint_policies.save_only_these_names(*attention.REMAT_SAVED)
+        saved = jax.checkpoint_policies.save_only_these_names(*remat.saved_names(cfg.remat_policy))
         body = jax.checkpoint(body, prevent_cse=False, policy=saved)
     x_BxTxE, new_cache = jax.lax.scan(body, x_BxTxE, (p["layers"], cache))
     return family.norm(x_BxTxE, p["final_norm"], cfg.rms_norm_eps), new_cache

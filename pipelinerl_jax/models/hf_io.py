@@ -174,6 +174,7 @@ def load_hf(
     compute_dtype: str | None = None,
     shardings=None,
     remat: bool = False,
+    remat_policy: str = "attention",
     config_overrides: dict | None = None,
     check_tokenizer: bool = True,
 ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
@@ -189,6 +190,7 @@ def load_hf(
         param_dtype=param_dtype,
         compute_dtype=compute_dtype or param_dtype,
         remat=remat,
+        remat_policy=remat_policy,
         **(config_overrides or {}),
     )
     if check_tokenizer and (model_dir / "tokenizer.json").exists():

@@ -161,6 +161,7 @@ def model_config(cfg) -> ModelConfig:
         param_dtype=cfg.model.param_dtype,
         compute_dtype=cfg.model.compute_dtype,
         remat=cfg.model.remat,
+        remat_policy=cfg.model.remat_policy,
     )
     if cfg.model.hf_dir:
         from pipelinerl_jax.models.hf_io import read_config
@@ -188,6 +189,7 @@ def build_model(cfg, tokenizer, rng):
             param_dtype=cfg.model.param_dtype,
             compute_dtype=cfg.model.compute_dtype,
             remat=cfg.model.remat,
+            remat_policy=cfg.model.remat_policy,
         )
         return graphdef, params
     fields = dict(cfg.model.init)
@@ -195,6 +197,7 @@ def build_model(cfg, tokenizer, rng):
         param_dtype=cfg.model.param_dtype,
         compute_dtype=cfg.model.compute_dtype,
         remat=cfg.model.remat,
+        remat_policy=cfg.model.remat_policy,
     )
     model_cfg = ModelConfig(**fields)
     vocab = getattr(tokenizer, "vocab_size", None)
