@@ -163,6 +163,19 @@ def _projections(d):
     return out
 
 
+def _gemm(d):
+    return [
+        (
+            f"train-step matmul alone, {r['dtype']}, {r['shape']}, M x K x N = {r['m']} x "
+            f"{r['k']} x {r['n']}: GFLOP/s",
+            f"{r['ours_gflops']:.0f}",
+            f"{r['torch_gflops']:.0f}",
+            f"{r['ratio']:.2f}x",
+        )
+        for r in d["rows"]
+    ]
+
+
 def _train(d):
     out = []
     for r in d["rows"]:
@@ -487,6 +500,7 @@ SECTIONS = (
     ("decode_real", "python bench/bench_decode_real.py", "transformers generate", _decode_real),
     ("projections", "python bench/bench_projections.py", "torch", _projections),
     ("train_step", "python bench/bench_train_step.py", "torch + transformers", _train),
+    ("gemm", "python bench/bench_gemm.py", "torch", _gemm),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode", _pipeline),
     ("demo_seeds", "python bench/demo_seeds.py", "criterion", _demo),
     ("plan_validation", "python bench/bench_plan_validation.py", "planner", _plan),

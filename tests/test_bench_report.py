@@ -226,3 +226,22 @@ def test_each_machine_kinds_newest_result_gets_its_rows(tmp_path, monkeypatch):
     assert len(rows) == 2, rows
     assert "| 140 " in rows[0] and "Intel Xeon" in rows[0]
     assert "| 230 " in rows[1] and "AMD EPYC 9B14" in rows[1]
+
+
+def test_gemm_rows_and_the_train_steps_remat_policy(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    row = dict(shape="q/o forward [N, E] @ [E, E]", m=8192, k=576, n=576, dtype="float32")
+    gemm = {"rows": [dict(row, ours_gflops=190.4, torch_gflops=238.0, ratio=0.8)]}
+    (tmp_path / "gemm.json").write_text(json.dumps(gemm))
+    train = {
+        "config": {"sequences": 16, "seq_len": 512, "remat_policy": "matmuls"},
+        "rows": [dict(dtype="float32", ours_s=50.0, ours_tok_s=163.8, torch_s=55.0)],
+    }
+    train["rows"][0].update(torch_tok_s=149.0, ratio=1.1)
+    (tmp_path / "train_step_real.json").write_text(json.dumps(train))
+    text = report.table()
+    assert (
+        "| train-step matmul alone, float32, q/o forward [N, E] @ [E, E], M x K x N = 8192 x 576 "
+        "x 576: GFLOP/s | 190 | 238 | 0.80x |"
+    ) in text
+    assert "(ours remat keeping matmuls, torch gradient checkpointing)" in text
