@@ -39,8 +39,10 @@ def test_api_section_runs_as_written(tmp_path):
     out = done.stdout
     assert "(1, 4, 64)" in out  # the forward's logits
     assert "'clip_fraction'" in out and "2 steps, reward" in out
-    # Versions 1, 2, ... in order (the last one may still be in flight when the run ends).
+    # Newer versions only, each a version the 3-step run made. The sampler takes the newest
+    # at its next chunk boundary, so one published while an older one waits replaces it
+    # ([1, 3] on a slow machine); the last may still be in flight when the run ends.
     handed = re.search(r"versions handed over: \[([\d, ]+)\]", out)
     assert handed, out[-2000:]
     versions = [int(v) for v in handed.group(1).split(",")]
-    assert versions == list(range(1, len(versions) + 1)) and len(versions) >= 2
+    assert versions == sorted(set(versions)) and 1 <= versions[0] and versions[-1] <= 3

@@ -153,7 +153,8 @@ def _blocked_fwd(q, k, v, seg, prefix, bounds, scale, has_prefix):
     out, lse = _blocked_forward(q, k, v, seg, prefix, bounds, scale, has_prefix)
     # Named so that a rematerialised layer keeps them instead of running the attention forward
     # again in the backward pass (models/remat.py ATTENTION_SAVED).
-    out, lse = remat.keep(out, "attention_out"), remat.keep(lse, "attention_lse")
+    out = remat.keep(out, "attention_out", in_vjp_rule=True)
+    lse = remat.keep(lse, "attention_lse", in_vjp_rule=True)
     return out, (q, k, v, seg, prefix, out, lse)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.models import remat, rope
+from pipelinerl_jax.models import rope
 from pipelinerl_jax.models.mixed_matmul import mixed_matmul
 
 # attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache) -> (out_BxTxHxD, new_layer_cache)
@@ -201,6 +201,7 @@ def decoder_block(
     attend: AttentionFn,
     layer_cache,
     reduce=None,
+    keep=None,
 ):
     """One pre-norm decoder block; `lp` holds this layer's params as `layout.prepare` left them.
 
@@ -208,8 +209,12 @@ def decoder_block(
     `reduce` (tensor parallelism inside shard_map, e.g. a psum over the tp axis) sums the
     partial outputs of the row-split o_proj and down_proj before each residual add; with
     column-split q/k/v/gate/up everything else is local to the device's heads and MLP slice.
+    `keep(x, name)` names the values a rematerialising policy may save (models/remat.py
+    `keep`, given by a rematerialised forward); None leaves them unnamed, as decoding wants
+    (on CPU naming a 16-bit value costs two bitcasts).
     """
     reduce = reduce or (lambda y: y)
+    keep = keep or (lambda x, name: x)
     eps, d = cfg.rms_norm_eps, cfg.head_dim
     norm = family.norm
 
@@ -219,9 +224,9 @@ def decoder_block(
     h = norm(x, lp["attn_norm"], eps, layout.feature_axis)
     # Named for the "matmuls" remat policy to keep (models/remat.py): the matmul outputs, before
     # the bias, qk-norm and RoPE, whose backward passes read them.
-    q_BxTxHxD = remat.keep(heads("q_proj", h), "attention_q")
-    k_BxTxKxD = remat.keep(heads("k_proj", h), "attention_k")
-    v_BxTxKxD = remat.keep(heads("v_proj", h), "attention_v")
+    q_BxTxHxD = keep(heads("q_proj", h), "attention_q")
+    k_BxTxKxD = keep(heads("k_proj", h), "attention_k")
+    v_BxTxKxD = keep(heads("v_proj", h), "attention_v")
     if cfg.attention_bias:
         q_BxTxHxD = q_BxTxHxD + lp["q_bias"]
         k_BxTxKxD = k_BxTxKxD + lp["k_bias"]
@@ -233,10 +238,10 @@ def decoder_block(
     k_BxTxKxD = rope.apply(k_BxTxKxD, cos, sin)
     attn_BxTxHxD, layer_cache = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache)
     x = x + reduce(layout.project(layout.merge_heads(attn_BxTxHxD), lp["o_proj"], 2))
-    x = remat.keep(x, "residual_mid")
+    x = keep(x, "residual_mid")
     h = norm(x, lp["mlp_norm"], eps, layout.feature_axis)
-    gate = remat.keep(layout.project(h, lp["gate_proj"], 1), "mlp_gate")
-    up = remat.keep(layout.project(h, lp["up_proj"], 1), "mlp_up")
+    gate = keep(layout.project(h, lp["gate_proj"], 1), "mlp_gate")
+    up = keep(layout.project(h, lp["up_proj"], 1), "mlp_up")
     gated = family.activation(gate) * up
     return x + reduce(layout.project(gated, lp["down_proj"], 1)), layer_cache
 

@@ -143,8 +143,10 @@ def forward_hidden(
         lp, layer_cache = layer_and_cache
         lp = jax.tree.map(lambda w: w.astype(dtype), lp)
         return block.decoder_block(
-            cfg, family, layout, x, lp, tokens_BxT.shape, cos, sin, attend, layer_cache
+            cfg, family, layout, x, lp, tokens_BxT.shape, cos, sin, attend, layer_cache, keep=keep
         )
+
+    keep = remat.keep if cfg.remat else None  # names only what a checkpoint policy reads
 
     if cfg.remat:
         saved = jax.checkpoint_policies.save_only_these_names(*remat.saved_names(cfg.remat_policy))

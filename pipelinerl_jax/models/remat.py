@@ -23,6 +23,8 @@ Letters (pipelinerl_jax/__init__.py): E hidden, F MLP, H q heads, K kv heads, D 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
@@ -42,10 +44,37 @@ def saved_names(policy: str) -> tuple[str, ...]:
     return ATTENTION_SAVED + (MATMUL_SAVED if policy == "matmuls" else ())
 
 
-def keep(x: jax.Array, name: str) -> jax.Array:
+def keep(x: jax.Array, name: str, *, in_vjp_rule: bool = False) -> jax.Array:
     """x, named for a policy to save; outside a checkpointed function this is the identity.
-    16-bit floats are named as their bit patterns on CPU (module docstring)."""
+    16-bit floats are named as their bit patterns on CPU (module docstring).
+
+    in_vjp_rule: x is computed inside a custom VJP's forward rule (the blocked attention's
+    output), where the rule's own backward defines the gradients; a nested custom VJP there
+    would hide the name from the policy."""
     if jnp.dtype(x.dtype).itemsize != 2 or jax.default_backend() != "cpu":
         return checkpoint_name(x, name)
+    return _round_trip(x, name) if in_vjp_rule else _kept_as_bits(x, name)
+
+
+def _round_trip(x, name):
     bits = checkpoint_name(jax.lax.bitcast_convert_type(x, jnp.uint16), name)
     return jax.lax.bitcast_convert_type(bits, x.dtype)
+
+
+# The round trip through an integer type is the identity, but autodiff sees an integer and
+# would stop the gradient there; a custom VJP passes the cotangent through unchanged. (A
+# custom JVP hides the name from the checkpoint policy; a custom VJP's forward rule does not.)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _kept_as_bits(x, name):
+    return _round_trip(x, name)
+
+
+def _kept_as_bits_fwd(x, name):
+    return _round_trip(x, name), None
+
+
+def _kept_as_bits_bwd(name, _, g):
+    return (g,)
+
+
+_kept_as_bits.defvjp(_kept_as_bits_fwd, _kept_as_bits_bwd)
