@@ -8,6 +8,7 @@ one line and exit code 2 before any process starts."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,7 +131,11 @@ def test_kill_9_then_relaunch_resumes(tmp_path, victim, name, trainers):
     finally:
         job.kill()
     assert job.returncode != 0
-    assert f"{name} was killed by SIGKILL; stopped the other 2 process(es)" in out
+    # The supervisor stops whoever is still running; a process that saw its peer vanish may
+    # have ended by itself first, so 1 or 2 are stopped. The victim is named either way.
+    assert re.search(
+        rf"{re.escape(name)} was killed by SIGKILL; stopped the other [12] process", out
+    )
     deadline = time.monotonic() + 5  # killed processes are reaped asynchronously
     while _processes_with(str(workdir)) and time.monotonic() < deadline:
         time.sleep(0.1)
