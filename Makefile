@@ -4,9 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-gpu bench clean real-model run-real
+.PHONY: run test test-gpu test-jax011 compile-h100 bench clean real-model run-real
 
-$(STAMP): requirements.txt requirements-test.txt pyproject.toml
+$(STAMP): requirements.txt requirements-base.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -23,12 +23,39 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# NVIDIA GPU machine (CUDA 12) only: adds requirements-gpu.txt (jax CUDA plugin, jax-triton) to
-# the venv and runs the gpu-marked tests, which fail (not skip) here when the GPU stack is missing.
-# `make test` never installs these.
-test-gpu: $(STAMP)
-	$(PY) -m pip install -q -r requirements.txt -r requirements-gpu.txt
-	PIPELINERL_REQUIRE_GPU=1 $(PY) -m pytest -q -m gpu tests
+# The GPU stack of requirements-gpu.txt (jax 0.11.2, its CUDA plugin, jax-triton 0.3.1, triton
+# 3.6) in a Python 3.12 venv: jax 0.11 is served only for 3.12. Here the registry serves torch
+# for 3.12 only as its CUDA build (gigabytes), so this venv has none and the suite leaves out the
+# modules that compare against torch (PIPELINERL_WITHOUT_TORCH=1 in tests/conftest.py). Not part
+# of `make test`: it downloads the CUDA plugin wheels (~140 MB).
+PYTHON312 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+GPU_VENV := .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+GPU_STAMP := $(GPU_VENV)/.installed
+
+$(GPU_STAMP): requirements-base.txt requirements-gpu.txt requirements-test.txt pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "make: Python 3.12 not found; set PYTHON312=/path/to/python3.12" >&2; exit 2; }
+	test -x $(GPU_PY) || $(PYTHON312) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install -q --upgrade pip
+	$(GPU_PY) -m pip install -q -r requirements-gpu.txt
+	grep -E '^(pytest|pytest-xdist|tensorboard|ruff)==' requirements-test.txt > $(GPU_VENV)/test-tools.txt
+	$(GPU_PY) -m pip install -q -r $(GPU_VENV)/test-tools.txt
+	$(GPU_PY) -m pip install -q --no-deps -e .
+	touch $(GPU_STAMP)
+
+# The suite on jax 0.11.2 (the GPU machine's jax), on CPU.
+test-jax011: $(GPU_STAMP)
+	PIPELINERL_WITHOUT_TORCH=1 $(GPU_PY) -m pytest -q -n 2 --dist loadfile tests
+
+# The decode chunk (Triton kernel in the program), the train step and the publish path compiled
+# for H100 topologies on this CPU machine: bench/results/h100_compile.json. ARGS: e.g. --quick.
+compile-h100: $(GPU_STAMP)
+	$(GPU_PY) bench/compile_h100.py $(ARGS)
+
+# On an NVIDIA GPU machine: the gpu-marked tests (the Triton kernel through jax-triton against
+# the reference), which fail (not skip) there when the GPU stack is missing.
+test-gpu: $(GPU_STAMP)
+	PIPELINERL_REQUIRE_GPU=1 $(GPU_PY) -m pytest -q -m gpu tests
 
 real-model: $(STAMP)
 	$(PY) -m pipelinerl_jax.models.real_model --out=models/SmolLM2-135M-Instruct
@@ -38,4 +65,4 @@ run-real: real-model
 	$(PY) launch.py --config=configs/smollm2_math.py --workdir=runs/smollm2-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) .pytest_cache

@@ -1,6 +1,8 @@
 """Shared pytest setup: CPU-only JAX, deterministic Triton settings, no network."""
 
+import importlib.util
 import os
+import re
 
 # Tests run on CPU even where a GPU is visible, unless a test opts into the GPU explicitly.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -9,3 +11,37 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 # Hugging Face libraries must never reach for the hub in tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# `make test-jax011` runs the suite on jax 0.11 (Python 3.12), where the registry serves torch
+# only as its CUDA build (gigabytes of NVIDIA wheels). There PIPELINERL_WITHOUT_TORCH=1 leaves
+# out the modules that import a peer this venv lacks (torch, transformers; triton where it is
+# missing), and the summary names them. Elsewhere a missing torch fails as it should.
+_WITHOUT_TORCH = os.environ.get("PIPELINERL_WITHOUT_TORCH") == "1"
+_MISSING = [m for m in ("torch", "transformers", "triton") if importlib.util.find_spec(m) is None]
+_TORCH_USERS = re.compile(
+    rf"^\s*(import|from) ({'|'.join(_MISSING) or '$^'})\b"
+    r"|^from tests\.tiny_models import .*\b(hf_greedy|save_hf_llama)\b",
+    re.M,
+)
+
+
+def _needs_torch(path) -> bool:
+    return path.name.startswith("test_") and bool(_TORCH_USERS.search(path.read_text()))
+
+
+def pytest_ignore_collect(collection_path, config):
+    if _WITHOUT_TORCH and collection_path.suffix == ".py" and _needs_torch(collection_path):
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    # Counted here, not while collecting: under xdist the workers collect.
+    if _WITHOUT_TORCH:
+        left_out = sorted(
+            p.name for p in (config.rootpath / "tests").glob("*.py") if _needs_torch(p)
+        )
+        terminalreporter.write_line(
+            f"PIPELINERL_WITHOUT_TORCH=1: {len(left_out)} modules that need torch left out: "
+            + " ".join(left_out)
+        )

@@ -1,6 +1,8 @@
-"""Small model configs and the transformers reference decode the tests share."""
+"""Small model configs and the transformers reference decode the tests share.
 
-import torch
+torch is imported by the two functions that use it, so the configs import without it (the
+jax 0.11 suite runs without torch: tests/conftest.py).
+"""
 
 from pipelinerl_jax.models.config import ModelConfig
 
@@ -30,6 +32,8 @@ def model_config(**overrides) -> ModelConfig:
 
 def hf_greedy(model, prompt, max_new_tokens: int, eos=None):
     """transformers' greedy `generate`: (new tokens, their logprobs, smallest top-2 logit gap)."""
+    import torch
+
     with torch.no_grad():
         ids = torch.tensor([prompt])
         out = model.generate(
@@ -73,6 +77,7 @@ def every_option(**overrides) -> ModelConfig:
 def save_hf_llama(path, seed: int, vocab_size: int):
     """Saves a random 2-layer GQA transformers Llama (untied, weights std 0.15, so greedy
     decoding has clear margins) to `path`; returns the torch model in eval mode."""
+    import torch
     import transformers
 
     config = transformers.LlamaConfig(

@@ -4,6 +4,8 @@ On an NVIDIA GPU backend with jax-triton installed, `impl="auto"` launches the T
 paged_attention_triton through `jax_triton.triton_call`, with the launch parameters from that
 module's `launch_params` (the same function the interpreter tests and the sm_90 compile check
 use). Everywhere else it runs the pure-jnp reference, which is also the production CPU path.
+"On an NVIDIA GPU" means the program's target (kernels/target.py): a CPU process compiling
+ahead of time for an H100 topology gets the Triton kernel in its program too.
 
 Dimension letters (pipelinerl_jax/__init__.py):
 B batch, H query heads, K kv heads, D head dim, P pages, S page size,
@@ -21,6 +23,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from pipelinerl_jax.kernels import target
 from pipelinerl_jax.kernels.paged_attention_ref import (
     PagedAttentionShapeError,
     check_paged_inputs,
@@ -75,19 +78,33 @@ def paged_prefill_attention(
     )
 
 
-@functools.cache
 def triton_available() -> bool:
-    """True when JAX runs on an NVIDIA GPU and jax-triton imports (cached per process)."""
+    """True when the program being traced runs on an NVIDIA GPU with jax-triton: this process's
+    GPU, or the ahead-of-time target of `target.compiling_for("gpu", ...)`."""
+    aot = target.current()
+    if aot is not None:
+        return aot.platform == "gpu" and _jax_triton_imports()
+    return _local_triton_available()
+
+
+@functools.cache
+def _local_triton_available() -> bool:
+    """This process's answer (cached): an NVIDIA GPU backend and jax-triton importing."""
     if jax.default_backend() != "gpu":
         return False
     platform_version = getattr(jax.devices()[0].client, "platform_version", "").lower()
     if "cuda" not in platform_version:
         return False
+    return _jax_triton_imports()
+
+
+@functools.cache
+def _jax_triton_imports() -> bool:
     try:
         import jax_triton  # noqa: F401  (only importable with a GPU on jax-triton 0.3.x)
     except ImportError as err:
         logging.warning(
-            "paged attention: NVIDIA GPU found but jax_triton does not import (%s); "
+            "paged attention: NVIDIA GPU targeted but jax_triton does not import (%s); "
             "using the jnp reference. Install the gpu extras for the Triton kernel.",
             err,
         )
@@ -133,9 +150,23 @@ def _paged_decode_triton(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B,
         num_warps=params.num_warps,
         num_stages=params.num_stages,
         **{_out_keyword(jt.triton_call): jax.ShapeDtypeStruct(q_BxHxD.shape, cache_dtype)},
+        **_compute_capability(jt.triton_call),
         **params.constexprs,
     )
     return out_BxHxD.astype(q_BxHxD.dtype)
+
+
+def _compute_capability(triton_call) -> dict:
+    """Ahead of time there is no device to ask its compute capability: pass the target's."""
+    aot = target.current()
+    if aot is None or aot.compute_capability is None:
+        return {}
+    if "compute_capability" not in inspect.signature(triton_call).parameters:
+        raise PagedAttentionImplError(
+            "paged_decode_attention: this jax-triton's triton_call takes no compute_capability, "
+            "so the kernel cannot be compiled without a GPU; use jax-triton 0.3.1 or newer"
+        )
+    return {"compute_capability": aot.compute_capability}
 
 
 def _out_keyword(triton_call) -> str:

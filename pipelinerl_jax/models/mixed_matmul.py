@@ -29,20 +29,28 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pipelinerl_jax.kernels import target
+
 # The operand dtypes an LM head may run on (f32 accumulation for the 16-bit ones): the trainer's
 # loss.head_dtype and the sampler's head_dtype accept these.
 HEAD_DTYPES = ("float32", "bfloat16", "float16")
 
 _F32 = jnp.float32
+# jax 0.11's XLA:CPU splits a dot over a concatenated operand into one dot per half, each
+# reading its half transposed again (undoing the physical transpose), and its DotThunk then
+# fails on bf16 x bf16 -> f32 where the other operand is a constant. The barrier keeps the
+# concatenation whole; jax 0.10's XLA keeps it whole by itself.
+_SPLITS_CONCAT_DOTS = tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 11)
 
 
 def lhs_transposed(x_NxI: jax.Array) -> jax.Array:
     """x^T [I, N] as a left matmul operand the backend's 16-bit matmul accepts (module doc)."""
     N = x_NxI.shape[0]
-    if jax.default_backend() != "cpu" or N < 2:
+    if target.platform() != "cpu" or N < 2:
         return x_NxI.T
     half = N // 2
-    return jnp.concatenate([x_NxI[:half].T, x_NxI[half:].T], axis=1)
+    x_IxN = jnp.concatenate([x_NxI[:half].T, x_NxI[half:].T], axis=1)
+    return jax.lax.optimization_barrier(x_IxN) if _SPLITS_CONCAT_DOTS else x_IxN
 
 
 def _dot(a, b, contract_a: int, contract_b: int) -> jax.Array:

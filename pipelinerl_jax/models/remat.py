@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from pipelinerl_jax.kernels import target
+
 ATTENTION_SAVED = ("attention_out", "attention_lse")
 MATMUL_SAVED = ("attention_q", "attention_k", "attention_v", "residual_mid", "mlp_gate", "mlp_up")
 REMAT_POLICIES = {
@@ -51,7 +53,7 @@ def keep(x: jax.Array, name: str, *, in_vjp_rule: bool = False) -> jax.Array:
     in_vjp_rule: x is computed inside a custom VJP's forward rule (the blocked attention's
     output), where the rule's own backward defines the gradients; a nested custom VJP there
     would hide the name from the policy."""
-    if jnp.dtype(x.dtype).itemsize != 2 or jax.default_backend() != "cpu":
+    if jnp.dtype(x.dtype).itemsize != 2 or target.platform() != "cpu":
         return checkpoint_name(x, name)
     return _round_trip(x, name) if in_vjp_rule else _kept_as_bits(x, name)
 

@@ -33,6 +33,8 @@ import threading
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as Ps
 
 from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
@@ -110,6 +112,15 @@ def _mix32(*values: int) -> int:
         h ^= h >> 31
     return h & 0xFFFFFFFF
 
+
+
+def input_shardings(params, mesh, tp_axis: str | None):
+    """Where model params go on the sampler mesh before conversion: replicated, or split over
+    the tp axis by the project's logical-axis rules (never whole on one device)."""
+    if tp_axis is None:
+        return jax.tree.map(lambda _: NamedSharding(mesh, Ps()), params)
+    rules = tuple((name, tp_axis if axis == shd.TP else None) for name, axis in shd.RULES)
+    return shd.param_shardings(params, mesh, rules)
 
 class PagedSampler:
     """Continuous-batching generation over a paged KV cache with in-flight param swaps (a
@@ -298,15 +309,7 @@ class PagedSampler:
     # --- params ---------------------------------------------------------------------------
 
     def _input_shardings(self, params):
-        """Where model params go on the sampler mesh before conversion: replicated, or split
-        over the tp axis by the project's logical-axis rules (never whole on one device)."""
-        engine = self.engine
-        if engine.tp_axis is None:
-            return jax.tree.map(lambda _: engine.replicated, params)
-        rules = tuple(
-            (name, engine.tp_axis if axis == shd.TP else None) for name, axis in shd.RULES
-        )
-        return shd.param_shardings(params, engine.mesh, rules)
+        return input_shardings(params, self.engine.mesh, self.engine.tp_axis)
 
     def prepare(self, params):
         """The engine's per-layer view of model `params` on the sampler mesh, on a private
@@ -419,9 +422,6 @@ class PagedSampler:
         sched.dirty = False
 
     def _rows_sharding(self):
-        from jax.sharding import NamedSharding
-        from jax.sharding import PartitionSpec as Ps
-
         return NamedSharding(self.engine.mesh, Ps(self.config.data_axis))
 
     def _run_prefill(self, rows: list[PrefillRow]) -> None:

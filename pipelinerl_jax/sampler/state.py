@@ -90,7 +90,7 @@ def init_state(
         top_p=np.ones((b,), np.float32),
         stop_tokens=np.full((b, max_stop_tokens), -1, np.int32),
         seeds=np.zeros((b,), np.uint32),
-        rng_key=np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32),
+        rng_key=jax.random.key_data(jax.random.key(seed)),  # uint32; traceable (eval_shape)
         out_tokens=np.zeros((b, c), np.int32),
         out_logprobs=np.zeros((b, c), np.float32),
         out_versions=np.full((b, c), -1, np.int32),
