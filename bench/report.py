@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench.common, when run as `python bench/report.py`
 RESULTS = ROOT / "bench" / "results"
 BEGIN, END = "<!-- bench/report.py: begin -->", "<!-- bench/report.py: end -->"
+GPU_BEGIN, GPU_END = "<!-- bench/report.py gpu: begin -->", "<!-- bench/report.py gpu: end -->"
+GiB = 2**30
 
 
 def _load(name: str) -> dict | None:
@@ -547,24 +549,192 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def _layout(r: dict) -> str:
+    lay = r.get("layout") or {}
+    if r["program"] == "decode_chunk":
+        return f"tp {lay.get('tp', 1)}"
+    if r["program"] == "train_step":
+        return f"fsdp {lay.get('fsdp')} x tp {lay.get('tp')}"
+    if r["program"] == "publish_prepare" or r["program"] == "publish_copy":
+        return f"sampler tp {lay.get('sampler_tp')}"
+    return f"fsdp {lay.get('fsdp')} x tp {lay.get('tp')}"
+
+
+def _shapes(r: dict) -> str:
+    s = r.get("shapes") or {}
+    if r["program"] == "decode_chunk":
+        return f"{s['batch']} seqs x {s['context_len']} ctx, {s['chunk_steps']} steps"
+    if r["program"] == "train_step":
+        return f"{s['rows']} x {s['seq_len']} tokens, {s['micro_batches']} micro"
+    return "all params"
+
+
+def _compile_result() -> tuple[dict | None, int]:
+    d = _load("h100_compile")
+    if d is None:
+        return None, 0
+    from pipelinerl_jax.plan.gpu_specs import gpu_spec
+
+    return d, gpu_spec(d["gpu"]).memory_bytes
+
+
+def _compile_header(d: dict) -> str:
+    return (
+        f"Compiled for {d['device_kind']} on a CPU machine (jax {d['jax']}, "
+        f"`{d['command']}`, {str(d['date'])[:10]}, {d['total_s']:.0f} s in all):"
+    )
+
+
+def _peak(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    if r.get("skipped"):
+        return "heads do not divide"
+    if not r.get("ok"):
+        return "FAILED"
+    return f"{r['memory']['peak_bytes'] / GiB:.1f}"
+
+
+def _by_layout(records: list[dict]) -> dict:
+    """{model: {(program, dtype, tp): record}}; skipped records have no dtype."""
+    out: dict[str, dict] = {}
+    for r in records:
+        key = (r["program"], r.get("dtype"), (r.get("layout") or {}).get("tp"))
+        out.setdefault(r["model"], {})[key] = r
+    return out
+
+
+def gpu_summary() -> str:
+    """One row per model: the README's view of bench/results/h100_compile.json."""
+    d, _ = _compile_result()
+    if d is None:
+        return "GPU programs: not compiled yet (`make compile-h100`)."
+    records = d["records"]
+    decode_shapes = next(r["shapes"] for r in records if r["program"] == "decode_chunk" and r["ok"])
+    train_shapes = next(r["shapes"] for r in records if r["program"] == "train_step")
+    lines = [
+        _compile_header(d),
+        "",
+        f"| model | decode chunk at tp 1 / 2 / 8, GiB per device ({decode_shapes['batch']} "
+        f"seqs x {decode_shapes['context_len']}) | train step f32 / bf16, GiB per device "
+        f"(FSDP 4 x TP 2, {train_shapes['rows']} x {train_shapes['seq_len']}) | publish: GiB "
+        "each sampler device receives | programs compiled |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for model, recs in _by_layout(records).items():
+        decode = [
+            recs.get(("decode_chunk", "bfloat16", tp)) or recs.get(("decode_chunk", None, tp))
+            for tp in (1, 2, 8)
+        ]
+        compiled_decode = [r for r in decode if r and r.get("ok")]
+        kernel = "" if all(r["triton_kernel"] for r in compiled_decode) else " (no kernel!)"
+        train = [recs.get(("train_step", dtype, 2)) for dtype in ("float32", "bfloat16")]
+        copy = next((r for key, r in recs.items() if key[0] == "publish_copy"), None)
+        received = f"{copy['bytes_per_device'] / GiB:.2f} (f32)" if copy else "-"
+        # Compiled programs and failed ones; not the skips, nor the copy (no program).
+        tried = [r for r in recs.values() if "memory" in r or r.get("ok") is False]
+        compiled = sum(1 for r in tried if r.get("ok"))
+        lines.append(
+            f"| {model} | {' / '.join(_peak(r) for r in decode)}{kernel} | "
+            f"{' / '.join(_peak(r) for r in train)} | {received} | {compiled} of {len(tried)} |"
+        )
+    failed = sum(1 for r in records if r.get("ok") is False)
+    decodes = [r for r in records if r["program"] == "decode_chunk" and r.get("ok")]
+    with_kernel = sum(1 for r in decodes if r.get("triton_kernel"))
+    lines += [
+        "",
+        f"{with_kernel} of {len(decodes)} decode chunks have the Triton kernel in their program; "
+        f"{failed} program(s) failed. "
+        "Each program's row (collectives, roofline time, compile seconds) is in "
+        "docs/gpu_compile.md.",
+    ]
+    return "\n".join(lines)
+
+
+def gpu_table() -> str:
+    """The GPU programs compiled for H100 topologies (bench/compile_h100.py), one row each."""
+    d, memory = _compile_result()
+    if d is None:
+        return "GPU programs: not compiled yet (`make compile-h100`)."
+    lines = [
+        _compile_header(d),
+        "",
+        "| program | model | devices | shapes | dtype | compiled | peak GiB / device "
+        "(args, temp) | fits 80 GB | roofline ms | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in d["records"]:
+        head = f"| {r['program']} | {r['model']} | {r['devices']} ({_layout(r)}) |"
+        if r.get("skipped"):
+            lines.append(f"{head} - | - | skipped | - | - | - | {r['skipped']} |")
+            continue
+        if not r.get("ok"):
+            lines.append(
+                f"{head} {_shapes(r)} | {r.get('dtype')} | FAILED | - | - | - | {r.get('error')} |"
+            )
+            continue
+        if "memory" not in r:  # the cross-mesh copy: bytes, no program
+            gib = r["bytes_per_device"] / GiB
+            lines.append(
+                f"{head} all params | {r['dtype']} | no program | {gib:.2f} received "
+                "| - | - | jax.device_put between meshes |"
+            )
+            continue
+        m = r["memory"]
+        notes = []
+        if r.get("triton_kernel"):
+            notes.append("Triton kernel in program")
+        if r.get("collectives"):
+            notes.append(", ".join(r["collectives"]))
+        if r.get("involuntary_remats"):
+            notes.append(f"{r['involuntary_remats']} involuntary remat")
+        roof = f"{r['roofline_s'] * 1e3:.1f}" if r.get("roofline_s") else "-"
+        lines.append(
+            f"{head} {_shapes(r)} | {r['dtype']} | yes, {r['compile_s']:.0f} s | "
+            f"{m['peak_bytes'] / GiB:.2f} ({m['argument_bytes'] / GiB:.2f}, "
+            f"{m['temp_bytes'] / GiB:.2f}) | {'yes' if m['peak_bytes'] <= memory else 'NO'} | "
+            f"{roof} | {'; '.join(notes)} |"
+        )
+    return "\n".join(lines)
+
+
+def _replace(content: str, begin: str, end: str, text: str) -> str | None:
+    if begin not in content or end not in content:
+        return None
+    head, rest = content.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{text}\n{end}{tail}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--readme", action="store_true", help="rewrite the README table")
     args = parser.parse_args()
-    text = table()
+    text, summary, gpu = table(), gpu_summary(), gpu_table()
     print(text)
+    print()
+    print(gpu)
     if args.readme:
-        readme = ROOT / "README.md"
-        content = readme.read_text()
-        if BEGIN not in content or END not in content:
-            print(
-                f"README.md lacks the markers {BEGIN} ... {END}: add them where the table goes",
-                file=sys.stderr,
-            )
-            return 2
-        head, rest = content.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        targets = (
+            (ROOT / "README.md", ((BEGIN, END, text), (GPU_BEGIN, GPU_END, summary))),
+            (ROOT / "docs" / "gpu_compile.md", ((GPU_BEGIN, GPU_END, gpu),)),
+        )
+        updated = []  # every file checked before any is written
+        for path, blocks in targets:
+            content = path.read_text() if path.exists() else ""
+            for begin, end, body in blocks:
+                replaced = _replace(content, begin, end, body)
+                if replaced is None:
+                    print(
+                        f"{path.name} lacks the markers {begin} ... {end}: add them where the "
+                        "table goes",
+                        file=sys.stderr,
+                    )
+                    return 2
+                content = replaced
+            updated.append((path, content))
+        for path, content in updated:
+            path.write_text(content)
     return 0
 
 

@@ -245,3 +245,88 @@ def test_gemm_rows_and_the_train_steps_remat_policy(tmp_path, monkeypatch):
         "x 576: GFLOP/s | 190 | 238 | 0.80x |"
     ) in text
     assert "(ours remat keeping matmuls, torch gradient checkpointing)" in text
+
+
+def test_gpu_compile_table(tmp_path, monkeypatch):
+    """Each compiled program is a row: memory against the GPU's, the kernel's presence, and
+    skips, failures and the uncompiled copy said as such, never as numbers."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert "not compiled yet" in report.gpu_table()
+    mem = dict(argument_bytes=2 * 2**30, output_bytes=2**30, alias_bytes=2**30, temp_bytes=2**29)
+    decode = dict(
+        program="decode_chunk",
+        model="qwen2.5-7b",
+        devices=1,
+        layout={"tp": 1},
+        shapes={"batch": 128, "context_len": 2048, "chunk_steps": 16},
+        dtype="bfloat16",
+        ok=True,
+        compile_s=12.0,
+        memory={**mem, "peak_bytes": int(2.5 * 2**30)},
+        triton_kernel=True,
+        collectives=[],
+        roofline_s=0.08,
+    )
+    train = dict(
+        decode,
+        program="train_step",
+        devices=8,
+        layout={"fsdp": 4, "tp": 2},
+        shapes={"rows": 32, "seq_len": 1024, "micro_batches": 4},
+        memory={**mem, "peak_bytes": 90 * 2**30},
+        triton_kernel=False,
+        collectives=["all-gather"],
+    )
+    records = [
+        decode,
+        train,
+        dict(program="decode_chunk", model="m", devices=8, layout={"tp": 8}, skipped="heads"),
+        dict(decode, model="broken", ok=False, error="XlaRuntimeError: boom"),
+        dict(
+            program="publish_copy",
+            model="m",
+            devices=2,
+            layout={"sampler_tp": 2},
+            dtype="float32",
+            ok=True,
+            bytes_per_device=2**30,
+        ),
+    ]
+    payload = dict(
+        gpu="h100",
+        device_kind="NVIDIA H100 80GB HBM3",
+        jax="0.11.2",
+        command="python bench/compile_h100.py",
+        date="2026-11-26T00:00:00",
+        total_s=60.0,
+        records=records,
+    )
+    (tmp_path / "h100_compile.json").write_text(json.dumps(payload))
+    rows = report.gpu_table().splitlines()
+    decode_row = next(r for r in rows if r.startswith("| decode_chunk | qwen2.5-7b") and "yes" in r)
+    assert "2.50 (2.00, 0.50) | yes | 80.0 | Triton kernel in program" in decode_row
+    train_row = next(r for r in rows if r.startswith("| train_step"))
+    assert "| NO |" in train_row and "all-gather" in train_row
+    assert any("skipped" in r and "heads" in r for r in rows)
+    assert any("FAILED" in r and "boom" in r for r in rows)
+    assert any("no program | 1.00 received" in r for r in rows)
+    summary = report.gpu_summary().splitlines()
+    row = next(r for r in summary if r.startswith("| qwen2.5-7b"))
+    assert "| 2.5 / - / - |" in row and "| - / 90.0 |" in row and "2 of 2 |" in row
+    assert "| FAILED / - / - |" in next(r for r in summary if r.startswith("| broken"))
+    assert any("1 of 1 decode chunks have the Triton kernel" in r for r in summary)
+    assert any("1 program(s) failed" in r for r in summary)
+
+
+def test_readme_tables_are_written_all_or_nothing(tmp_path, monkeypatch, capsys):
+    """README.md has its markers, docs/gpu_compile.md lacks its: neither file is written."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    readme = f"{report.BEGIN}\nold\n{report.END}\n{report.GPU_BEGIN}\nold\n{report.GPU_END}\n"
+    (tmp_path / "README.md").write_text(readme)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "gpu_compile.md").write_text("# no markers\n")
+    monkeypatch.setattr(sys, "argv", ["report.py", "--readme"])
+    assert report.main() == 2
+    assert "gpu_compile.md lacks the markers" in capsys.readouterr().err
+    assert (tmp_path / "README.md").read_text() == readme
