@@ -4,6 +4,7 @@
     python launch.py --config=configs/default.py --workdir=/tmp/run --config.trainer.learning_rate=1e-3
     python launch.py --config.data.task_options='{"max_digits": 4}' --config.reward.timeout_s=10
     python launch.py --dry_run                           # check, print config, params, memory; exit
+    python launch.py --dry_run --gpu=h100                # + fits an H100? roofline step times
     python launch.py --spawn_local=3                     # 1 trainer + 2 sampler processes, here
     python launch.py --help                              # these flags and every config field
 
@@ -24,6 +25,7 @@ from absl import logging as absl_logging
 
 from pipelinerl_jax import cli, config_cli
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.plan.gpu_run import gpu_for_flag
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
 _CONFIG = flags.DEFINE_string(
@@ -45,6 +47,15 @@ _DRY_RUN = flags.DEFINE_bool(
     "Validate the config, resolve the devices, print "
     "the resolved config, parameter count and memory estimate, and "
     "exit without loading weights or compiling.",
+)
+# allow_override: the planner (python -m pipelinerl_jax.plan) defines its own --gpu, and a test
+# process imports both modules; either definition reads the same string.
+_GPU = flags.DEFINE_string(
+    "gpu",
+    None,
+    "With --dry_run: a GPU (h100, h200) to check the run against: whether each role fits in its "
+    "memory per device, and predicted (roofline) decode-step and train-step times.",
+    allow_override=True,
 )
 _SPAWN_LOCAL = flags.DEFINE_integer(
     "spawn_local",
@@ -97,6 +108,16 @@ def _multi_process(cfg):
 def main(argv, overrides):
     if len(argv) > 1:
         _fail("error", f"unexpected arguments {argv[1:]}; flags look like --name=value")
+    gpu = None
+    if _GPU.value is not None:
+        if not _DRY_RUN.value:
+            _fail(
+                "error", f"--gpu={_GPU.value} is for --dry_run: add --dry_run, or leave --gpu out"
+            )
+        try:
+            gpu = gpu_for_flag(_GPU.value)
+        except ConfigError as e:
+            _fail("error", e)
     if not flags.FLAGS["verbosity"].present:
         # absl turns INFO on once flags are parsed; Orbax alone then prints ~60 lines per
         # checkpoint. Our own progress lines are printed, not logged, so they still show.
@@ -116,7 +137,7 @@ def main(argv, overrides):
             from pipelinerl_jax.dry_run import dry_run
 
             config_cli.check_workdir(_WORKDIR.value, create=False)
-            dry_run(cfg)
+            dry_run(cfg, gpu=gpu)
             return
         config_cli.check_workdir(_WORKDIR.value, create=True)
         if _SPAWN_LOCAL.value:

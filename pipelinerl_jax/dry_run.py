@@ -6,25 +6,32 @@ trainer meshes as the run splits them (`pipeline.runner.split_devices`), the mod
 model.hf_dir's config.json or model.init; no weights) and the run's own start-up memory
 estimate (`memory.estimate`, refused with one line when it cannot fit, as a run is). Prints the
 resolved config as JSON, then the devices, the parameter count and the memory estimate.
+
+With a GPU named (`launch.py --dry_run --gpu=h100`), then also whether each role of this run
+fits in that GPU's memory per device and its roofline decode-step and train-step times
+(plan/gpu_run.py, the planner's own report), refused with one line when a role cannot fit.
 """
 
 from __future__ import annotations
 
 import json
 
+import jax
+
 from pipelinerl_jax import config as config_lib
+from pipelinerl_jax import memory
+from pipelinerl_jax.data.datasets import resolve_files
+from pipelinerl_jax.data.tasks import make_task
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline.runner import model_config, split_devices
+from pipelinerl_jax.plan import gpu_run
+from pipelinerl_jax.plan.gpu_specs import GpuSpec
+from pipelinerl_jax.rewards.tables import reward_fn_spec
 
 
-def dry_run(cfg: config_lib.RunConfig, echo=print) -> dict:
-    """Checks cfg as a run would before building anything; returns what it printed, as a dict."""
-    import jax
-
-    from pipelinerl_jax import memory
-    from pipelinerl_jax.data.datasets import resolve_files
-    from pipelinerl_jax.data.tasks import make_task
-    from pipelinerl_jax.pipeline.runner import model_config, split_devices
-    from pipelinerl_jax.rewards.tables import reward_fn_spec
-
+def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -> dict:
+    """Checks cfg as a run would before building anything; returns what it printed, as a dict.
+    `gpu`: also predict each role on that GPU, at this machine's device split."""
     if cfg.data.task:
         make_task(cfg.data.task, **dict(cfg.data.task_options))
     for spec in (*cfg.data.datasets, *cfg.eval.datasets):
@@ -57,5 +64,19 @@ def dry_run(cfg: config_lib.RunConfig, echo=print) -> dict:
     )
     echo(str(est))
     memory.check_fits(est, memory.available_bytes())
+    if gpu is not None:
+        report = gpu_run.gpu_report(
+            cfg,
+            model_cfg,
+            gpu,
+            sampler_devices=len(sampler_devices),
+            trainer_devices=len(trainer_devices),
+            shared=sampler_devices == trainer_devices,
+        )
+        out["gpu"] = report.lines
+        for line in report.lines:
+            echo(line)
+        if report.problem:
+            raise ConfigError(report.problem)
     echo("dry run: the config is valid; nothing was loaded or compiled")
     return out

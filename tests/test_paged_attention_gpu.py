@@ -2,8 +2,8 @@
 
 The test process runs JAX on CPU (tests/conftest.py), so the check runs in a subprocess with the
 CUDA platform: this file run as a script. `make test` installs no GPU packages, so there it is
-skipped; `make test-gpu` installs requirements-gpu.txt (jax CUDA plugin, jax-triton) into the
-venv and runs the gpu-marked tests with PIPELINERL_REQUIRE_GPU=1, under which a missing GPU,
+skipped; `make test-gpu` builds .venv-gpu from requirements-gpu.txt (jax CUDA plugin, jax-triton)
+and runs the gpu-marked tests with PIPELINERL_REQUIRE_GPU=1, under which a missing GPU,
 CUDA plugin or jax-triton fails the test instead of skipping it. Everything it checks without a
 GPU is covered by the interpreter and sm_90 compile tests.
 """
@@ -91,7 +91,7 @@ def test_jax_triton_kernel_matches_reference_on_gpu(tmp_path):
     if missing:
         why = (
             f"needs {', '.join(missing)}: run `make test-gpu` on an NVIDIA GPU machine (it "
-            "installs requirements-gpu.txt into the venv)"
+            "builds .venv-gpu from requirements-gpu.txt)"
         )
         if os.environ.get("PIPELINERL_REQUIRE_GPU") == "1":
             pytest.fail(why)

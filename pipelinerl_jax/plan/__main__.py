@@ -5,11 +5,17 @@
   python -m pipelinerl_jax.plan measure --out=profile.json   # U(h) on this backend
   python -m pipelinerl_jax.plan measure --engine_model=tiny  # + our decode latency, train rate
   python -m pipelinerl_jax.plan --devices=32 --devices_per_host=8 --batch=128 --max_lag=4
+  python -m pipelinerl_jax.plan --gpu=h100 --model=qwen2.5-7b --sampler_tp=4 --devices=128 \
+      --batch=128 --max_len=8192 --max_lag=132             # predicted (roofline) on H100s
 
 Prints the recommended split (PipelineRL vs Conventional RL at the same lag) and writes
 utilisation.png and throughput_vs_lag.png to --out_dir. Units follow the profile: with a 'decode'
 section and a training rate the plan is in tokens/s (the talk's form); with only the matmul U(h)
 it is in tokens per flash (the paper's form) and needs tau, flashes per training token.
+With --gpu the profile is predicted instead of read: roofline decode and train step times from
+the GPU's published peaks and the model's shapes (plan/gpu_plan.py, on roofline.py), plus whether
+each role fits in the GPU's memory (analytic, or XLA's compiled figures from --compiled where
+they exist).
 Bad requests exit with code 2 and a one-line message saying what would work.
 """
 
@@ -25,8 +31,8 @@ import numpy as np
 from absl import app, flags
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.plan import gpu_plan, layout, model, paper
 from pipelinerl_jax.plan import hosts as hosts_lib
-from pipelinerl_jax.plan import layout, model, paper
 from pipelinerl_jax.plan import utilisation as util
 from pipelinerl_jax.plan.utilisation import PlanError
 
@@ -106,10 +112,29 @@ _DECODE_SIZES = flags.DEFINE_list(
     ["1", "2", "4", "8", "16", "32"],
     "measure: batch sizes for the decode latency.",
 )
-_CONTEXT = flags.DEFINE_integer("context_len", 128, "measure: context of every decoding sequence.")
+_CONTEXT = flags.DEFINE_integer(
+    "context_len",
+    128,
+    "measure: context of every decoding sequence; --gpu: KV tokens each sequence reserves "
+    "(default --max_len).",
+)
 _CHUNK = flags.DEFINE_integer("chunk_steps", 8, "measure: decode steps per timed chunk.")
 _TRAIN_ROWS = flags.DEFINE_integer("train_rows", 4, "measure: packed rows per train step.")
 _TRAIN_SEQ = flags.DEFINE_integer("train_seq_len", 128, "measure: tokens per packed row.")
+# --gpu: a predicted profile
+_GPU = flags.DEFINE_string(
+    "gpu", None, "Predict the profile for this GPU (h100, h200) instead of reading --profile."
+)
+_MODEL = flags.DEFINE_string(
+    "model", None, "--gpu: a known model (models/known_shapes.py) or an HF config.json path."
+)
+_SAMPLER_TP = flags.DEFINE_integer("sampler_tp", 1, "--gpu: devices per sampler (tensor parallel).")
+_COMPILED = flags.DEFINE_string(
+    "compiled",
+    None,
+    "--gpu: compile records (bench/compile_h100.py) whose memory replaces the analytic figures "
+    "(default bench/results/<gpu>_compile.json if present).",
+)
 _KV_GIB = flags.DEFINE_float(
     "kv_memory_gib",
     None,
@@ -250,10 +275,6 @@ def run_plan() -> None:
             "--max_lag is required: the staleness (optimizer steps) your algorithm "
             "tolerates, e.g. --max_lag=8"
         )
-    profile = util.load_profile(_PROFILE.value)
-    prof, note = device_profile(profile, f"--profile={_PROFILE.value}")
-    for line in profile_warnings(profile, _PROFILE.value):
-        print(line, file=sys.stderr)
     dist = (
         load_lengths(_LENGTHS.value)
         if _LENGTHS.value
@@ -269,15 +290,45 @@ def run_plan() -> None:
             f"exist and one must train; use --gen_devices <= {_DEVICES.value - 1} or "
             f"raise --devices above {_GEN_DEVICES.value}"
         )
+    if _GPU.value:
+        setup = gpu_plan.setup(
+            _GPU.value,
+            _MODEL.value,
+            dist,
+            sampler_tp=_SAMPLER_TP.value,
+            context_len=_CONTEXT.value if flags.FLAGS["context_len"].present else None,
+            compiled=_COMPILED.value,
+            profile_given=flags.FLAGS["profile"].present,
+        )
+        predicted = gpu_plan.plan_on_gpu(
+            setup,
+            dist,
+            devices=_DEVICES.value,
+            batch=_BATCH.value,
+            gen_devices=_GEN_DEVICES.value,
+            search=lambda profile: _plan(profile, dist, f"--gpu={_GPU.value}"),
+        )
+        prof, work, plan, note = predicted.searched
+        print("\n".join(predicted.lines))
+    else:
+        profile = util.load_profile(_PROFILE.value)
+        prof, work, plan, note = _plan(profile, dist, f"--profile={_PROFILE.value}")
+        for line in profile_warnings(profile, _PROFILE.value):
+            print(line, file=sys.stderr)
+        print(f"profile: {_PROFILE.value}; {note}")
+    print(layout.format_plan(plan, work))
+    _write_outputs(prof, work, plan)
+
+
+def _plan(profile: dict, dist: model.LengthDistribution, name: str):
+    prof, note = device_profile(profile, name)
     work = layout.Workload(
         _DEVICES.value, _BATCH.value, dist, _MAX_LAG.value, hosts=hosts_from(profile)
     )
     plan = layout.plan_layout(
         prof, work, gen_devices=_GEN_DEVICES.value, gen_batch=_GEN_BATCH.value
     )
-    print(f"profile: {_PROFILE.value}; {note}")
-    print(layout.format_plan(plan, work))
-    _write_outputs(prof, work, plan)
+    return prof, work, plan, note
 
 
 def _write_outputs(prof: layout.DeviceProfile, work: layout.Workload, plan: layout.Plan) -> None:

@@ -113,7 +113,6 @@ def _mix32(*values: int) -> int:
     return h & 0xFFFFFFFF
 
 
-
 def input_shardings(params, mesh, tp_axis: str | None):
     """Where model params go on the sampler mesh before conversion: replicated, or split over
     the tp axis by the project's logical-axis rules (never whole on one device)."""
@@ -121,6 +120,7 @@ def input_shardings(params, mesh, tp_axis: str | None):
         return jax.tree.map(lambda _: NamedSharding(mesh, Ps()), params)
     rules = tuple((name, tp_axis if axis == shd.TP else None) for name, axis in shd.RULES)
     return shd.param_shardings(params, mesh, rules)
+
 
 class PagedSampler:
     """Continuous-batching generation over a paged KV cache with in-flight param swaps (a
