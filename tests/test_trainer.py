@@ -260,6 +260,63 @@ def test_bf16_params_f32_moments_kl_entropy_micro_batches():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # reference stays frozen
 
 
+def test_tied_bf16_head_trains_like_the_f32_head():
+    """A tied LM head (SmolLM2's) with loss.head_dtype="bfloat16" under bf16 compute: XLA:CPU
+    once emitted the head's weight-gradient dot in a form its runtime refuses ("Unsupported
+    element type for DotThunk::Execute: BF16 x BF16 = F32"; rl/logprobs.py keeps it whole).
+    The step runs, and its loss and update are the f32 head's within bf16 rounding."""
+    vocab = 8192  # the failure needs a vocabulary this size; smaller ones took another layout
+    cfg = tiny_model(
+        model_type="llama",
+        vocab_size=vocab,
+        hidden_size=128,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        attention_bias=False,
+        tie_word_embeddings=True,
+        compute_dtype="bfloat16",
+        max_position_embeddings=256,
+    )
+    graphdef, params = decoder.init(cfg, jax.random.key(3))
+    rng = np.random.default_rng(3)
+    items = [
+        ScoredSample(
+            rng.integers(0, vocab, 16).tolist(),
+            rng.integers(0, vocab, 112).tolist(),
+            (-rng.random(112) * 2 - 8).tolist(),
+            [0] * 112,
+            float(i % 2),
+            i // 2,
+        )
+        for i in range(2)
+    ]
+    batch_cfg = BatchConfig(seq_len=128, num_rows=2, max_sequences=2, max_sequence_len=128)
+    batch, _ = build_batch(items, batch_cfg)
+    out = {}
+    for head in ("float32", "bfloat16"):
+        tcfg = tr.TrainerConfig(
+            learning_rate=1e-3,
+            lr_schedule="constant",
+            warmup_steps=0,
+            loss=LossConfig(head_dtype=head),
+        )
+        trainer = tr.Trainer(tcfg, graphdef, params, tr.trainer_mesh(jax.devices()[:1]))
+        state, metrics = trainer.train_step(trainer.init_state(params), batch)
+        embed = state.params["embed"]
+        out[head] = (
+            float(metrics["loss"]),
+            np.asarray(embed.value if hasattr(embed, "value") else embed),
+        )
+    (loss32, embed32), (loss16, embed16) = out["float32"], out["bfloat16"]
+    assert np.isfinite(loss16) and abs(loss16 - loss32) <= 2e-2 * abs(loss32)
+    before = np.asarray(decoder.arrays(params)["embed"])
+    moved32, moved16 = embed32 - before, embed16 - before
+    assert np.abs(moved16).max() > 0  # the tied table was updated through the head
+    cos = np.sum(moved16 * moved32) / np.linalg.norm(moved16) / np.linalg.norm(moved32)
+    assert cos > 0.9
+
+
 def test_optimizer_pieces():
     cfg = tr.TrainerConfig(learning_rate=1.0, warmup_steps=10, total_steps=110, min_lr_ratio=0.1)
     lr = tr.learning_rate_schedule(cfg)

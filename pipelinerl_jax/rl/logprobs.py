@@ -36,6 +36,7 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
+from pipelinerl_jax.kernels import target
 from pipelinerl_jax.models.mixed_matmul import lhs_transposed, mixed_matmul
 
 _NEG = -1e30  # finite "minus infinity": keeps p * (z - mean) at 0 instead of NaN
@@ -290,6 +291,12 @@ def _fused_forward(
 
     init = (jnp.zeros((), jnp.float32), jnp.zeros_like(w32_ExV))
     (loss, dw_ExV), (lp, ent, dh) = jax.lax.scan(body, init, (h_CxNcxE, t_CxNc, inp_C))
+    if jnp.dtype(head_dtype).itemsize == 2 and target.platform() == "cpu":
+        # A tied head's gradient is wanted as [V, E]: XLA:CPU then lays the accumulator out
+        # transposed and emits the chunk's bf16 weight-gradient dot with both operands
+        # contracted on their outer axes, which its DotThunk cannot run (bf16 x bf16 = f32).
+        # The barrier keeps the accumulator [E, V]; the transpose comes after the loop.
+        dw_ExV = jax.lax.optimization_barrier(dw_ExV)
     lp_N, ent_N = _unchunk(lp, N, 0), _unchunk(ent, N, 0)
     dh_xE = _unchunk(dh, N, 0).reshape(hidden_xE.shape)
     return (loss, lp_N.reshape(shape), ent_N.reshape(shape)), (dh_xE, dw_ExV)
