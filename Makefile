@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-gpu test-jax011 compile-h100 bench clean real-model run-real
+.PHONY: run test test-gpu test-jax011 compile-h100 gpu-bundle bench clean real-model run-real
 
 $(STAMP): requirements.txt requirements-base.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
@@ -51,6 +51,11 @@ test-jax011: $(GPU_STAMP)
 # for H100 topologies on this CPU machine: bench/results/h100_compile.json. ARGS: e.g. --quick.
 compile-h100: $(GPU_STAMP)
 	$(GPU_PY) bench/compile_h100.py $(ARGS)
+
+# The wheels the lent GPU machine lacks (Python 3.12, manylinux x86_64) into .whl/, for
+# bench/gpu_check.sh to install there (docs/gpu_check.md); fails above 60 MiB with the tree.
+gpu-bundle:
+	bash bench/gpu_bundle.sh
 
 # On an NVIDIA GPU machine: the gpu-marked tests (the Triton kernel through jax-triton against
 # the reference), which fail (not skip) there when the GPU stack is missing.
