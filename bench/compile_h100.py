@@ -94,14 +94,8 @@ def _roofline(record: dict, cfg) -> None:
 
 
 def skip(program, model, gpu, devices, layout, reason) -> dict:
-    return dict(
-        program=program,
-        model=model,
-        gpu=gpu.name,
-        devices=devices,
-        layout=layout,
-        ok=None,
-        skipped=reason,
+    return gpu_compile.new_record(program, model, gpu, devices, layout) | dict(
+        ok=None, skipped=reason
     )
 
 

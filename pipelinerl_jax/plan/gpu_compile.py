@@ -52,6 +52,7 @@ from pipelinerl_jax.sampler.sampler import input_shardings
 from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
 
 __all__ = [
+    "new_record",
     "FORMAT",
     "GpuCompileUnavailable",
     "available",
@@ -186,7 +187,8 @@ def _xla_log():
             sys.stderr.write(captured.text)
 
 
-def _record(program, model, gpu, devices, layout, shapes, dtype) -> dict:
+def new_record(program, model, gpu, devices, layout, shapes=None, dtype=None) -> dict:
+    """The fields every record starts with (bench/compile_h100.py adds its skips with it)."""
     return dict(
         program=program,
         model=model,
@@ -239,7 +241,7 @@ def compile_decode_chunk(
 ) -> dict:
     """One decode chunk of `chunk_steps` steps, `batch` slots, every slot's window covering
     `context_len` tokens (the longest the pool holds), params and cache in cfg.compute_dtype."""
-    record = _record(
+    record = new_record(
         "decode_chunk",
         model,
         gpu,
@@ -326,7 +328,7 @@ def compile_train_step(
 ) -> dict:
     """One optimizer step over `rows` packed rows of `seq_len` tokens (one sequence a row),
     FSDP x TP over fsdp * tp devices, in `micro_batches` accumulation steps."""
-    record = _record(
+    record = new_record(
         "train_step",
         model,
         gpu,
@@ -365,8 +367,8 @@ def compile_publish(
     devices = topology(gpu, max(fsdp * tp, sampler_tp))
     trainer_devices, sampler_devices = devices[: fsdp * tp], devices[:sampler_tp]
     layout = dict(fsdp=fsdp, tp=tp, sampler_tp=sampler_tp)
-    gather = _record("publish_gather", model, gpu, fsdp * tp, layout, {}, cfg.param_dtype)
-    prepare = _record("publish_prepare", model, gpu, sampler_tp, layout, {}, cfg.compute_dtype)
+    gather = new_record("publish_gather", model, gpu, fsdp * tp, layout, {}, cfg.param_dtype)
+    prepare = new_record("publish_prepare", model, gpu, sampler_tp, layout, {}, cfg.compute_dtype)
     _, abstract_params = decoder.abstract_init(cfg)
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params))
 
@@ -387,7 +389,7 @@ def compile_publish(
         return engine.prepare_params.lower(_abstract(abstract_params, in_sh))
 
     records = [_compile(lower_gather, gpu, gather), _compile(lower_prepare, gpu, prepare)]
-    copy = _record("publish_copy", model, gpu, sampler_tp, layout, {}, cfg.param_dtype)
+    copy = new_record("publish_copy", model, gpu, sampler_tp, layout, {}, cfg.param_dtype)
     copy.update(
         ok=True,
         error=None,
