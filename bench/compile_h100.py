@@ -147,7 +147,7 @@ def run_model(name: str, gpu, programs, args) -> list[dict]:
 
 
 def summary_line(r: dict) -> str:
-    what = f"{r['program']:<16} {r['model']:<13} {r['devices']:>2} dev {r.get('dtype', ''):<9}"
+    what = f"{r['program']:<16} {r['model']:<13} {r['devices']:>2} dev {r.get('dtype') or '':<9}"
     if r.get("skipped"):
         return f"{what} skipped: {r['skipped']}"
     if not r["ok"]:

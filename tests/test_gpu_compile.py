@@ -149,3 +149,14 @@ def test_smallest_gpu_program_compiles_for_an_h100(tmp_path):
             mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
         )
     assert {"publish_gather", "publish_copy", "publish_prepare"} <= set(by_program)
+
+
+def test_compile_cli_reports_a_skipped_layout_in_one_line():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import compile_h100
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    r = compile_h100.skip("decode_chunk", "bench", gpu_spec("h100"), 8, {"tp": 8}, "heads")
+    assert r["ok"] is None and r["gpu"] == "h100" and r["skipped"] == "heads"
+    assert compile_h100.summary_line(r).endswith("skipped: heads")
