@@ -630,7 +630,7 @@ def gpu_summary() -> str:
         kernel = "" if all(r["triton_kernel"] for r in compiled_decode) else " (no kernel!)"
         train = [recs.get(("train_step", dtype, 2)) for dtype in ("float32", "bfloat16")]
         copy = next((r for key, r in recs.items() if key[0] == "publish_copy"), None)
-        received = f"{copy['bytes_per_device'] / GiB:.2f} (f32)" if copy else "-"
+        received = f"{copy['bytes_per_device'] / GiB:.2f} ({copy['dtype']})" if copy else "-"
         # Compiled programs and failed ones; not the skips, nor the copy (no program).
         tried = [r for r in recs.values() if "memory" in r or r.get("ok") is False]
         compiled = sum(1 for r in tried if r.get("ok"))

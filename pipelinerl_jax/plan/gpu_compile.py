@@ -11,7 +11,9 @@ compiler, so each program is checked and measured before anyone rents a GPU:
   train_step     the Trainer's jitted step (trainer.py), FSDP x TP, f32 params, f32 or bf16
                  compute, remat and micro-batches as the run config sets them;
   publish_gather the trainer-side half of a weight publish: the trainer's FSDP x TP params
-                 re-laid as the sampler's input layout (the all-gather the copy needs);
+                 narrowed to what decoding reads (bf16 layers: sampler/forward.py
+                 publish_dtypes) and re-laid as the sampler's input layout (the all-gather
+                 the copy needs);
   publish_prepare the sampler-side half: engine.prepare_params, model params on the sampler
                  mesh -> the decode layout (cast to the compute dtype, per-layer views).
                  Between them `jax.device_put` copies the params across meshes: no compiled
@@ -48,6 +50,7 @@ from pipelinerl_jax.plan.gpu_specs import GpuSpec
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.sampler import engine as eng
+from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler.sampler import input_shardings
 from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
 
@@ -367,10 +370,15 @@ def compile_publish(
     devices = topology(gpu, max(fsdp * tp, sampler_tp))
     trainer_devices, sampler_devices = devices[: fsdp * tp], devices[:sampler_tp]
     layout = dict(fsdp=fsdp, tp=tp, sampler_tp=sampler_tp)
-    gather = new_record("publish_gather", model, gpu, fsdp * tp, layout, {}, cfg.param_dtype)
-    prepare = new_record("publish_prepare", model, gpu, sampler_tp, layout, {}, cfg.compute_dtype)
     _, abstract_params = decoder.abstract_init(cfg)
-    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params))
+    # What a publish moves: the params narrowed to what decoding reads (sampler.prepare).
+    dtypes = fwd.publish_dtypes(cfg, abstract_params, head_dtype=cfg.compute_dtype) or {}
+    narrow = lambda p: fwd.narrow_for_decode(p, dtypes)  # noqa: E731
+    sent = jax.eval_shape(narrow, abstract_params)
+    sent_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sent))
+    sent_dtype = "+".join(sorted({jnp.dtype(x.dtype).name for x in jax.tree.leaves(sent)}))
+    gather = new_record("publish_gather", model, gpu, fsdp * tp, layout, {}, sent_dtype)
+    prepare = new_record("publish_prepare", model, gpu, sampler_tp, layout, {}, cfg.compute_dtype)
 
     def lower_gather():
         mesh = trainer_mesh(trainer_devices, tp=tp)
@@ -379,23 +387,21 @@ def compile_publish(
         # where the trainer's tp groups match the sampler's, else a whole copy.
         keep_tp = sampler_tp > 1 and tp == sampler_tp
         out_sh = input_shardings(abstract_params, mesh, "tp" if keep_tp else None)
-        return jax.jit(lambda p: p, out_shardings=out_sh).lower(
-            _abstract(abstract_params, trainer_sh)
-        )
+        return jax.jit(narrow, out_shardings=out_sh).lower(_abstract(abstract_params, trainer_sh))
 
     def lower_prepare():
         engine = sampler_engine(cfg, sampler_devices, batch=8, context_len=64, page_size=16)
         in_sh = input_shardings(abstract_params, engine.mesh, engine.tp_axis)
-        return engine.prepare_params.lower(_abstract(abstract_params, in_sh))
+        return engine.prepare_params.lower(_abstract(sent, in_sh))
 
     records = [_compile(lower_gather, gpu, gather), _compile(lower_prepare, gpu, prepare)]
-    copy = new_record("publish_copy", model, gpu, sampler_tp, layout, {}, cfg.param_dtype)
+    copy = new_record("publish_copy", model, gpu, sampler_tp, layout, {}, sent_dtype)
     copy.update(
         ok=True,
         error=None,
         compiled=False,
-        # Each sampler device receives its tp share of the trainer's params, as stored.
-        bytes_per_device=int(param_bytes // sampler_tp),
+        # Each sampler device receives its tp share of the narrowed params.
+        bytes_per_device=int(sent_bytes // sampler_tp),
     )
     records.insert(1, copy)
     return records

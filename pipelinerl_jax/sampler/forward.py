@@ -79,6 +79,42 @@ def decode_params(
     }
 
 
+def publish_dtypes(cfg: ModelConfig, params, head_dtype: str = "float32") -> dict | None:
+    """{top-level param name: the dtype `decode_params` reads it in}, for the names it only
+    ever reads narrower than they are stored; None when there are none.
+
+    A publish copies these already narrowed (`narrow_for_decode`), so the trainer-to-sampler
+    copy moves bf16, not the f32 master params (half the bytes). Exact: decode_params casts
+    them to the same dtype anyway. Layers (norms included) and the embedding are read in the
+    compute dtype, the untied head in head_dtype; a tied table serves both, so it is narrowed
+    only when they agree; final_norm is read as stored.
+    """
+    compute, head = jnp.dtype(cfg.compute_dtype), jnp.dtype(head_dtype)
+    wanted = {"layers": compute, "lm_head": head}
+    if not cfg.tie_word_embeddings or compute == head:
+        wanted["embed"] = compute
+    stored = {
+        name: {jnp.dtype(x.dtype) for x in jax.tree.leaves(tree)}
+        for name, tree in decoder.arrays(params).items()
+    }
+    out = {
+        name: dtype.name
+        for name, dtype in wanted.items()
+        if name in stored and all(d.itemsize > dtype.itemsize for d in stored[name])
+    }
+    return out or None
+
+
+def narrow_for_decode(params, dtypes: dict):
+    """params (same structure) with each top-level name in `dtypes` cast to its dtype."""
+
+    def cast(path, x):
+        dtype = dtypes.get(getattr(path[0], "key", None))
+        return x.astype(dtype) if dtype is not None else x
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
 def check_tp(cfg: ModelConfig, tp: int) -> None:
     """Raises ConfigError naming the dimension that does not split over `tp` devices."""
     for name, size in (

@@ -40,6 +40,7 @@ from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
+from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.engine import ATTENTION_IMPLS, EngineConfig, get_engine, pick_window
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
@@ -206,6 +207,9 @@ class PagedSampler:
         )
         self._signature = _signature(params)
         self.input_shardings = self._input_shardings(params)
+        # A publish moves params already cast to what decoding reads (forward.publish_dtypes).
+        narrow = fwd.publish_dtypes(model_cfg, params, self.engine.ecfg.head_dtype)
+        self._narrow = jax.jit(lambda p: fwd.narrow_for_decode(p, narrow)) if narrow else None
         self.params = self._convert(params)
         self.version = int(version)
         self._staged = None
@@ -329,6 +333,8 @@ class PagedSampler:
                 "with the same config and param_dtype (a swap must not "
                 "recompile)"
             )
+        if self._narrow is not None:
+            params = self._narrow(params)  # on the params' own devices, before the copy
         placed = jax.device_put(params, self.input_shardings, may_alias=False if copy else None)
         return self.engine.prepare_params(placed)
 
