@@ -349,5 +349,31 @@ def test_server_drops_unclaimed_versions_and_keeps_claimed_ones():
         server.close()
 
 
+def test_close_does_not_wait_out_an_unanswered_claim():
+    """A sampler closing while its claim is out (the trainer's server closing at the end of a
+    run) stops within a few `wait_s`, not the claim timeout, and withdraws the claim. Waiting
+    it out held the sampler past jax.distributed's shutdown barrier, which aborted the run."""
+    import jax
+
+    from pipelinerl_jax.distributed.weight_client import WeightClient
+    from pipelinerl_jax.distributed.weights import spec_hash, spec_of
+
+    store = _FakeStore()
+    like = _params(1)
+    leaves, _ = jax.tree_util.tree_flatten_with_path(like)
+    client = WeightClient(
+        like, host="127.0.0.1", prefix="w", client=store, claim_timeout_s=60.0, wait_s=0.05
+    )
+    announcement = {"version": 1, "spec": spec_hash(spec_of(leaves)), "n": 0, "server": 0}
+    store.key_value_set("w/latest", json.dumps({**announcement, "address": "127.0.0.1:1"}))
+    store.key_value_set("w/wake/0", "1")
+    assert store.wait_for("w/to_server/0/0") == {"op": "claim", "version": 1}
+    t0 = time.monotonic()
+    client.close()
+    assert time.monotonic() - t0 < 5
+    assert store.wait_for("w/to_server/0/1") == {"op": "done", "version": 1, "ok": False}
+    assert client.poll() is None
+
+
 if __name__ == "__main__":
     _main(sys.argv[1:])

@@ -211,6 +211,20 @@ class WeightClient:
             f"{why}; build the sampler's params with the trainer's model config and param_dtype"
         )
 
+    def _stopping(self) -> bool:
+        with self._lock:
+            return self._stop
+
+    def _await_reply(self, key: str) -> str | None:
+        """The server's reply at `key`, waited for in slices of `wait_s` so that close() is
+        seen; None after `claim_timeout_s`, or once closing."""
+        deadline = time.monotonic() + self._claim_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            text = _wait_get(self._client, key, max(min(self._wait_s, left), 0.001))
+            if text is not None or left <= self._wait_s or self._stopping():
+                return text
+
     def _connection(self, address: str):
         if address not in self._connections:
             self._connections[address] = self._transfer.connect(address)
@@ -223,7 +237,13 @@ class WeightClient:
         self._check_spec(announcement)
         k = self._send({"op": "claim", "version": version})
         reply_key = f"{self.prefix}/to_client/{self._process}/{k}"
-        text = _wait_get(self._client, reply_key, self._claim_timeout_s)
+        text = self._await_reply(reply_key)
+        if text is None and self._stopping():
+            # close() came while the claim was out; the server, itself closing at the end of
+            # a run, may never answer. Waiting out the claim timeout here held close() past
+            # jax.distributed's shutdown barrier, which then aborted every process.
+            self._send({"op": "done", "version": version, "ok": False})
+            return None
         if text is None:
             raise RuntimeError(
                 f"process {self._process}: the weight server (process "
