@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipelinerl_jax.models import param_counts
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
@@ -309,7 +311,7 @@ def main():
     chunk = 4 if args.quick else min(args.chunk_steps, new_tokens)
 
     load = common.warn_if_busy()
-    flop_per_token = 2 * common.bench_model_config().matmul_params_per_token()
+    flop_per_token = 2 * param_counts.matmul_params_per_token(common.bench_model_config())
     gflops = common.f32_matmul_gflops(n=1024 if args.quick else 2048)
     rows, swap = [], None
     with tempfile.TemporaryDirectory() as tmp:

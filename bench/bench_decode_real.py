@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+from pipelinerl_jax.models import config_json, param_counts
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
@@ -69,10 +71,9 @@ def main() -> int:
 
     load = common.warn_if_busy()
     from pipelinerl_jax.models import hf_io
-    from pipelinerl_jax.models.config import ModelConfig
 
-    model_cfg = ModelConfig.from_hf(hf_io.read_config(path))
-    flop_per_token = 2 * model_cfg.matmul_params_per_token()
+    model_cfg = config_json.from_hf(hf_io.read_config(path))
+    flop_per_token = 2 * param_counts.matmul_params_per_token(model_cfg)
     gflops = common.f32_matmul_gflops(n=1024 if args.quick else 2048)
     rows = []
     for dtype in dtypes:

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipelinerl_jax.models import param_counts
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
@@ -63,7 +65,7 @@ def bench_config(dtype: str) -> ModelConfig:
 
 
 def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> float:
-    matmul = 2.0 * cfg.matmul_params_per_token() * batch * seq
+    matmul = 2.0 * param_counts.matmul_params_per_token(cfg) * batch * seq
     attention = 4.0 * batch * seq * seq * cfg.num_heads * cfg.head_dim * cfg.num_layers
     return matmul + attention
 
@@ -156,7 +158,7 @@ def main() -> None:
         "forward_quick" if args.quick else "forward",
         {
             "benchmark": "prefill forward, ours vs transformers on the same weights",
-            "model": dict(BENCH_MODEL, num_params=bench_config("float32").num_params()),
+            "model": dict(BENCH_MODEL, num_params=param_counts.num_params(bench_config("float32"))),
             "f32_matmul_gflops": peak,
             "load": load,
             "repeats": repeats,

@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from pipelinerl_jax.models import config_json
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
@@ -95,7 +97,11 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool, checkpointing: b
 
     torch.manual_seed(0)
     hf_cfg = transformers.LlamaConfig(
-        **{k: v for k, v in cfg.to_hf().items() if k not in ("architectures", "torch_dtype")}
+        **{
+            k: v
+            for k, v in config_json.to_hf(cfg).items()
+            if k not in ("architectures", "torch_dtype")
+        }
     )
     model = transformers.LlamaForCausalLM(hf_cfg).float()
     state = {name: torch.from_numpy(np.array(a)) for name, a in hf_io.hf_tensors(cfg, params)}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from bench.gpu_check_harness import Stage, fmt, free_memory
 from bench.gpu_check_predict import model_config, predict_decode
+from pipelinerl_jax.models import config_json, param_counts
 
 if TYPE_CHECKING:
     from bench.gpu_check import Sizes
@@ -41,7 +42,7 @@ def _hf_model(cfg, params, device: str):
 
     from pipelinerl_jax.models import hf_io
 
-    hf = cfg.to_hf()
+    hf = config_json.to_hf(cfg)
     model_type = hf.pop("model_type")
     hf_cfg = transformers.AutoConfig.for_model(model_type, **hf)
     try:
@@ -168,7 +169,7 @@ def stage_decode(ctx: Stage, args, sizes: Sizes, gpu) -> None:
                 )
                 ctx.log(f"{name} batch {batch}: skipped (budget)")
                 continue
-            row = dict(model=name, params=cfg.num_params(), batch=batch)
+            row = dict(model=name, params=param_counts.num_params(cfg), batch=batch)
             try:
                 prompts = np.random.default_rng(batch).integers(
                     0, cfg.vocab_size, (batch, sizes.prompt_len)

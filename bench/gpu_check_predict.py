@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 
 from bench.gpu_check_harness import Check, Skip, Stage
+from pipelinerl_jax.models import param_counts
 
 
 def model_config(name: str, rehearsal: bool, **dtypes):
@@ -95,7 +96,7 @@ def train_flops_per_token(cfg, seq_len: int) -> float:
     attention, 6 L H D seq_len (q k^T and p v, 4 H D per key, over seq_len / 2 keys on average,
     times 3 for forward and backward). Remat's recomputation is not counted: MFU, not HFU."""
     attention = 6.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
-    return 6.0 * cfg.matmul_params_per_token() + attention
+    return 6.0 * param_counts.matmul_params_per_token(cfg) + attention
 
 
 def stage_predictions(ctx: Stage, check: Check, gpu) -> None:

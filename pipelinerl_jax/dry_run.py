@@ -23,6 +23,7 @@ from pipelinerl_jax import memory
 from pipelinerl_jax.data.datasets import resolve_files
 from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.pipeline.runner import model_config, split_devices
 from pipelinerl_jax.plan import gpu_run
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
@@ -50,7 +51,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
             "sampler": len(sampler_devices),
             "trainer": len(trainer_devices),
         },
-        "params": model_cfg.num_params(),
+        "params": param_counts.num_params(model_cfg),
         "memory_gib": est.total / memory.GiB,
     }
     echo(json.dumps(out["config"], indent=2, default=str))

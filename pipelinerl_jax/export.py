@@ -31,6 +31,7 @@ from absl import flags
 
 from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import config_json, param_counts
 from pipelinerl_jax.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def model_config_from_run(run_config: dict) -> ModelConfig:
     if model.get("hf_dir"):
         from pipelinerl_jax.models.hf_io import read_config
 
-        return ModelConfig.from_hf(read_config(model["hf_dir"]), **dtypes)
+        return config_json.from_hf(read_config(model["hf_dir"]), **dtypes)
     raise ConfigError("the run config has neither model.init nor model.hf_dir")
 
 
@@ -183,7 +184,7 @@ def export(
         "step": step,
         "out": str(out),
         "model_type": cfg.model_type,
-        "params": cfg.num_params(),
+        "params": param_counts.num_params(cfg),
         "dtype": cfg.param_dtype,
         "tokenizer": str(tokenizer_dir) if tokenizer_dir else None,
     }

@@ -64,6 +64,7 @@ import sys
 import numpy as np
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.sampler import pages as pg
 
@@ -228,7 +229,7 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     accelerators). Remat is read from model_cfg.remat."""
     m = model_cfg
     p_size, c_size = _itemsize(m.param_dtype), _itemsize(m.compute_dtype)
-    count = m.num_params()
+    count = param_counts.num_params(m)
     params = count * p_size
     reference = params if cfg.trainer.loss.uses_reference else 0
     optimizer = 2 * count * F32 + reference

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelinerl_jax.models import attention, block, decoder
-from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models import attention, block, config_json, decoder, param_counts
 from tests.tiny_models import every_option
 
 # Every optional piece on at once (q/k/v bias, qk-norm, llama3 rope, untied head).
@@ -57,7 +56,7 @@ def forward_2x8(graphdef, params, tokens, positions=None, segments=None):
 def test_params_stacked_named_and_counted(model):
     graphdef, params = model
     assert decoder.config_of(graphdef) == CFG
-    assert sum(x.size for x in jax.tree.leaves(params)) == CFG.num_params()
+    assert sum(x.size for x in jax.tree.leaves(params)) == param_counts.num_params(CFG)
     for path, var in nnx.to_flat_state(params):
         names = var.get_metadata()["out_sharding"]
         assert len(names) == var.get_value().ndim, path
@@ -301,9 +300,9 @@ def test_bf16_compute_with_f32_params(model):
 
 
 def test_config_hf_round_trip():
-    assert ModelConfig.from_hf(CFG.to_hf(), attention_bias=True, qk_norm=True) == CFG
+    assert config_json.from_hf(config_json.to_hf(CFG), attention_bias=True, qk_norm=True) == CFG
     tied = dataclasses.replace(CFG, model_type="qwen2", qk_norm=False, tie_word_embeddings=True)
-    assert ModelConfig.from_hf(tied.to_hf()) == tied
+    assert config_json.from_hf(config_json.to_hf(tied)) == tied
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

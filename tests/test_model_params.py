@@ -10,7 +10,7 @@ from flax import nnx
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import decoder, registry
+from pipelinerl_jax.models import decoder, param_counts, registry
 from pipelinerl_jax.models import params as param_table
 from tests.tiny_models import model_config
 
@@ -42,7 +42,7 @@ def test_module_params_follow_the_table(model_type):
             want = 0.0 if model_type == "gemma" else 1.0
             np.testing.assert_array_equal(var.get_value(), want)
     leaves = sum(int(np.prod(v.get_value().shape)) for v in flat.values())
-    assert cfg.num_params() == leaves
+    assert param_counts.num_params(cfg) == leaves
 
 
 def test_output_major_tp_split_is_megatrons():

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import decoder, param_counts
 from pipelinerl_jax.models.known_shapes import known_config
 from pipelinerl_jax.plan import gpu_memory, gpu_profile, layout, model, paper, roofline
 from pipelinerl_jax.plan import utilisation as util
@@ -29,8 +29,8 @@ P_ALL = P_LAYERS + 2 * 2 * 32 + 32 + 2 * 64 * 32  # + layer norms, final norm, e
 
 
 def test_param_counts_the_costs_build_on():
-    assert TINY.matmul_params_per_token() == P_LAYERS + 32 * 64
-    assert TINY.num_params() == P_ALL
+    assert param_counts.matmul_params_per_token(TINY) == P_LAYERS + 32 * 64
+    assert param_counts.num_params(TINY) == P_ALL
 
 
 def test_decode_step_cost_by_hand():

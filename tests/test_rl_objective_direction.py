@@ -1,6 +1,6 @@
 """One train step of every objective moves logprobs the way the advantages say.
 
-For each objective in rl/config.py OBJECTIVES (tis_reinforce, ppo, gspo), a tiny random model
+For each objective in rl/objectives.py OBJECTIVES (tis_reinforce, ppo, gspo), a tiny random model
 takes ONE Trainer step on a batch of fresh random completions: in each group one completion has
 reward 1 (advantage +0.5) and one reward 0 (advantage -0.5). The behaviour logprobs are the
 model's own, so every ratio starts at exactly 1 and no clip is active. With a small learning
@@ -16,7 +16,8 @@ import pytest
 from pipelinerl_jax import trainer as tr
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch
-from pipelinerl_jax.rl.config import OBJECTIVES, BatchConfig, LossConfig
+from pipelinerl_jax.rl.config import BatchConfig, LossConfig
+from pipelinerl_jax.rl.objectives import OBJECTIVES
 from tests.test_trainer import VOCAB, tiny_model
 
 GROUPS = 4

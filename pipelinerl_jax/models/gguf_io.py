@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import hf_io
+from pipelinerl_jax.models import config_json, hf_io, param_counts
 from pipelinerl_jax.models.config import ModelConfig
 
 SUPPORTED_ARCHS = ("llama",)
@@ -199,8 +199,8 @@ def hf_config(meta: dict, reader, *, dtype: str = "float32") -> tuple[ModelConfi
         config["rope_scaling"] = _llama3_rope_scaling(
             factors_P, config["head_dim"], config["rope_theta"]
         )
-    cfg = ModelConfig.from_hf(config, param_dtype=dtype, compute_dtype=dtype)
-    out = cfg.to_hf()
+    cfg = config_json.from_hf(config, param_dtype=dtype, compute_dtype=dtype)
+    out = config_json.to_hf(cfg)
     if meta.get("tokenizer.ggml.padding_token_id") is not None:
         out["pad_token_id"] = int(meta["tokenizer.ggml.padding_token_id"])
     return cfg, out
@@ -470,7 +470,7 @@ def convert(
     return {
         "out": str(out_dir),
         "model_type": cfg.model_type,
-        "params": cfg.num_params(),
+        "params": param_counts.num_params(cfg),
         "dtype": dtype,
         "gguf_types": types,
         "name": meta.get("general.name"),

@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import config_json, decoder
 from pipelinerl_jax.models import params as params_lib
 from pipelinerl_jax.models.config import ModelConfig
 
@@ -185,7 +185,7 @@ def load_hf(
     """
     model_dir = Path(model_dir)
     hf_config = read_config(model_dir)
-    cfg = ModelConfig.from_hf(
+    cfg = config_json.from_hf(
         hf_config,
         param_dtype=param_dtype,
         compute_dtype=compute_dtype or param_dtype,
@@ -314,7 +314,7 @@ def save_hf(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
             )
         del shards
-        (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
+        (tmp / "config.json").write_text(json.dumps(config_json.to_hf(cfg), indent=2))
         gen_src = Path(tokenizer_dir) / "generation_config.json" if tokenizer_dir else None
         if gen_src is not None and gen_src.exists():
             shutil.copyfile(gen_src, tmp / "generation_config.json")

@@ -8,6 +8,7 @@ that checkpoint's config.json, and `decoder.abstract_init` turns it into paramet
 
 from __future__ import annotations
 
+from pipelinerl_jax.models import config_json
 from pipelinerl_jax.models.config import ModelConfig
 
 __all__ = ["KNOWN_HF_CONFIGS", "known_config"]
@@ -92,4 +93,4 @@ def known_config(name: str, **overrides) -> ModelConfig:
     key = name.lower()
     if key not in KNOWN_HF_CONFIGS:
         raise ValueError(f"unknown model {name!r}: known shapes are {sorted(KNOWN_HF_CONFIGS)}")
-    return ModelConfig.from_hf(KNOWN_HF_CONFIGS[key], **overrides)
+    return config_json.from_hf(KNOWN_HF_CONFIGS[key], **overrides)

@@ -39,7 +39,7 @@ from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.data.tasks import held_out_problems, make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.metrics import MetricsWriter
-from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import config_json, decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.pipeline.admission import Admission
 from pipelinerl_jax.pipeline.checkpointing import (
@@ -166,7 +166,7 @@ def model_config(cfg) -> ModelConfig:
     if cfg.model.hf_dir:
         from pipelinerl_jax.models.hf_io import read_config
 
-        return ModelConfig.from_hf(read_config(cfg.model.hf_dir), **dtypes)
+        return config_json.from_hf(read_config(cfg.model.hf_dir), **dtypes)
     return ModelConfig(**{**dict(cfg.model.init), **dtypes})
 
 

@@ -21,8 +21,7 @@ import math
 import jax
 import numpy as np
 
-from pipelinerl_jax.models import decoder
-from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models import config_json, decoder, param_counts
 from pipelinerl_jax.plan.measure import measure_decode_latency, measure_train_throughput
 from pipelinerl_jax.plan.utilisation import PlanError
 from pipelinerl_jax.sampler import engine as eng
@@ -43,7 +42,7 @@ TINY_HF_CONFIG = dict(
 
 def tiny_model(seed: int = 0, **overrides):
     """(graphdef, params) of a small random Llama for measurement."""
-    cfg = ModelConfig.from_hf({**TINY_HF_CONFIG, **overrides})
+    cfg = config_json.from_hf({**TINY_HF_CONFIG, **overrides})
     return decoder.init(cfg, jax.random.key(seed))
 
 
@@ -233,7 +232,7 @@ def engine_profile(
         "num_kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
-        "params": cfg.num_params(),
+        "params": param_counts.num_params(cfg),
         "dtype": cfg.compute_dtype,
     }
     decode = {

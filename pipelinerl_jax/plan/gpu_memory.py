@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from pipelinerl_jax import memory
+from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.plan import roofline
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
@@ -63,7 +64,7 @@ def trainer_memory(cfg: ModelConfig, *, fsdp: int, rows: int, seq_len: int, bloc
     and a compute-dtype copy, all sharded over `fsdp` devices; two layers gathered whole (the
     one computing and the next in flight); activations of `rows` rows of `seq_len` (memory.py:
     saved per remat policy, one layer's recomputed internals, the LM head's working set)."""
-    P, E, c = cfg.num_params(), cfg.hidden_size, roofline.itemsize(cfg.compute_dtype)
+    P, E, c = param_counts.num_params(cfg), cfg.hidden_size, roofline.itemsize(cfg.compute_dtype)
     layer = roofline.layer_params(cfg) // cfg.num_layers * roofline.itemsize(cfg.param_dtype)
     H, D = cfg.num_heads, cfg.head_dim
     per_token = (E + H * D) * c + H * 4  # layer input, attention output, f32 log-sum-exp

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelinerl_jax.models import config_json, param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.known_shapes import KNOWN_HF_CONFIGS, known_config
 from pipelinerl_jax.plan import gpu_memory, gpu_profile, gpu_roles, model
@@ -65,7 +66,7 @@ def load_model_config(name: str) -> ModelConfig:
             f"--model={name}: neither a known model {sorted(KNOWN_HF_CONFIGS)} nor a config.json"
         )
     try:
-        return ModelConfig.from_hf(json.loads(path.read_text()), **dtypes)
+        return config_json.from_hf(json.loads(path.read_text()), **dtypes)
     except json.JSONDecodeError as e:
         raise PlanError(f"--model={name}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
@@ -166,7 +167,7 @@ def report(s: GpuSetup, profile: dict, gen_batch: float, train_devices: int) -> 
         if not mem.fits(s.gpu):
             raise PlanError(gpu_roles.unfit_message(mem.role, mem.total, s.gpu, FIXES[mem.role]))
     header = (
-        f"predicted (roofline) for {s.model} ({s.cfg.num_params() / 1e9:.2f}B params) on "
+        f"predicted (roofline) for {s.model} ({param_counts.num_params(s.cfg) / 1e9:.2f}B params) on "
         f"{s.gpu.device_kind}; decode timed at a decoding token's mean context "
         f"{s.mean_ctx:.0f}, KV reserved for {s.kv_len} tokens a sequence"
     )

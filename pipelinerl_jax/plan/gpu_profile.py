@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.plan import gpu_memory, roofline
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
@@ -96,7 +97,10 @@ def predicted_profile(
     )
     shape_fields = ("num_layers", "hidden_size", "num_kv_heads", "head_dim", "vocab_size")
     desc = {"source": model or cfg.model_type, **{k: getattr(cfg, k) for k in shape_fields}}
-    desc |= {"params": cfg.num_params(), "dtype": weight_dtype}  # as engine_probe describes it
+    desc |= {
+        "params": param_counts.num_params(cfg),
+        "dtype": weight_dtype,
+    }  # as engine_probe describes it
     decode = {
         "batch_sizes": list(batch_sizes),
         "latency_s": [roofline.seconds(c, gpu, weight_dtype) for c in costs],

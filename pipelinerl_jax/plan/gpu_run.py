@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.plan import gpu_profile, gpu_roles, roofline
 from pipelinerl_jax.plan.gpu_memory import Memory
@@ -123,7 +124,7 @@ def gpu_report(
     )
     header = [
         f"--gpu={gpu.name}: predicted (roofline) on {gpu.device_kind} for this run "
-        f"({model_cfg.num_params():,} parameters, {compute} compute) on {where}",
+        f"({param_counts.num_params(model_cfg):,} parameters, {compute} compute) on {where}",
         f"layout: sampler {shards} replica(s) of tp {tp}, {sampling.replica_batch} slots and "
         f"{sampling.kv_tokens} KV tokens each, decode timed at context {decode_ctx:g} (a full "
         f"prompt plus half of max_new_tokens); trainer {b.num_rows} rows of {b.seq_len} tokens "

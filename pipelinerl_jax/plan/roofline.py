@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipelinerl_jax import memory
+from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
 from pipelinerl_jax.plan.utilisation import PlanError
@@ -61,7 +62,7 @@ def bound(cost: Cost, gpu: GpuSpec, dtype: str) -> str:
 def layer_params(cfg: ModelConfig) -> int:
     """Every per-layer parameter (norms and biases included): P minus embedding and head."""
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    return cfg.num_params() - cfg.vocab_size * cfg.hidden_size - head
+    return param_counts.num_params(cfg) - cfg.vocab_size * cfg.hidden_size - head
 
 
 def head_split(cfg: ModelConfig, tp: int) -> int:
@@ -101,7 +102,7 @@ def decode_step_cost(
     """
     V, E, L, D = cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.head_dim
     split = head_split(cfg, tp)
-    p_layers = cfg.matmul_params_per_token() - E * V
+    p_layers = param_counts.matmul_params_per_token(cfg) - E * V
     flops = 2.0 * batch * (p_layers / tp + E * V / split)
     flops += 4.0 * batch * context_len * cfg.num_heads * D * L / tp
     kv_token = 2 * L * (cfg.num_kv_heads / tp) * D * itemsize(cache_dtype)  # K and V, all layers
@@ -147,12 +148,12 @@ def train_step_cost(
     H, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     recompute = remat and cfg.remat_policy == "attention"
     rows = tokens / seq_len
-    p_layers = cfg.matmul_params_per_token() - E * V
+    p_layers = param_counts.matmul_params_per_token(cfg) - E * V
     pairs = attention_pairs(seq_len, attention_block)
     flops = (8.0 if recompute else 6.0) * p_layers * tokens + 6.0 * E * V * tokens
     flops += 7 * 2.0 * pairs * H * D * L * rows
 
-    P, c = cfg.num_params(), itemsize(cfg.compute_dtype)
+    P, c = param_counts.num_params(cfg), itemsize(cfg.compute_dtype)
     passes = 4 if recompute else 3
     optimizer = 28.0 * P / devices
     gathered = micro_batches * P * ((passes - 1) * itemsize(cfg.param_dtype) + 4)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax.numpy as jnp
+
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
+from pipelinerl_jax.rl import objectives
 
-# The built-in objectives; rl/objectives.py's registry holds them and any registered later.
-OBJECTIVES = ("tis_reinforce", "ppo", "gspo")
 ADVANTAGES = ("group_mean", "leave_one_out")
 # How per-token losses are summed into the step's loss (see rl/weights.py for the formulas).
 WEIGHTINGS = ("sequence_sum", "token_mean", "group_token_mean", "sequence_mean")
@@ -110,10 +111,8 @@ class LossConfig:
     head_dtype: str = "float32"
 
     def __post_init__(self):
-        # Imported here: the registry module imports jax, this one stays light to import.
-        from pipelinerl_jax.rl.objectives import get_objective
-
-        get_objective(self.objective)  # ConfigError naming the registered objectives
+        # ConfigError naming the registered objectives, or the fields a registration got wrong.
+        objectives.get_objective(self.objective).options_from(self)
         _positive(
             "loss",
             tis_clip=self.tis_clip,
@@ -152,16 +151,12 @@ class LossConfig:
     def fused(self) -> bool:
         """Per-token objectives take the fused head path; those that need the sequence ratio
         (gspo) need sequence sums first."""
-        from pipelinerl_jax.rl.objectives import get_objective
-
-        return not get_objective(self.objective).sequence_ratio
+        return not objectives.get_objective(self.objective).sequence_ratio
 
 
 def linear_schedule(start: float, end: float | None, steps: int, step):
     """start -> end linearly over `steps` steps, then end; constant `start` when end is None."""
     if end is None or steps <= 0:
         return start if end is None else end
-    import jax.numpy as jnp
-
     frac = jnp.clip(jnp.asarray(step, jnp.float32) / steps, 0.0, 1.0)
     return start + (end - start) * frac

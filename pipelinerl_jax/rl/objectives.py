@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.rl.config import OBJECTIVES, LossConfig
 
 sg = jax.lax.stop_gradient
 
@@ -60,7 +59,15 @@ class Objective:
     sequence_ratio: bool = False  # needs ctx.sequence_ratio (whole sequences: no fused head)
 
     def options_from(self, cfg) -> dict[str, float]:
-        """The keyword arguments of token_loss, read from a LossConfig."""
+        """The keyword arguments of token_loss, read from a LossConfig (ConfigError if the
+        registration named fields it lacks)."""
+        fields = {f.name for f in dataclasses.fields(cfg)}
+        unknown = sorted(field for field in self.options.values() if field not in fields)
+        if unknown:
+            raise ConfigError(
+                f"objective {self.name!r}: options name {unknown}, not LossConfig fields; use "
+                f"fields of {sorted(fields)}"
+            )
         return {kw: getattr(cfg, field) for kw, field in self.options.items()}
 
     def __call__(self, logprobs_N, ctx: TokenContext, **options):
@@ -72,7 +79,9 @@ class Objective:
 
 
 _REGISTRY: dict[str, Objective] = {}
-BUILTIN = OBJECTIVES  # registered below; they can be neither replaced nor removed
+# The built-ins, registered below; they can be neither replaced nor removed.
+OBJECTIVES = ("tis_reinforce", "ppo", "gspo")
+BUILTIN = OBJECTIVES
 
 
 def register_objective(
@@ -87,7 +96,8 @@ def register_objective(
 
     options: {token_loss keyword: LossConfig field}, e.g. {"clip": "tis_clip"}, so that the
     value comes from the config (and its command-line flag); constants of your own can simply
-    be closed over instead. sequence_ratio: fn reads ctx.sequence_ratio (see the module
+    be closed over instead. The fields are checked when a LossConfig selects the objective
+    (this module stays below rl/config.py, which imports it). sequence_ratio: fn reads ctx.sequence_ratio (see the module
     docstring). A name already registered raises ConfigError unless replace=True (built-ins
     can never be replaced). Returns fn, so the decorator leaves the function usable as is.
     """
@@ -95,14 +105,7 @@ def register_objective(
         return lambda f: register_objective(
             name, f, options=options, sequence_ratio=sequence_ratio, replace=replace
         )
-    fields = {f.name for f in dataclasses.fields(LossConfig)}
     options = dict(options or {})
-    unknown = sorted(field for field in options.values() if field not in fields)
-    if unknown:
-        raise ConfigError(
-            f"objective {name!r}: options name {unknown}, not LossConfig fields; use fields of "
-            f"{sorted(fields)}"
-        )
     if not callable(fn):
         raise ConfigError(f"objective {name!r}: {fn!r} is not callable")
     if name in _REGISTRY and (name in BUILTIN or not replace):
