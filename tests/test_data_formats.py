@@ -7,6 +7,7 @@ import pytest
 from pipelinerl_jax.data import formats
 from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.rewards.boxed import last_boxed
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -28,7 +29,7 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
     ],
 )
 def test_last_boxed(text, expected):
-    assert formats.last_boxed(text) == expected
+    assert last_boxed(text) == expected
 
 
 def test_get_path_dicts_and_lists():

@@ -6,9 +6,9 @@ import pytest
 
 from pipelinerl_jax.data.datasets import PromptStream
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
-from pipelinerl_jax.data.tasks import CharTokenizer, make_task, partial_credit
+from pipelinerl_jax.data.tasks import CharTokenizer, make_task
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.rewards.tables import get_reward_table, task_reward
+from pipelinerl_jax.rewards.tables import get_reward_table, partial_credit, task_reward
 
 
 def test_tokenizer_round_trip_and_vocab():

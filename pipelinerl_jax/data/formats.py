@@ -7,8 +7,8 @@ field: GSM8K keeps what follows `####`, MATH takes the last `\\boxed{...}` of th
 A record that lacks the field or whose answer cannot be extracted is rejected with a reason,
 so the loader can skip it and count it instead of failing the run.
 
-`last_boxed` lives here (not in rewards) so that gold extraction and the reward's prediction
-extraction are one function: a gold answer and a completion are read the same way.
+Gold extraction uses rewards/boxed.py's `last_boxed`, the function the math reward reads a
+completion's answer with: a gold answer and a completion are read the same way.
 """
 
 import dataclasses
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.rewards.boxed import last_boxed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,50 +30,6 @@ class Problem:
     source: str  # dataset or task name, for per-dataset metrics and reward dispatch
     epoch: int = 0  # set by the iterator: the pass over the data this draw belongs to
     index: int = -1  # set by the iterator: position in this shard's stream (0, 1, 2, ...)
-
-
-_BOXED_HEADS = ("\\boxed", "\\fbox")
-
-
-def _braced(text: str, open_at: int) -> str | None:
-    """Content of the brace group opening at text[open_at] == "{", or None if unbalanced."""
-    depth = 0
-    i = open_at
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":  # skip the escaped character: \{ and \} (LaTeX set braces) do not nest
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : i]
-        i += 1
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, or `\\boxed 5`) in text, else None.
-
-    Braces nest: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`. An unclosed last box gives None
-    (the completion was cut off before the answer ended).
-    """
-    start = max(text.rfind(head) for head in _BOXED_HEADS)
-    if start < 0:
-        return None
-    head = next(h for h in _BOXED_HEADS if text.startswith(h, start))
-    rest = start + len(head)
-    j = rest
-    while j < len(text) and text[j] == " ":
-        j += 1
-    if j < len(text) and text[j] == "{":
-        return _braced(text, j)
-    if head == "\\boxed" and j > rest:  # "\boxed 5": the answer runs to "$" or whitespace
-        match = re.match(r"[^\s$]+", text[j:])
-        return match.group(0) if match else None
-    return None
 
 
 def get_path(record: Any, path: str) -> Any:

@@ -14,15 +14,14 @@ shards, repeats and checkpoints it. Alternatives with the same vocabulary: `copy
 
 import abc
 import dataclasses
-import hashlib
 import random
 from typing import ClassVar
 
 from pipelinerl_jax.data.formats import Problem
-
-# word_problems imports ProceduralSource from here only inside a call: no import cycle.
+from pipelinerl_jax.data.procedural import ProceduralSource
 from pipelinerl_jax.data.word_problems import WordProblems
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.rewards.tables import partial_credit
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 TASK_CHARS = "0123456789+=:"
@@ -93,14 +92,6 @@ class CharTokenizer:
         del add_generation_prompt  # the separator ending each question is the generation cue
         text = "".join(m["content"] for m in messages)
         return self.encode(text) if tokenize else text
-
-
-def partial_credit(completion: str, answer: str) -> float:
-    """Correct positions / the longer length: 1 for an exact answer, 0 for an empty one."""
-    longer = max(len(completion), len(answer))
-    if longer == 0:
-        return 0.0
-    return sum(a == b for a, b in zip(completion, answer)) / longer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,22 +199,6 @@ class AddNumbers(DigitTask):
 
     def _max_answer_chars(self):
         return self.max_digits + 1
-
-
-class ProceduralSource:
-    """Random-access view of a task's problems (what grain's MapDataset.source needs)."""
-
-    def __init__(self, task: DigitTask):
-        self.task = task
-
-    def __len__(self) -> int:
-        return self.task.num_problems
-
-    def __getitem__(self, i: int) -> Problem:
-        return self.task.problem(i)
-
-    def fingerprint(self) -> str:
-        return hashlib.sha1(repr(self.task).encode()).hexdigest()[:16]
 
 
 _TOKENIZER = CharTokenizer()

@@ -42,8 +42,10 @@ from absl import flags
 
 from pipelinerl_jax import cli
 from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.data.procedural import ProceduralSource
 from pipelinerl_jax.data.word_problem_kinds import KINDS, Draw
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.rewards.math import verify_math
 
 SPLITS = ("train", "test")
 DEFAULT_MAX_VALUE = {1: 10, 2: 20, 3: 100}  # difficulty -> largest base quantity drawn
@@ -164,8 +166,6 @@ class WordProblems:
 
     def source(self):
         """Random-access view of the problems (len, [i], fingerprint) for PromptStream."""
-        from pipelinerl_jax.data.tasks import ProceduralSource  # tasks.py imports this module
-
         return ProceduralSource(self)
 
     def longest_question_chars(self, n: int = 2000) -> int:
@@ -174,8 +174,6 @@ class WordProblems:
 
     def score(self, problem: Problem, completion: str) -> float:
         """1 when the completion's last \\boxed{} equals the gold (math-verify), else 0."""
-        from pipelinerl_jax.rewards.math import verify_math  # math-verify is slow to import
-
         return verify_math(completion, problem.answer).score
 
 

@@ -16,7 +16,7 @@ import logging
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from pipelinerl_jax.data.formats import last_boxed
+from pipelinerl_jax.rewards.boxed import last_boxed
 from pipelinerl_jax.rewards.tables import Verdict
 
 

@@ -177,10 +177,16 @@ def resolve_callable(spec: str) -> Callable:
     return obj
 
 
+def partial_credit(completion: str, answer: str) -> float:
+    """Correct positions / the longer length: 1 for an exact answer, 0 for an empty one."""
+    longer = max(len(completion), len(answer))
+    if longer == 0:
+        return 0.0
+    return sum(a == b for a, b in zip(completion, answer)) / longer
+
+
 def task_reward(completion: str, problem) -> Verdict:
     """Reward of the built-in procedural tasks: partial credit against the gold answer."""
-    from pipelinerl_jax.data.tasks import partial_credit
-
     if not completion:
         return Verdict(status="no_answer")
     score = partial_credit(completion, problem.answer)
