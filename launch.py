@@ -127,7 +127,7 @@ def main(argv, overrides):
     # job wrappers). Done before JAX starts its threads, which inherit this thread's mask.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from pipelinerl_jax import config as config_lib
+    from pipelinerl_jax.pipeline import config as config_lib
 
     try:
         c = config_cli.load_file(_CONFIG.value)

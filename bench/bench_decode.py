@@ -128,7 +128,8 @@ def our_sampler(
     head_dtype: str = "float32",
 ):
     from pipelinerl_jax.models import hf_io
-    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler
 
     _, graphdef, params = hf_io.load_hf(path, param_dtype=dtype)
     page = 16

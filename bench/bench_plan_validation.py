@@ -377,7 +377,7 @@ def main():
     import jax
     import numpy as np
 
-    from pipelinerl_jax import config as config_lib
+    from pipelinerl_jax.pipeline import config as config_lib
     from pipelinerl_jax.pipeline import runner as run_lib
     from pipelinerl_jax.plan import model, validate
     from pipelinerl_jax.plan.utilisation import UtilisationCurve

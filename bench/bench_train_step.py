@@ -40,11 +40,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import common  # noqa: E402
-from pipelinerl_jax import trainer as tr  # noqa: E402
 from pipelinerl_jax.models import decoder, hf_io  # noqa: E402
 from pipelinerl_jax.models.config import REMAT_POLICIES, ModelConfig  # noqa: E402
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch  # noqa: E402
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig  # noqa: E402
+from pipelinerl_jax.train import trainer as tr  # noqa: E402
 
 LR, CLIP_C, GRAD_CLIP, WEIGHT_DECAY = 1e-5, 5.0, 1.0, 0.01
 
@@ -286,7 +286,7 @@ def peak_of(args) -> dict:
     peak is this process's own (memory.peak_rss_bytes), not the parent's that spawned it."""
     import torch
 
-    from pipelinerl_jax import memory
+    from pipelinerl_jax.pipeline import memory
 
     torch.set_num_threads(os.cpu_count())
     step = _real_side(args, args.dtypes, args.peak_of, _real_inputs(args, args.dtypes))

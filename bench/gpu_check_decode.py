@@ -100,7 +100,8 @@ def _hf_generate_fn(model, prompts, new_tokens: int, temperature: float, device:
 def _our_sampler(graphdef, params, batch: int, sizes: Sizes):
     """Our PagedSampler for `batch` prompts: bf16 cache and head, attention "paged" (the Triton
     kernel on GPU, its jnp reference on CPU), every window one compile."""
-    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler
 
     page = 16
     max_len = -(-(sizes.prompt_len + sizes.new_tokens) // page) * page

@@ -65,10 +65,10 @@ def worker(layout: str, out: Path) -> None:
     import numpy as np
 
     from configs import smollm2_math
-    from pipelinerl_jax import trainer as tr
-    from pipelinerl_jax.config import from_config_dict
     from pipelinerl_jax.models import hf_io
+    from pipelinerl_jax.pipeline.config import from_config_dict
     from pipelinerl_jax.rl.batch import build_batch
+    from pipelinerl_jax.train import trainer as tr
 
     cfg = from_config_dict(smollm2_math.get_config())
     bcfg, tcfg = cfg.batch, cfg.trainer

@@ -75,7 +75,7 @@ class Timers:
 
 def real_config(steps: int, warm_cache: bool):
     from configs import smollm2_math
-    from pipelinerl_jax.config import from_config_dict
+    from pipelinerl_jax.pipeline.config import from_config_dict
 
     c = smollm2_math.get_config()
     c.steps, c.eval_every, c.checkpoint_every, c.log_every = steps, 0, 0, 1
@@ -86,7 +86,7 @@ def real_config(steps: int, warm_cache: bool):
 
 def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
     """Runs cfg.steps pipeline steps with timed engine calls; returns (figures, components)."""
-    from pipelinerl_jax import memory
+    from pipelinerl_jax.pipeline import memory
     from pipelinerl_jax.pipeline import runner as run_lib
 
     timers = Timers()

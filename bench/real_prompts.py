@@ -36,8 +36,8 @@ PLAIN_ANSWER = re.compile(r"(?:answer is|####)\s*:?\s*\$?(-?[\d,]+(?:\.\d+)?)")
 def variants() -> dict:
     """name -> PromptConfig: the paper's, two described formats, and the real config's."""
     from configs import smollm2_math
-    from pipelinerl_jax.config import from_config_dict
     from pipelinerl_jax.data.prompts import PromptConfig
+    from pipelinerl_jax.pipeline.config import from_config_dict
     from pipelinerl_jax.pipeline.runner import prompt_config
 
     described = (
@@ -85,15 +85,16 @@ def main() -> None:
     args = p.parse_args()
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
-    from pipelinerl_jax.compile_watch import enable_persistent_cache
+    from pipelinerl_jax.pipeline.compile_watch import enable_persistent_cache
 
     enable_persistent_cache("auto")
-    from pipelinerl_jax import eval_lib
     from pipelinerl_jax.data.tasks import held_out_problems
     from pipelinerl_jax.models import hf_io
     from pipelinerl_jax.models.tokenizer import Tokenizer
+    from pipelinerl_jax.pipeline import eval_lib
     from pipelinerl_jax.rewards.math import math_reward
-    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler
     from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     load = common.warn_if_busy()

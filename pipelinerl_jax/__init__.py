@@ -4,10 +4,21 @@ Generation and training run at the same time on separate device meshes; new weig
 the sampler between decode chunks without discarding the KV cache, and every token records
 the policy version that produced it.
 
-Packages: models (families, the decoder, checkpoints), kernels (paged attention), sampler
-(paged KV cache, continuous batching, decode), rl (batches, advantages, objectives), pipeline
-(the coordinator and `pipeline.run`), data and rewards (prompt streams, tasks, verifiers),
-plan (the paper's throughput model); trainer.py, sharding.py, checkpoint.py and the CLIs.
+Layers. Each imports only from the layers above it (tests/test_layers.py checks it), so a
+researcher can lift a layer and what is above it, and the application stays on top:
+
+  0 foundation  errors, cli (one-line errors, exit code 2), sharding, kernels (paged
+                attention: the Triton kernel and its jnp reference), models (families, the
+                decoder, Hugging Face and GGUF checkpoints)
+  1 parts       rewards, data (prompt streams, tasks), rl (batches, advantages, objectives,
+                losses), sampler (paged KV cache, continuous batching, decode chunks)
+  2 train       train (TrainerConfig, the Trainer and its jitted step, checkpoints)
+  3 run         pipeline (the run config, coordinator, admission and lag, weight
+                publication, metrics, pipeline.run), distributed (several processes)
+  4 app         config_cli, config_schema, presets, evaluate, generate, export, dry_run, plan
+                (the paper's throughput model and GPU predictions); launch.py sits on top
+
+Within layer 1, rewards comes before data, and rl before sampler.
 
 Dimension letters, one meaning across the project. Arrays carry their shape in their names
 (`logits_BxTxV`), and each model, sampler and kernel file lists the letters it uses:

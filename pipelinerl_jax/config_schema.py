@@ -24,8 +24,11 @@ import tokenize
 import typing
 from typing import Any
 
-from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.data.tasks import TASKS
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.rewards.tables import REWARD_TABLES, RewardTable
 
 MISSING = dataclasses.MISSING
 # Fields whose default from_config_dict computes from other fields: (default, how).
@@ -169,9 +172,6 @@ def _section_fields(section: str, cls) -> list[Field]:
 
 def _dict_keys(path: str) -> list[Field]:
     """The keys of model.init, data.task_options and reward.table_options, as fields."""
-    from pipelinerl_jax.data.tasks import TASKS
-    from pipelinerl_jax.models.config import ModelConfig
-    from pipelinerl_jax.rewards.tables import REWARD_TABLES, RewardTable
 
     if path == "model.init":
         hints, docs = typing.get_type_hints(ModelConfig), field_docs(ModelConfig)

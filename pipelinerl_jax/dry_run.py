@@ -18,12 +18,12 @@ import json
 
 import jax
 
-from pipelinerl_jax import config as config_lib
-from pipelinerl_jax import memory
 from pipelinerl_jax.data.datasets import resolve_files
 from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts
+from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline.runner import model_config, split_devices
 from pipelinerl_jax.plan import gpu_run
 from pipelinerl_jax.plan.gpu_specs import GpuSpec

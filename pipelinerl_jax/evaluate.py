@@ -26,8 +26,20 @@ from pathlib import Path
 from absl import flags
 
 from pipelinerl_jax import cli
-from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT
+from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
+from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig
+from pipelinerl_jax.data.tasks import held_out_problems, make_task
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.export import load_model, read_run_config
+from pipelinerl_jax.models import hf_io
+from pipelinerl_jax.models.tokenizer import Tokenizer
+from pipelinerl_jax.pipeline import eval_lib
+from pipelinerl_jax.rewards.tables import reward_fn_spec
+from pipelinerl_jax.rewards.workers import RewardPool
+from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler.sampler import PagedSampler
+from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -161,20 +173,16 @@ def _task_options(fv) -> dict:
 def _problems(fv, run_config: dict | None):
     """(problems, task or None)."""
     if fv.task:
-        from pipelinerl_jax.data.tasks import make_task
-
         options = {}
         data = (run_config or {}).get("data") or {}
         if data.get("task") == fv.task:
             options = dict(data.get("task_options") or [])
         if fv.task_options is not None:
             options = _task_options(fv)
-        from pipelinerl_jax.data.tasks import held_out_problems
 
         task = make_task(fv.task, **options)
         # Never the problems the run trained on: the in-run eval's held-out problems.
         return held_out_problems(fv.task, options, fv.num_problems or 200), task
-    from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
 
     loaded = load_dataset(
         DatasetSpec(
@@ -193,11 +201,8 @@ def _problems(fv, run_config: dict | None):
 def _model(fv):
     """(ModelConfig, graphdef, params, checkpoint step or None)."""
     if fv.model_dir:
-        from pipelinerl_jax.models import hf_io
-
         cfg, graphdef, params = hf_io.load_hf(fv.model_dir, param_dtype=fv.dtype)
         return cfg, graphdef, params, None
-    from pipelinerl_jax.export import load_model
 
     step, cfg, graphdef, params = load_model(fv.workdir, fv.step)
     print(f"evaluating checkpoint step {step} of {fv.workdir}", file=sys.stderr)
@@ -207,7 +212,6 @@ def _model(fv):
 def _tokenizer(fv, task, run_config):
     if task is not None and not task.text_task:
         return task.tokenizer
-    from pipelinerl_jax.models.tokenizer import Tokenizer
 
     candidates = [
         fv.tokenizer_dir,
@@ -226,7 +230,6 @@ def _tokenizer(fv, task, run_config):
 
 
 def _prompt_config(fv, task, run_config):
-    from pipelinerl_jax.data.prompts import PromptConfig
 
     if task is not None and not task.text_task:  # the bare question, as in training
         return PromptConfig(template="plain", system_prompt=None)
@@ -268,19 +271,14 @@ def evaluate_cli(fv) -> dict:
     _check_flags(fv)
     run_config = None
     if fv.workdir:
-        from pipelinerl_jax.export import read_run_config
-
         if not Path(fv.workdir).is_dir():
             raise ConfigError(f"--workdir={fv.workdir}: directory does not exist")
         run_config = read_run_config(fv.workdir)
     problems, task = _problems(fv, run_config)
     reward = fv.reward or (getattr(task, "reward_fn", "task") if task is not None else "math")
-    from pipelinerl_jax.rewards.tables import reward_fn_spec
 
     reward_spec = reward_fn_spec(reward)  # one-line error for an unknown callable, early
     if fv.workdir:
-        from pipelinerl_jax.checkpoint import RunCheckpointer
-
         if not RunCheckpointer(fv.workdir, read_only=True).steps():
             raise ConfigError(
                 f"{fv.workdir}: no checkpoints (a run saves one every "
@@ -288,10 +286,6 @@ def evaluate_cli(fv) -> dict:
             )
     tokenizer = _tokenizer(fv, task, run_config)
     prompt_config = _prompt_config(fv, task, run_config)
-
-    from pipelinerl_jax import eval_lib
-    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     k = 1 if fv.greedy else fv.k
     gen = _generation(fv, run_config)
@@ -337,7 +331,6 @@ def evaluate_cli(fv) -> dict:
         from tqdm import tqdm
 
         bar = tqdm(total=len(problems) * k, desc="attempts", unit="sample", file=sys.stderr)
-    from pipelinerl_jax.rewards.workers import RewardPool
 
     with RewardPool(
         reward_spec, num_workers=fv.reward_workers, timeout_s=fv.reward_timeout_s

@@ -31,8 +31,15 @@ from absl import flags
 
 from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, param_counts
+from pipelinerl_jax.models import config_json, decoder, gguf_io, param_counts
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models.hf_io import read_config, save_hf
+from pipelinerl_jax.train.checkpoint import (
+    CHECKPOINT_DIR,
+    CorruptCheckpointError,
+    RunCheckpointer,
+    model_config_from_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +94,9 @@ def model_config_from_run(run_config: dict) -> ModelConfig:
     if init:
         fields = dict(init)
         fields.update(dtypes)
-        from pipelinerl_jax.checkpoint import model_config_from_json
 
         return model_config_from_json(fields)
     if model.get("hf_dir"):
-        from pipelinerl_jax.models.hf_io import read_config
-
         return config_json.from_hf(read_config(model["hf_dir"]), **dtypes)
     raise ConfigError("the run config has neither model.init nor model.hf_dir")
 
@@ -101,13 +105,6 @@ def load_model(workdir: str | os.PathLike, step: int | None = None):
     """(step, ModelConfig, graphdef, params) of a run's checkpoint: the newest readable step,
     or `step`. Only the params are read. One-line ConfigErrors for a missing run, no
     checkpoint, an unknown or unreadable step, or an unknown model config."""
-    from pipelinerl_jax.checkpoint import (
-        CHECKPOINT_DIR,
-        CorruptCheckpointError,
-        RunCheckpointer,
-        model_config_from_json,
-    )
-    from pipelinerl_jax.models import decoder
 
     workdir = Path(workdir)
     if not workdir.is_dir():
@@ -170,8 +167,6 @@ def export(
     import jax
     import jax.numpy as jnp
 
-    from pipelinerl_jax.models.hf_io import save_hf
-
     if tokenizer_dir is not None and not (Path(tokenizer_dir) / "tokenizer.json").exists():
         raise ConfigError(f"--tokenizer_dir={tokenizer_dir}: no tokenizer.json there")
     step, cfg, _, params = load_model(workdir, step)
@@ -221,7 +216,6 @@ def _export_cli(fv) -> None:
 
 
 def _import_gguf_cli(fv) -> None:
-    from pipelinerl_jax.models import gguf_io
 
     for name in ("workdir", "step", "tokenizer_dir"):
         if fv[name].value is not None:

@@ -24,6 +24,11 @@ from absl import flags
 
 from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import hf_io
+from pipelinerl_jax.models.tokenizer import Tokenizer
+from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler.sampler import PagedSampler
+from pipelinerl_jax.sampler.scheduler import SamplingParams
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -114,17 +119,12 @@ def generate_file(fv: flags.FlagValues) -> dict:
         )
     if fv.max_new_tokens < 1:
         raise ConfigError(f"--max_new_tokens={fv.max_new_tokens} must be >= 1")
-    from pipelinerl_jax.models import hf_io
-    from pipelinerl_jax.models.tokenizer import Tokenizer
 
     if not Path(fv.model_dir).is_dir():
         raise ConfigError(f"--model_dir={fv.model_dir}: model directory does not exist")
     tokenizer = Tokenizer.from_dir(fv.model_dir)
     prompts = read_prompts(fv.prompts, tokenizer, fv.chat)
     cfg, graphdef, params = hf_io.load_hf(fv.model_dir, param_dtype=fv.dtype)
-
-    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     sampling = SamplingParams(
         temperature=fv.temperature,

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 
 import ml_collections
 
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax import config_cli
+from pipelinerl_jax.pipeline import config as config_lib
 
 
 def demo_config() -> ml_collections.ConfigDict:

@@ -1,7 +1,7 @@
 """RunCheckpointer: bit-exact round trips of a real TrainState, keep-last-K, corrupt steps,
 structure checks, config compatibility, and restoring onto an 8-device mesh (subprocess).
 
-The TrainState comes from pipelinerl_jax.trainer on a tiny Llama; every leaf (params, Adam
+The TrainState comes from pipelinerl_jax.train.trainer on a tiny Llama; every leaf (params, Adam
 moments, counters) is replaced by random values so that a swapped, zeroed or re-initialised
 leaf cannot pass.
 """
@@ -21,11 +21,12 @@ import jax
 import numpy as np
 import pytest
 
-from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl.config import LossConfig
-from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
+from pipelinerl_jax.train import checkpoint as ck
+from pipelinerl_jax.train.config import TrainerConfig
+from pipelinerl_jax.train.trainer import Trainer, TrainState, trainer_mesh
 from tests.tiny_models import model_config
 
 CFG = model_config()
@@ -157,7 +158,7 @@ def test_corrupt_latest_falls_back(setup, tmp_path, caplog, kind):
             ckpt.save(step, randomize(state, step), {"step": step})
     CORRUPTIONS[kind](str(tmp_path / "checkpoints" / "20"))
     ckpt = ck.RunCheckpointer(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.train.checkpoint"):
         step, restored, extra = ckpt.restore_latest(abstract)
     assert (step, extra) == (10, {"step": 10})
     assert_bit_identical(restored, randomize(state, 10))
@@ -179,7 +180,7 @@ def test_all_corrupt_or_none(setup, tmp_path, caplog):
             ckpt.save(step, state, {})
     for step in (1, 2):
         _truncate_data(str(tmp_path / "checkpoints" / str(step)))
-    with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="pipelinerl_jax.train.checkpoint"):
         assert ck.RunCheckpointer(tmp_path).restore_latest(abstract) is None
     assert "none of the 2 checkpoints" in caplog.text
     assert ck.RunCheckpointer(tmp_path).steps() == []
@@ -322,9 +323,10 @@ _SHARDED = textwrap.dedent("""
     import jax, numpy as np
     sys.path.insert(0, sys.argv[2])
     from test_checkpoint import CFG, assert_bit_identical, randomize
-    from pipelinerl_jax import checkpoint as ck
+    from pipelinerl_jax.train import checkpoint as ck
     from pipelinerl_jax.models import decoder
-    from pipelinerl_jax.trainer import Trainer, TrainerConfig, trainer_mesh
+    from pipelinerl_jax.train.trainer import Trainer, trainer_mesh
+    from pipelinerl_jax.train.config import TrainerConfig
     assert len(jax.devices()) == 8
     graphdef, abstract_params = decoder.abstract_init(CFG)
     trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh(tp=2))
@@ -373,8 +375,8 @@ def test_restore_onto_8_device_mesh(setup, tmp_path):
 _KILLED = textwrap.dedent("""
     import sys, time
     import jax.numpy as jnp, numpy as np
-    from pipelinerl_jax import checkpoint as ck
-    from pipelinerl_jax.trainer import TrainState
+    from pipelinerl_jax.train import checkpoint as ck
+    from pipelinerl_jax.train.trainer import TrainState
     def state(step, n):
         z = jnp.asarray(step, jnp.int32)
         params = {"w": jnp.asarray(np.full((n, 1024), step, np.float32))}

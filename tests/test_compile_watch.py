@@ -9,7 +9,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.compile_watch import CompileWatch
+from pipelinerl_jax.pipeline.compile_watch import CompileWatch
 
 
 def test_counts_new_shapes_only_and_announces_long_compiles():
@@ -39,7 +39,7 @@ def test_counts_new_shapes_only_and_announces_long_compiles():
 
 _CHILD = textwrap.dedent("""
     import sys, jax, jax.numpy as jnp
-    from pipelinerl_jax.compile_watch import CompileWatch, enable_persistent_cache
+    from pipelinerl_jax.pipeline.compile_watch import CompileWatch, enable_persistent_cache
     enable_persistent_cache(sys.argv[1], min_compile_time_s=0.0)
     watch = CompileWatch().install()
     f = jax.jit(lambda x: jnp.cumsum(jnp.tanh(x @ x.T), axis=1))
@@ -68,7 +68,7 @@ def test_persistent_cache_is_loaded_by_the_next_process(tmp_path):
 
 def test_auto_and_none_mean_the_default_cache_dir(monkeypatch, tmp_path):
     """The config's "auto" is the user cache dir, never a folder named "auto" in the cwd."""
-    from pipelinerl_jax import compile_watch
+    from pipelinerl_jax.pipeline import compile_watch
 
     set_to = {}
     monkeypatch.setattr(

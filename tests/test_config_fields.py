@@ -4,9 +4,9 @@ reward.table_options, compile_cache; bad values are one-line ConfigErrors before
 import pytest
 
 from configs import default as default_config
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, build_messages
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import runner as run_lib
 
 

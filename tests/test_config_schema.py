@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax import config_schema
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import config as config_lib
 
 
 @dataclasses.dataclass(frozen=True)

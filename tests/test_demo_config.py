@@ -11,9 +11,9 @@ import random
 import pytest
 
 from configs import default as default_config
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline.runner import completion_text, model_config
 
 
@@ -111,7 +111,7 @@ def test_bad_override_of_the_default_fails_in_one_line():
 def test_the_sampler_head_follows_the_loss_head_unless_set():
     """Behaviour logprobs come from the head the trainer uses (loss.head_dtype) unless
     sampler.head_dtype says otherwise; a 16-bit head halves its share of the memory estimate."""
-    from pipelinerl_jax import memory
+    from pipelinerl_jax.pipeline import memory
 
     c = default_config.get_config()
     assert config_lib.from_config_dict(c).sampler.head_dtype == "float32"

@@ -25,7 +25,8 @@ from pipelinerl_jax.distributed import remote_sampler, runtime
 from pipelinerl_jax.distributed.weight_client import WeightClient
 from pipelinerl_jax.distributed.weight_server import WeightServer
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
+from pipelinerl_jax.sampler.sampler import PagedSampler
+from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 from tests.tiny_models import model_config
 

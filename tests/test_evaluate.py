@@ -20,17 +20,18 @@ import transformers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from pipelinerl_jax import checkpoint as ck
-from pipelinerl_jax import eval_lib, evaluate
+from pipelinerl_jax import evaluate
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.prompts import PromptConfig
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.tokenizer import Tokenizer
+from pipelinerl_jax.pipeline import eval_lib
 from pipelinerl_jax.rewards.tables import partial_credit
 from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler.scheduler import SamplingParams
-from pipelinerl_jax.trainer import TrainState
+from pipelinerl_jax.train import checkpoint as ck
+from pipelinerl_jax.train.trainer import TrainState
 from tests.tiny_models import model_config
 
 

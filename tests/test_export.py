@@ -22,10 +22,10 @@ import transformers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from pipelinerl_jax import checkpoint as ck
 from pipelinerl_jax import export
 from pipelinerl_jax.models import decoder, hf_io
-from pipelinerl_jax.trainer import TrainState
+from pipelinerl_jax.train import checkpoint as ck
+from pipelinerl_jax.train.trainer import TrainState
 from tests.tiny_models import model_config
 
 CFG = model_config(vocab_size=48, bos_token_id=1, eos_token_id=2)

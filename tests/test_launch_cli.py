@@ -16,9 +16,9 @@ from absl import flags
 from absl import logging as absl_logging
 
 import launch
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax import config_cli
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = f"--config={ROOT / 'configs' / 'tiny.py'}"

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from pipelinerl_jax import config as config_lib
-from pipelinerl_jax import memory
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder, param_counts
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import pages as pg
 

@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 
-from pipelinerl_jax.metrics import MetricsWriter, lag_histogram, lag_stats
+from pipelinerl_jax.pipeline.metrics import MetricsWriter, lag_stats
+from pipelinerl_jax.rl.lag import lag_histogram
 
 
 def test_lag_histogram_buckets_count_every_token():

@@ -18,7 +18,8 @@ import torch
 import transformers
 
 from pipelinerl_jax.models import decoder, hf_io
-from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
+from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 from tests.tiny_models import hf_greedy
 

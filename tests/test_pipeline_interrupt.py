@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
-from pipelinerl_jax.checkpoint import RunCheckpointer
 from pipelinerl_jax.data.datasets import PromptStream
 from pipelinerl_jax.data.tasks import make_task
-from pipelinerl_jax.metrics import METRICS_FILE, read_records
 from pipelinerl_jax.pipeline import runner as run_lib
 from pipelinerl_jax.pipeline.checkpointing import interrupted
+from pipelinerl_jax.pipeline.metrics import METRICS_FILE, read_records
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
 
 
 class InterruptingTrainer:

@@ -17,11 +17,11 @@ from PIL import Image
 from test_pipeline_run import tiny_config
 from test_tensorboard_log import assert_events_match_records, read_events
 
-from pipelinerl_jax import checkpoint as checkpoint_lib
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.metrics import METRICS_FILE, TENSORBOARD_DIR, read_records, run_history
 from pipelinerl_jax.pipeline import checkpointing
 from pipelinerl_jax.pipeline import runner as run_lib
+from pipelinerl_jax.pipeline.metrics import METRICS_FILE, TENSORBOARD_DIR, read_records, run_history
+from pipelinerl_jax.train import checkpoint as checkpoint_lib
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -152,8 +152,8 @@ def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
     # Steps train groups in start order, and groups start in stream order: step s trains the
     # stream's problems 4s .. 4s + 3, whatever the timing (an uninterrupted run does too).
     from configs import tiny
-    from pipelinerl_jax.config import from_config_dict
     from pipelinerl_jax.data.datasets import PromptStream
+    from pipelinerl_jax.pipeline.config import from_config_dict
     from pipelinerl_jax.pipeline.runner import build_data
 
     cfg = from_config_dict(tiny.get_config())
@@ -179,7 +179,7 @@ def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
 
     # What the checkpoint carried over: groups already scored (with their samples) and
     # groups still being generated (prompts only, regenerated on resume).
-    from pipelinerl_jax.checkpoint import RunCheckpointer
+    from pipelinerl_jax.train.checkpoint import RunCheckpointer
 
     extra = RunCheckpointer(killed, read_only=True).read_json(step, "extra")
     pending = extra["pending"]

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax.models import attention, decoder
+from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import runner as run_lib
 
 

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from configs import default as default_config
-from pipelinerl_jax import config as config_lib
+from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import runner as run_lib
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

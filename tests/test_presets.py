@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax import config_cli, presets
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {"demo": "default.py", "tiny": "tiny.py", "smollm2_math": "smollm2_math.py"}

@@ -3,8 +3,8 @@ above it; anywhere else exactly the plain lines."""
 
 import io
 
-from pipelinerl_jax.metrics import MetricsWriter
-from pipelinerl_jax.progress import Progress
+from pipelinerl_jax.pipeline.metrics import MetricsWriter
+from pipelinerl_jax.pipeline.progress import Progress
 
 
 class FakeTty(io.StringIO):

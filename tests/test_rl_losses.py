@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipelinerl_jax.rl import losses
+from pipelinerl_jax.rl import lag, losses
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
 from pipelinerl_jax.rl.logprobs import full_logprobs
@@ -251,7 +251,7 @@ def test_accumulate_then_finalize_equals_whole():
 def test_lag_metrics_by_hand():
     versions = jnp.array([5, 4, 4, 1, 0])
     mask = jnp.array([1, 1, 1, 1, 0.0])
-    m = losses.lag_metrics(versions, mask, 5)
+    m = lag.lag_metrics(versions, mask, 5)
     assert float(m["lag_mean"]) == 1.5 and int(m["lag_max"]) == 4
     assert int(m["lag_hist/0"]) == 1 and int(m["lag_hist/1"]) == 2
     assert int(m["lag_hist/4-5"]) == 1 and int(m["lag_hist/32+"]) == 0

@@ -13,11 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from pipelinerl_jax import trainer as tr
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
 from pipelinerl_jax.rl.objectives import OBJECTIVES
+from pipelinerl_jax.train import trainer as tr
 from tests.test_trainer import VOCAB, tiny_model
 
 GROUPS = 4

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from pipelinerl_jax.metrics import MetricsWriter
-from pipelinerl_jax.run_plot import PANELS, PLOT_FILE, main, plot_run
+from pipelinerl_jax.pipeline.metrics import MetricsWriter
+from pipelinerl_jax.pipeline.run_plot import PANELS, PLOT_FILE, main, plot_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_cli_redraws_from_metrics_jsonl(tmp_path):
 
 def test_cli_without_train_records_is_one_line_exit_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelinerl_jax.run_plot", f"--workdir={tmp_path}"],
+        [sys.executable, "-m", "pipelinerl_jax.pipeline.run_plot", f"--workdir={tmp_path}"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from pipelinerl_jax.models import attention, decoder, hf_io
-from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
+from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 from tests.tiny_models import hf_greedy, save_hf_llama
 
@@ -106,7 +107,7 @@ def test_padded_prefill_warms_up_every_shape_and_samples_the_same(models, prompt
     of prefill_chunk tokens) and writes no page but the null one; afterwards prompts of any length up to
     prefill_chunk, admitted 1 to 4 at a time, compile no prefill, and the samples equal those
     of the unpadded sampler (padding sits after a row's tokens, which never attend to it)."""
-    from pipelinerl_jax.compile_watch import CompileWatch
+    from pipelinerl_jax.pipeline.compile_watch import CompileWatch
 
     _, graphdef, params, _ = models
     short = [p for p in prompts if len(p) <= CONFIG.prefill_chunk]

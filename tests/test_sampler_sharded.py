@@ -28,7 +28,8 @@ CHILD = textwrap.dedent(
     from jax.sharding import Mesh
     from pipelinerl_jax.errors import ConfigError
     from pipelinerl_jax.models import hf_io
-    from pipelinerl_jax.sampler.sampler import PagedSampler, SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler
+    from pipelinerl_jax.sampler.config import SamplerConfig
     from pipelinerl_jax.sampler.scheduler import SamplingParams
     ckpt, prompts_path, data, tp, attention = sys.argv[1:6]
     data, tp = int(data), int(tp)

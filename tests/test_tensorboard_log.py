@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from pipelinerl_jax.metrics import (
+from pipelinerl_jax.pipeline.metrics import (
     METRICS_FILE,
     TENSORBOARD_DIR,
     MetricsWriter,
     read_records,
     run_history,
 )
-from pipelinerl_jax.tensorboard_log import scalars
+from pipelinerl_jax.pipeline.tensorboard_log import scalars
 
 
 def read_events(logdir) -> dict[str, dict[int, float]]:

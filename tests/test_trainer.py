@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipelinerl_jax import trainer as tr
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import attention, decoder
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
+from pipelinerl_jax.train import trainer as tr
 
 VOCAB = 64
 

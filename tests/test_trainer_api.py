@@ -14,12 +14,12 @@ import optax
 import pytest
 
 from pipelinerl_jax import sharding
-from pipelinerl_jax import trainer as tr
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl import objectives
 from pipelinerl_jax.rl.batch import build_batch
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
+from pipelinerl_jax.train import trainer as tr
 from tests.test_trainer import samples, tiny_model
 
 LR = 0.5

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     from jax.sharding import PartitionSpec as P
 
     from pipelinerl_jax import sharding
-    from pipelinerl_jax import trainer as tr
+    from pipelinerl_jax.train import trainer as tr
     from pipelinerl_jax.models import decoder
     from pipelinerl_jax.rl.config import BatchConfig, LossConfig
     from pipelinerl_jax.rl.batch import build_batch

@@ -24,6 +24,7 @@ import threading
 import time
 
 from pipelinerl_jax.distributed import channel
+from pipelinerl_jax.distributed.runtime import ProcessSpec
 
 KEY = "pipelinerl/failed"
 ALIVE = "pipelinerl/alive/{}"
@@ -88,7 +89,6 @@ def finished(spec, client=None) -> None:
 
 
 def _peer(spec, process_id: int):
-    from pipelinerl_jax.distributed.runtime import ProcessSpec
 
     return ProcessSpec(spec.coordinator, spec.num_processes, process_id, spec.trainer_processes)
 

@@ -23,8 +23,17 @@ import sys
 from collections.abc import Sequence
 
 from pipelinerl_jax.distributed import runtime
+from pipelinerl_jax.distributed.remote_sampler import RemoteSampler, serve
 from pipelinerl_jax.distributed.supervisor import Child, supervise
+from pipelinerl_jax.distributed.trainer_group import Leader, follow, group_devices
+from pipelinerl_jax.distributed.weight_client import WeightClient
+from pipelinerl_jax.distributed.weight_server import WeightServer
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import decoder
+from pipelinerl_jax.pipeline import runner
+from pipelinerl_jax.sampler.sampler import PagedSampler
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
+from pipelinerl_jax.train.trainer import Trainer, trainer_mesh
 
 FIRST_WEIGHTS_TIMEOUT_S = 600  # a sampler waits this long for the trainer's first version
 
@@ -39,17 +48,12 @@ def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
 def _trainer_devices(spec) -> list:
     """The trainer mesh's devices: every device of the trainer processes (the samplers are
     other processes; held-out evaluation shares process 0's)."""
-    from pipelinerl_jax.distributed.trainer_group import group_devices
 
     return group_devices(spec.trainer_processes)
 
 
 def run_trainer(cfg, workdir, spec, echo=print) -> dict:
     """Process 0: the pipeline, decoding delegated to the sampler processes."""
-    from pipelinerl_jax.distributed.remote_sampler import RemoteSampler
-    from pipelinerl_jax.distributed.trainer_group import Leader
-    from pipelinerl_jax.distributed.weight_server import WeightServer
-    from pipelinerl_jax.pipeline import runner
 
     samplers = spec.num_processes - spec.trainer_processes
     server = WeightServer(pullers=range(spec.trainer_processes, spec.num_processes))
@@ -96,11 +100,6 @@ def run_follower(cfg, workdir, spec, echo=print) -> dict:
     """Trainer process 1..T-1: its shards of the trainer, replaying process 0's calls."""
     import jax
 
-    from pipelinerl_jax.distributed.trainer_group import follow
-    from pipelinerl_jax.models import decoder
-    from pipelinerl_jax.pipeline import runner
-    from pipelinerl_jax.trainer import Trainer, trainer_mesh
-
     # What build() does for the trainer, in the same order: the same init (or weights file)
     # on every trainer process, then the collective placement onto the global mesh.
     tokenizer, _, _ = runner.build_data(cfg, load_source=False)
@@ -109,7 +108,6 @@ def run_follower(cfg, workdir, spec, echo=print) -> dict:
     trainer = Trainer(cfg.trainer, graphdef, jax.eval_shape(lambda: params), mesh)
     trainer.check_rows(cfg.batch.num_rows)
     state = trainer.init_state(params)
-    from pipelinerl_jax.checkpoint import RunCheckpointer
 
     open_checkpointer = functools.partial(
         RunCheckpointer,
@@ -127,12 +125,6 @@ def run_follower(cfg, workdir, spec, echo=print) -> dict:
 def run_sampler(cfg, spec, echo=print) -> int:
     """A sampler process: pulls weights, serves requests until stopped; returns attempts."""
     import jax
-
-    from pipelinerl_jax.distributed.remote_sampler import serve
-    from pipelinerl_jax.distributed.weight_client import WeightClient
-    from pipelinerl_jax.models import decoder
-    from pipelinerl_jax.pipeline import runner
-    from pipelinerl_jax.sampler.sampler import PagedSampler
 
     tokenizer, _, _ = runner.build_data(cfg, load_source=False)
     graphdef, like = decoder.abstract_init(runner.model_config(cfg))

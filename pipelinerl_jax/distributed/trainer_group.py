@@ -39,9 +39,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pipelinerl_jax.checkpoint import CorruptCheckpointError
 from pipelinerl_jax.distributed import channel
 from pipelinerl_jax.rl.batch import TrainBatch
+from pipelinerl_jax.train.checkpoint import CorruptCheckpointError, RunCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,6 @@ class Leader:
     def checkpointer(self, *args, **kwargs) -> LeaderCheckpointer:
         """A RunCheckpointer(*args, **kwargs) over the trainer processes, its saves, restores
         and close replayed by the followers."""
-        from pipelinerl_jax.checkpoint import RunCheckpointer
 
         processes = (jax.process_index(), *self.followers)
         self.send("open")

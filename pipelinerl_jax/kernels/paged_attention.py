@@ -120,6 +120,7 @@ def _paged_decode_triton(q_BxHxD, k_pages, v_pages, block_tables_BxM, lengths_B,
             f"paged_decode_attention(impl='triton'): jax_triton does not import ({err}); install "
             "the gpu extras (pip install -e '.[gpu]') on an NVIDIA GPU machine, or use impl='ref'"
         ) from err
+    # Deferred on purpose: the kernel module imports triton, an optional (gpu) dependency.
     from pipelinerl_jax.kernels import paged_attention_triton as pt
 
     if q_BxHxD.ndim != 3 or lengths_B.shape != (q_BxHxD.shape[0],):

@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, hf_io, param_counts
+from pipelinerl_jax.models import config_json, hf_io, param_counts, rope
 from pipelinerl_jax.models.config import ModelConfig
 
 SUPPORTED_ARCHS = ("llama",)
@@ -122,7 +122,6 @@ def _llama3_rope_scaling(factors_P: np.ndarray, head_dim: int, theta: float) -> 
     The tensor only holds the divisors; factor is their maximum and the remaining parameters are
     the ones every Llama 3.x release uses, accepted only if they reproduce the tensor.
     """
-    from pipelinerl_jax.models import rope
 
     scaling = {
         "rope_type": "llama3",

@@ -28,6 +28,7 @@ from safetensors.numpy import save_file
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import config_json, decoder
 from pipelinerl_jax.models import params as params_lib
+from pipelinerl_jax.models import tokenizer as tok_lib
 from pipelinerl_jax.models.config import ModelConfig
 
 SINGLE_FILE = "model.safetensors"
@@ -194,8 +195,6 @@ def load_hf(
         **(config_overrides or {}),
     )
     if check_tokenizer and (model_dir / "tokenizer.json").exists():
-        from pipelinerl_jax.models import tokenizer as tok_lib
-
         tok_lib.check_vocab(tok_lib.Tokenizer.from_dir(model_dir), cfg)
     reader = _Reader(model_dir)
     specs = _tensor_specs(cfg)

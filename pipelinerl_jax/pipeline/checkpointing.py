@@ -18,10 +18,10 @@ from pathlib import Path
 
 import jax
 
-from pipelinerl_jax import config as config_lib
-from pipelinerl_jax.checkpoint import RunCheckpointer, check_compatible
 from pipelinerl_jax.data import prompts as prompts_lib
-from pipelinerl_jax.run_plot import PLOT_FILE, plot_run
+from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline.run_plot import PLOT_FILE, plot_run
+from pipelinerl_jax.train.checkpoint import RunCheckpointer, check_compatible
 
 
 class Checkpoints:

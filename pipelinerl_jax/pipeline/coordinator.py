@@ -31,15 +31,15 @@ import traceback
 import jax
 import numpy as np
 
-from pipelinerl_jax import memory
-from pipelinerl_jax import metrics as metrics_lib
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.pipeline import memory
+from pipelinerl_jax.pipeline import metrics as metrics_lib
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
 from pipelinerl_jax.rl.batch import build_batch
 from pipelinerl_jax.sampler.protocol import Sampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams
-from pipelinerl_jax.trainer import check_skips
+from pipelinerl_jax.train.trainer import check_skips
 
 
 class PipelineError(RuntimeError):

@@ -13,7 +13,10 @@ import dataclasses
 import threading
 import time
 
+from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.rewards.tables import Verdict
 from pipelinerl_jax.rl.batch import ScoredSample
+from pipelinerl_jax.sampler.protocol import Sample
 
 
 @dataclasses.dataclass
@@ -39,9 +42,6 @@ class Group:
 
     @classmethod
     def from_json(cls, d: dict, encode_prompt) -> Group:
-        from pipelinerl_jax.data.formats import Problem
-        from pipelinerl_jax.rewards.tables import Verdict
-        from pipelinerl_jax.sampler.protocol import Sample
 
         problem = Problem(**d["problem"])
         group = cls(index=int(d["index"]), problem=problem, prompt_ids=encode_prompt(problem))

@@ -29,18 +29,18 @@ from pathlib import Path
 import jax
 from jax.sharding import Mesh
 
-from pipelinerl_jax import config as config_lib
 from pipelinerl_jax import sharding
-from pipelinerl_jax.checkpoint import RunCheckpointer
-from pipelinerl_jax.compile_watch import CompileWatch, enable_persistent_cache
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.data.datasets import PromptStream, load_dataset
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.data.tasks import held_out_problems, make_task
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.metrics import MetricsWriter
 from pipelinerl_jax.models import config_json, decoder
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models.hf_io import load_hf, read_config
+from pipelinerl_jax.models.tokenizer import Tokenizer
+from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline.admission import Admission
 from pipelinerl_jax.pipeline.checkpointing import (
     Checkpoints,
@@ -49,16 +49,21 @@ from pipelinerl_jax.pipeline.checkpointing import (
     preflight,
     resume,
 )
+from pipelinerl_jax.pipeline.compile_watch import CompileWatch, enable_persistent_cache
 from pipelinerl_jax.pipeline.coordinator import Coordinator
 from pipelinerl_jax.pipeline.diagnostics import RewardDiagnostics
+from pipelinerl_jax.pipeline.eval_lib import evaluate_problems
+from pipelinerl_jax.pipeline.metrics import MetricsWriter
+from pipelinerl_jax.pipeline.progress import Progress
 from pipelinerl_jax.pipeline.summary import format_summary, summarize
 from pipelinerl_jax.pipeline.weights import Publisher
-from pipelinerl_jax.progress import Progress
 from pipelinerl_jax.rewards.tables import get_reward_table
 from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler.protocol import Sampler
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.trainer import Trainer, trainer_mesh
+from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
+from pipelinerl_jax.train.trainer import Trainer, trainer_mesh
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +130,6 @@ def build_data(cfg, *, load_source: bool = True):
 
 def model_tokenizer(cfg, what: str):
     """The tokenizer of model.hf_dir: text prompts need the model's own."""
-    from pipelinerl_jax.models.tokenizer import Tokenizer
 
     if not cfg.model.hf_dir:
         raise ConfigError(
@@ -164,15 +168,12 @@ def model_config(cfg) -> ModelConfig:
         remat_policy=cfg.model.remat_policy,
     )
     if cfg.model.hf_dir:
-        from pipelinerl_jax.models.hf_io import read_config
-
         return config_json.from_hf(read_config(cfg.model.hf_dir), **dtypes)
     return ModelConfig(**{**dict(cfg.model.init), **dtypes})
 
 
 def check_memory(cfg, echo) -> None:
     """Prints the start-up memory estimate; a ConfigError (one line) if it cannot fit."""
-    from pipelinerl_jax import memory
 
     est = memory.estimate(cfg, model_config(cfg), shared_device=True)
     echo(str(est))
@@ -182,8 +183,6 @@ def check_memory(cfg, echo) -> None:
 def build_model(cfg, tokenizer, rng):
     """(graphdef, params) from a Hugging Face directory or a fresh init."""
     if cfg.model.hf_dir:
-        from pipelinerl_jax.models.hf_io import load_hf
-
         _, graphdef, params = load_hf(
             cfg.model.hf_dir,
             param_dtype=cfg.model.param_dtype,
@@ -326,8 +325,6 @@ def build_evaluator(cfg, c: Components, reward_pool):
             f"config.eval_every={cfg.eval_every} needs Components.make_sampler (a sampler for "
             "held-out problems); set eval_every=0 or give one"
         )
-    from pipelinerl_jax.eval_lib import evaluate_problems
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
 
     if cfg.eval.datasets:
         problems = [p for spec in cfg.eval.datasets for p in load_dataset(spec).problems]

@@ -30,8 +30,10 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
+from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.plan import gpu_plan, layout, model, paper
+from pipelinerl_jax.models import hf_io
+from pipelinerl_jax.plan import engine_probe, figures, gpu_plan, layout, measure, model, paper
 from pipelinerl_jax.plan import hosts as hosts_lib
 from pipelinerl_jax.plan import utilisation as util
 from pipelinerl_jax.plan.utilisation import PlanError
@@ -332,7 +334,6 @@ def _plan(profile: dict, dist: model.LengthDistribution, name: str):
 
 
 def _write_outputs(prof: layout.DeviceProfile, work: layout.Workload, plan: layout.Plan) -> None:
-    from pipelinerl_jax.plan import figures  # matplotlib only when figures are drawn
 
     out = Path(_OUT_DIR.value)
     hi = _PLOT_MAX_LAG.value or max(2 * work.max_lag, 16)
@@ -368,8 +369,6 @@ def run_reproduce() -> None:
 
 def run_measure() -> None:
     import jax
-
-    from pipelinerl_jax.plan import measure  # imports jax
 
     if not _MATMUL.value and not _ENGINE_MODEL.value:
         raise PlanError("measure: nothing to do with --nomatmul and no --engine_model")
@@ -418,14 +417,11 @@ def run_measure() -> None:
 
 
 def _engine_sections() -> dict:
-    from pipelinerl_jax.plan import engine_probe
 
     name = _ENGINE_MODEL.value
     if name == "tiny":
         graphdef, params = engine_probe.tiny_model()
     else:
-        from pipelinerl_jax.models import hf_io
-
         if not Path(name).is_dir():
             raise PlanError(f"--engine_model={name}: not 'tiny' nor a checkpoint directory")
         _, graphdef, params = hf_io.load_hf(name, check_tokenizer=False)
@@ -462,8 +458,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     # absl's own --help exits 1; every tool of the package answers help with exit code 0.
-    from pipelinerl_jax import cli
-
     if cli.wants_help(sys.argv):
         flags.FLAGS.mark_as_parsed()
         print(cli.usage(__doc__, flags.FLAGS, full=cli.wants_help(sys.argv) == "--helpfull"))

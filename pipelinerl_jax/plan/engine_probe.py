@@ -22,10 +22,14 @@ import jax
 import numpy as np
 
 from pipelinerl_jax.models import config_json, decoder, param_counts
+from pipelinerl_jax.plan.layout import kv_cache_max_batch
 from pipelinerl_jax.plan.measure import measure_decode_latency, measure_train_throughput
 from pipelinerl_jax.plan.utilisation import PlanError
+from pipelinerl_jax.rl.batch import ScoredSample, build_batch
+from pipelinerl_jax.rl.config import BatchConfig
 from pipelinerl_jax.sampler import engine as eng
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
+from pipelinerl_jax.train import trainer as tr
 
 # The embedded default model's family at a size a CPU times in seconds.
 TINY_HF_CONFIG = dict(
@@ -145,9 +149,6 @@ def train_throughput(
     trainer_config=None,
 ) -> dict:
     """Trainer tokens/s on one device: completion (generated) and packed tokens per second."""
-    from pipelinerl_jax import trainer as tr
-    from pipelinerl_jax.rl.batch import ScoredSample, build_batch
-    from pipelinerl_jax.rl.config import BatchConfig
 
     if not 1 <= prompt_len < seq_len:
         raise PlanError(
@@ -216,7 +217,6 @@ def engine_profile(
     source: str = "",
 ) -> dict:
     """The profile's 'decode' and 'train' sections (plus the KV-cache bound when memory is known)."""
-    from pipelinerl_jax.plan.layout import kv_cache_max_batch
 
     cfg = decoder.config_of(graphdef)
     sizes = sorted({int(b) for b in decode_batch_sizes})

@@ -52,7 +52,8 @@ from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.sampler import engine as eng
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler.sampler import input_shardings
-from pipelinerl_jax.trainer import Trainer, TrainerConfig, TrainState, trainer_mesh
+from pipelinerl_jax.train.config import TrainerConfig
+from pipelinerl_jax.train.trainer import Trainer, TrainState, trainer_mesh
 
 __all__ = [
     "new_record",

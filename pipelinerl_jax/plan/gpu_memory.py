@@ -1,7 +1,7 @@
 """Per-device memory of each GPU role: analytic items, or XLA's figures from compile records.
 
 `memory_per_device` adds up what the sampler or the trainer holds per device (the analytic
-items follow pipelinerl_jax/memory.py's run estimate, split over devices), or takes the figures
+items follow pipelinerl_jax/pipeline/memory.py's run estimate, split over devices), or takes the figures
 that XLA's `memory_analysis()` reported for the same program compiled for the GPU
 (bench/compile_h100.py writes the records; `load_compiled` reads them) when one exists. A role
 "fits" when its total leaves RESERVE_FRACTION of the device for XLA's scratch.
@@ -14,9 +14,9 @@ import json
 import re
 from pathlib import Path
 
-from pipelinerl_jax import memory
 from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.plan import roofline
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
 from pipelinerl_jax.plan.utilisation import PlanError

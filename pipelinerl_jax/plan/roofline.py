@@ -1,6 +1,6 @@
 """Roofline time of a decode step and a train step from a model's shapes, on published peaks.
 
-Letters as in pipelinerl_jax/memory.py: L layers, E hidden, F mlp, H q heads, K kv heads, D head
+Letters as in pipelinerl_jax/pipeline/memory.py: L layers, E hidden, F mlp, H q heads, K kv heads, D head
 dim, V vocabulary, P_L the layers' matmul weights (`matmul_params_per_token() - E V`), P every
 parameter. A step's `Cost` is its FLOPs and HBM bytes on ONE device; `seconds` is the roofline
 max(flops / matmul peak, bytes / HBM bandwidth), an upper bound on speed: no kernel launch gaps,
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipelinerl_jax import memory
 from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
 from pipelinerl_jax.plan.utilisation import PlanError
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.metrics import LAG_BUCKETS
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.rl.logprobs import chunked_logprobs, fused_token_loss
 from pipelinerl_jax.rl.objectives import Objective, TokenContext, get_objective
@@ -396,27 +395,6 @@ def loss_from_hidden(
         **options,
     )
     return loss, stats
-
-
-def lag_metrics(versions, loss_mask, current_version) -> dict:
-    """Lag (current version - token version) of the scored tokens: mean, max, bucket counts.
-
-    Buckets and their names are those of pipelinerl_jax.metrics.lag_histogram.
-    """
-    on = loss_mask > 0
-    lag = jnp.where(on, current_version - versions, 0).reshape(-1)
-    n = jnp.maximum(jnp.sum(on), 1)
-    out = {"lag_mean": jnp.sum(lag) / n, "lag_max": jnp.max(lag)}
-    # One segment-sum instead of a masked reduction per bucket (fewer kernels to compile).
-    bucket = jnp.sum(lag[:, None] >= jnp.asarray(LAG_BUCKETS[1:])[None, :], axis=1)
-    counts = jax.ops.segment_sum(
-        on.reshape(-1).astype(jnp.int32), bucket, num_segments=len(LAG_BUCKETS)
-    )
-    for i, lo in enumerate(LAG_BUCKETS):
-        hi = LAG_BUCKETS[i + 1] if i + 1 < len(LAG_BUCKETS) else None
-        name = f"{lo}+" if hi is None else (str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}")
-        out[f"lag_hist/{name}"] = counts[i]
-    return out
 
 
 def advantage_metrics(sequence_advantages, rewards, sequence_mask) -> dict:

@@ -73,8 +73,8 @@ from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import sampling, strategies
+from pipelinerl_jax.sampler.config import ATTENTION_IMPLS
 from pipelinerl_jax.sampler.state import SamplerState, init_state, state_shardings
-from pipelinerl_jax.sampler.strategies import ATTENTION_IMPLS
 
 __all__ = [
     "ATTENTION_IMPLS",

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from pipelinerl_jax import sharding
+
 # Per-slot fields the host mirrors and uploads (name -> numpy dtype); see SamplerState.
 SLOT_FIELDS = {
     "block_tables": np.int32,
@@ -114,8 +116,6 @@ def state_shardings(mesh, data_axis: str | None, tp_axis: str | None = None) -> 
     (data-parallel, split along B and P), the pool's K axis is "kv_heads" (split over tp with
     tensor parallelism), everything else replicated. The engine checks divisibility."""
     from jax.sharding import NamedSharding
-
-    from pipelinerl_jax import sharding
 
     rules = sharding.renamed(sharding.RULES, {sharding.FSDP: data_axis, sharding.TP: tp_axis})
 

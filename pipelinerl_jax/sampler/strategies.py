@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from pipelinerl_jax.kernels.paged_attention import triton_available
 from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import staged
+from pipelinerl_jax.sampler.config import ATTENTION_IMPLS
 
 # Why the CPU strategies run the feature-major block (activations [E, N], projections [O, I];
 # the code is models/block.py's FeatureMajor, run by forward.py): XLA:CPU's matmul (YNNPACK)
@@ -172,7 +173,7 @@ class GatherAttention(DecodeAttention):
 
 
 STRATEGIES = {"staged": StagedAttention, "paged": PagedAttention, "gather": GatherAttention}
-ATTENTION_IMPLS = ("auto", *STRATEGIES)
+assert ATTENTION_IMPLS == ("auto", *STRATEGIES), "sampler/config.py names the strategies"
 
 
 def resolve(attention: str) -> str:

@@ -17,10 +17,14 @@ import dataclasses
 import difflib
 from typing import Any
 
+from pipelinerl_jax.data.datasets import DatasetSpec
+from pipelinerl_jax.data.tasks import TASKS
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.rewards.tables import get_reward_table
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
-from pipelinerl_jax.sampler.sampler import SamplerConfig
-from pipelinerl_jax.trainer import TrainerConfig
+from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.train.config import TrainerConfig
 
 MODES = ("pipeline", "conventional")
 
@@ -281,7 +285,6 @@ def from_config_dict(cfg) -> RunConfig:
             "config.model: set model.hf_dir to a Hugging Face directory or "
             "model.init to the fields of a fresh decoder"
         )
-    from pipelinerl_jax.models.config import ModelConfig
 
     # The dtypes and remat come from the model section itself (pipeline.runner.model_config).
     arch = {f.name for f in dataclasses.fields(ModelConfig)} - {
@@ -314,8 +317,6 @@ def from_config_dict(cfg) -> RunConfig:
             "config.data: set data.task to a built-in task or data.datasets to dataset files"
         )
     if data_spec.task:
-        from pipelinerl_jax.data.tasks import TASKS
-
         if data_spec.task not in TASKS:
             raise ConfigError(
                 f"config.data.task={data_spec.task!r} is unknown; choose one of {sorted(TASKS)}"
@@ -395,7 +396,6 @@ def from_config_dict(cfg) -> RunConfig:
     reward_values = _section(cfg, "reward")
     table_options = reward_values.pop("table_options", {}) or {}
     reward = _build(RewardSpec, reward_values, "reward", table_options=_items(table_options))
-    from pipelinerl_jax.rewards.tables import get_reward_table
 
     get_reward_table(reward.table, **table_options)  # one-line error for a bad name/option
     eval_values = _section(cfg, "eval")
@@ -462,7 +462,6 @@ def _few_shot(items) -> tuple:
 
 
 def _dataset_specs(items) -> tuple:
-    from pipelinerl_jax.data.datasets import DatasetSpec
 
     specs = []
     for i, item in enumerate(items):

@@ -20,29 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelinerl_jax.tensorboard_log import TensorBoardLog
+from pipelinerl_jax.pipeline.tensorboard_log import TensorBoardLog
+from pipelinerl_jax.rl.lag import lag_histogram
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-
-# Lag histogram buckets (in optimizer steps); the last bucket is open-ended.
-LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
-
-
-def lag_histogram(lags) -> dict[str, int]:
-    """Counts of lags per bucket, keyed "0", "1", ..., "4-5", ..., "32+"."""
-    lags = np.asarray(lags, dtype=np.int64).ravel()
-    out = {}
-    for i, lo in enumerate(LAG_BUCKETS):
-        hi = LAG_BUCKETS[i + 1] if i + 1 < len(LAG_BUCKETS) else None
-        if hi is None:
-            key, n = f"{lo}+", int((lags >= lo).sum())
-        elif hi == lo + 1:
-            key, n = str(lo), int((lags == lo).sum())
-        else:
-            key, n = f"{lo}-{hi - 1}", int(((lags >= lo) & (lags < hi)).sum())
-        out[key] = n
-    return out
 
 
 def lag_stats(token_versions, current_version: int, sequence_ids=None) -> dict:

@@ -1,7 +1,7 @@
 """A picture of a run: reward, success, entropy, lag and throughput over optimizer steps.
 
     plot_run(train_records, eval_records, Path(workdir) / "curves.png")
-    python -m pipelinerl_jax.run_plot --workdir=/tmp/run      # redraw from metrics.jsonl
+    python -m pipelinerl_jax.pipeline.run_plot --workdir=/tmp/run      # redraw from metrics.jsonl
 
 The run writes `<workdir>/curves.png` at every checkpoint and at its end (see pipeline/runner.py)
 from the same records as metrics.jsonl. Held-out evaluations, when the run has them, are drawn
@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 
 import numpy as np
+
+from pipelinerl_jax.pipeline.metrics import METRICS_FILE, read_records, run_history
 
 PLOT_FILE = "curves.png"
 
@@ -110,7 +112,6 @@ def plot_run(train: list[dict], evals: list[dict], path: str | Path, title: str 
 
 def plot_workdir(workdir: str | Path) -> Path:
     """Redraws `<workdir>/curves.png` from its metrics.jsonl (the last record of each step)."""
-    from pipelinerl_jax.metrics import METRICS_FILE, read_records, run_history
 
     records = read_records(Path(workdir) / METRICS_FILE)
     if not any(r["kind"] == "train" for r in records):

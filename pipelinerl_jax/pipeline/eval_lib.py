@@ -28,7 +28,13 @@ import numpy as np
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.rewards.tables import STATUSES, Verdict, as_verdict
+from pipelinerl_jax.rewards.tables import (
+    BUILTIN_REWARDS,
+    STATUSES,
+    Verdict,
+    as_verdict,
+    resolve_callable,
+)
 
 FINISH_REASONS = ("stop", "length", "error")
 
@@ -52,8 +58,6 @@ def score(reward_fn, pairs: Sequence[tuple[str, Problem]]) -> list[Verdict]:
     if hasattr(reward_fn, "map"):
         return list(reward_fn.map(pairs))
     if isinstance(reward_fn, str):
-        from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, resolve_callable
-
         reward_fn = resolve_callable(BUILTIN_REWARDS.get(reward_fn, reward_fn))
     return [_inline(reward_fn, c, p) for c, p in pairs]
 

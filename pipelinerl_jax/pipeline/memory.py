@@ -67,6 +67,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.sampler import pages as pg
+from pipelinerl_jax.sampler import strategies
 
 GiB = 2**30
 F32 = 4  # bytes: optimizer moments, gradient accumulators, attention scores, logits
@@ -216,7 +217,6 @@ def _sampler_kv_pool(cfg, model_cfg: ModelConfig) -> tuple[pg.PoolSize, int]:
 
 def _uses_staged(attention: str) -> bool:
     """Whether decode attention resolves to the "staged" strategy (sampler/strategies.py)."""
-    from pipelinerl_jax.sampler import strategies
 
     return strategies.resolve(attention) == "staged"
 
