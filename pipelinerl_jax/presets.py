@@ -168,9 +168,9 @@ def smollm2_math_config() -> ml_collections.ConfigDict:
 
     c.model.hf_dir = "models/SmolLM2-135M-Instruct"
     c.model.init = {}
-    c.model.remat = True  # ~4x less train-step memory, and no slower here
-    # Keeping every matmul output the backward reads costs ~0.25 GiB in one-row micro-batches
-    # of 448 tokens, and no projection runs twice (bench/bench_train_step.py).
+    c.model.remat = True  # far less train-step memory, and no slower here
+    # Keeping every matmul output the backward reads costs little memory in one-row
+    # micro-batches, and no projection runs twice (docs/cpu_measurements.md#remat-policy).
     c.model.remat_policy = "matmuls"
 
     c.data.task = "word_problems"

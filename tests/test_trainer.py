@@ -61,7 +61,7 @@ def two_losses_and_grads(graphdef, params, batch_a, block_a, batch_b, block_b):
     trainer's attention_block (0: the model's plain segment attention)."""
 
     def value_and_grad(batch, block):
-        fn = lambda p: tr.default_loss_fn(
+        fn = lambda p: tr.rl_loss(
             p,
             None,
             batch,

@@ -2,10 +2,13 @@
 
 With optimizer=optax.sgd(lr) and no clipping one step moves the params by exactly -lr * grad,
 so the step's gradient can be read off the params and compared with jax.grad of a loss written
-by hand: a registered custom objective (through the fused head path), and a loss_fn wrapping
-default_loss_fn. A mesh whose axes the rules do not name is a ConfigError. Tiny random model,
+by hand: a registered custom objective (through the fused head path), a loss_fn wrapping
+default_loss_fn, and a loss_fn(params, batch) written from scratch, accumulated over
+micro-batches. A mesh whose axes the rules do not name is a ConfigError. Tiny random model,
 random batch (random rewards, behaviour logprobs and reference params: nothing is zero).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -120,12 +123,14 @@ def test_loss_fn_hook_wrapping_the_default(model_and_batch):
     def l2(params):
         return 1e-2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params))
 
-    def with_l2(params, ref_params, batch, **kw):
-        loss, stats = tr.default_loss_fn(params, ref_params, batch, **kw)
-        extra = l2(params)
-        return loss + extra, {**stats, "loss": stats["loss"] + extra, "l2": extra}
-
     tcfg = _tcfg(objective="ppo", ppo_eps_low=0.1, ppo_eps_high=0.1)
+    base = tr.default_loss_fn(tcfg, graphdef)
+
+    def with_l2(params, batch):
+        loss, aux = base(params, batch)
+        extra = l2(params)
+        return loss + extra, {**aux, "loss": aux["loss"] + extra, "l2": extra}
+
     optimizer = optax.inject_hyperparams(optax.sgd)(learning_rate=LR)
     trainer = tr.Trainer(
         tcfg,
@@ -145,7 +150,7 @@ def test_loss_fn_hook_wrapping_the_default(model_and_batch):
             entropy_coef=0.0,
             attention_block=0,
         )
-        return tr.default_loss_fn(p, None, batch, **kw)[0] + l2(p)
+        return tr.rl_loss(p, None, batch, **kw)[0] + l2(p)
 
     loss, grads = jax.jit(jax.value_and_grad(reference))(params)
     _check_update(params, after, grads)
@@ -153,6 +158,52 @@ def test_loss_fn_hook_wrapping_the_default(model_and_batch):
     np.testing.assert_allclose(metrics["l2"], l2(params), rtol=1e-6)
     assert float(metrics["lr"]) == LR  # read from inject_hyperparams' state
     assert "clip_fraction" in metrics and "ess" in metrics
+
+
+def test_a_loss_written_from_scratch_over_micro_batches(model_and_batch):
+    """loss_fn(params, batch) -> (loss, aux): an advantage-weighted token loss of the
+    researcher's own, from the model's logits. With 2 micro-batches the step's gradient and
+    aux sums are those of the whole batch."""
+    cfg, graphdef, params, _, batch = model_and_batch
+
+    def loss_fn(params, batch):
+        lp, _ = _token_logprobs(graphdef, params, batch)
+        per_token = -batch.token_weights * batch.advantages * lp
+        return jnp.sum(per_token), {"tokens": jnp.sum(batch.loss_mask)}
+
+    tcfg = dataclasses.replace(_tcfg(), micro_batches=2)
+    trainer = tr.Trainer(
+        tcfg,
+        graphdef,
+        decoder.abstract_init(cfg)[1],
+        tr.trainer_mesh(),
+        loss_fn=loss_fn,
+        optimizer=optax.sgd(LR),
+    )
+    after, metrics = _one_sgd_step(trainer, params, None, batch)
+    loss, grads = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, batch)[0]))(params)
+    _check_update(params, after, grads)
+    np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
+    assert float(metrics["tokens"]) == float(jnp.sum(batch.loss_mask)) > 0
+
+
+def test_loss_fn_must_return_loss_and_aux(model_and_batch):
+    cfg, graphdef, params, _, batch = model_and_batch
+    trainer = tr.Trainer(
+        _tcfg(),
+        graphdef,
+        decoder.abstract_init(cfg)[1],
+        tr.trainer_mesh(),
+        loss_fn=lambda p, b: jnp.sum(b.advantages),
+    )
+    with pytest.raises(TypeError, match=r"must return \(loss, aux_dict\)"):
+        trainer.train_step(trainer.init_state(params), batch)
+
+
+def test_default_loss_fn_with_a_kl_term_needs_the_reference(model_and_batch):
+    _, graphdef, *_ = model_and_batch
+    with pytest.raises(ConfigError, match="pass ref_params"):
+        tr.default_loss_fn(_tcfg(kl_coef=0.1), graphdef)
 
 
 def test_mesh_axes_must_be_known_to_the_rules(model_and_batch):

@@ -2,7 +2,8 @@
 
 Rollouts and requests are small (token ids, logprobs, versions: a few KB per attempt), and the
 coordinator service's key-value store that every jax.distributed process already talks to
-carries ~12 MB/s here: enough, with no second transport to open, secure or supervise. A
+carries far more than that (docs/cpu_measurements.md#key-value-store): enough, with no
+second transport to open, secure or supervise. A
 queue is a key prefix; message k is the key "<prefix>/<k>", written once by the one sender
 (the store refuses to overwrite, so a message is never replaced) and deleted by the one
 receiver after reading, so the store holds only what is in flight. Order and exactly-once

@@ -140,8 +140,8 @@ class RemoteSampler:
 
     def prepare(self, params):
         """A copy of the trainer's params on their devices, dispatched and not waited for
-        (`device_put(may_alias=False)`; `jnp.copy` ran synchronously on CPU, ~170 ms for
-        540 MB in the trainer thread): the trainer donates its own buffers to the next step,
+        (`device_put(may_alias=False)`; `jnp.copy` ran synchronously on CPU, in the trainer
+        thread): the trainer donates its own buffers to the next step,
         the pullers read this copy."""
         if self._prepare is not None:
             return self._prepare(params)

@@ -15,13 +15,11 @@ doing anything but answering a small claim. The alternative, a cross-process
 `jax.device_put`, is a collective: every process must issue the same puts in the same order,
 and a collective that follows before the receiver took part deadlocks, so samplers could not
 pull at their own chunk boundaries. Small messages (announcements, claims, acks) go through the
-jax.distributed key-value store (~12 MB/s here, plenty for a few hundred bytes per version).
-Measured between two CPU processes on the 2-core machine (bench/bench_weight_transfer.py,
-bench/results/weight_transfer.json): a pull moves ~0.9 GB/s with `transfer_size` chunks of
-4 MiB, for the 232 MB bench model and the 540 MB SmolLM2-135M alike; jax's default 256 MiB
-chunks gave the same for the bench model and half (0.46 GB/s) for SmolLM2, whose 113 MB
-embedding is one chunk. Each transfer server also maps 2 x 8 chunks of host memory up front
-(pinned on a GPU): 64 MiB with 4 MiB chunks, 4 GiB with the default. Hence 4 MiB here.
+jax.distributed key-value store (plenty for a few hundred bytes per version).
+Transfer chunks are 4 MiB rather than jax's default 256 MiB: as fast or faster for every
+model measured (a model whose embedding is one default chunk pulled at half the rate), and
+each transfer server maps 2 x 8 chunks of host memory up front (pinned on a GPU): 64 MiB
+with 4 MiB chunks, 4 GiB with the default (docs/cpu_measurements.md#weight-transfer-chunks).
 
 Protocol (keys under `prefix`, "pipelinerl/weights" by default):
 
@@ -46,8 +44,8 @@ re-places each leaf locally after the pull. Shapes, dtypes and leaf paths are ch
 the client's `like` before claiming: a mismatch raises a one-line ConfigError.
 
 Threads. Server: `publish` dispatches a private device copy and hands the announcement to a
-background thread (measured: 1-4 ms for 11 MB, 5-13 ms for 232-540 MB, since XLA's CPU client
-runs part of the copy inline); the copy is dispatched before `publish` returns because the
+background thread (milliseconds: XLA's CPU client runs part of the copy inline,
+docs/cpu_measurements.md#weight-transfer-chunks); the copy is dispatched before `publish` returns because the
 trainer's next step donates the buffers it reads. One background thread per expected puller
 answers claims and acks (blocking reads of the store, GIL released), and the transfer
 server's own threads send the bytes. Client: with `background=True` (the default) a thread

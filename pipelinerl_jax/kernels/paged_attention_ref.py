@@ -10,8 +10,8 @@ Page layout [P, K, S, D] (kv-head major inside a page, as vLLM's original paged 
 a gathered block [B, C, K, S, D] already has each (sequence, kv head)'s tokens as contiguous
 [S, D] rows, so XLA:CPU runs the score and value dots on it directly. With the [P, S, K, D]
 layout used before, XLA copied every gathered block into a transposed [B, K, D, N] buffer
-first; on the bench model (8 layers, context 160, f32, 2-core EPYC) the whole attention took
-31 ms per decode step at batch 32 that way and 18 ms in this layout (54 vs 29 ms at batch 64).
+first, which cost about as much as the attention itself
+(docs/cpu_measurements.md#page-layout).
 The Triton kernel reads either layout through its strides.
 
 Dimension letters (pipelinerl_jax/__init__.py):
@@ -80,10 +80,8 @@ def _gather_pages(pages_PxKxSxD, block_tables_BxM):
 
 # Decode gathers all of a sequence's pages in one block while the gathered K and V are small
 # and in blocks of about STEP_BYTES (combined by an online softmax) beyond that, so a long
-# context never materialises a copy of the whole cache. Measured on the bench model's heads
-# (8 layers, f32, 2-core EPYC): one block won at batch 1-64 with 10 pages (20 MB at batch 64:
-# 28 vs 36 ms in 2-page blocks) and at batch 8 with 64 pages (16 MB: 29 vs 38 ms); blocks won
-# at batch 16 and 32 with 64 pages (32 MB: 45 vs 54 ms; 64 MB: 102 vs 115 ms in 4 MB blocks).
+# context never materialises a copy of the whole cache. The thresholds are where one block
+# stopped winning on CPU (docs/cpu_measurements.md#paged-reference-blocks).
 SINGLE_BLOCK_BYTES = 24 << 20
 STEP_BYTES = 4 << 20
 MIN_STEP_TOKENS = 32

@@ -69,8 +69,8 @@ def dense(x_BxTxI: jax.Array, w: jax.Array, n_in: int) -> jax.Array:
     transposed [O, B*T] copies in every weight-gradient matmul of the backward pass.
 
     Accumulated in f32 and rounded once to x's dtype: for bf16 that is what lets XLA:CPU take
-    its fast matmul path (on a Xeon with AMX, [4096, 512] @ [512, 1536] ran at ~290 GFLOP/s
-    with a bf16 result and ~840 with f32 accumulation; f32 inputs are unaffected).
+    its fast matmul path (docs/cpu_measurements.md#f32-accumulation; f32 inputs are
+    unaffected).
     """
     ins, outs = w.shape[:n_in], w.shape[n_in:]
     lead = x_BxTxI.shape[: x_BxTxI.ndim - n_in]
@@ -113,9 +113,7 @@ class FeatureMajor:
     Why not token-major: at decode N is the batch (8-64 rows), and XLA:CPU's matmul (YNNPACK)
     splits work over the rows of the left operand, so an [N, E] @ [E, O] product with N <= 32
     ran on one core. Laid out the other way round, O (512-3072 output features) is the row
-    dimension and both cores work. Measured on the bench model's 8-layer projection stack (f32,
-    2-core EPYC): 20.6 vs 32.6 ms at N = 32, 30.5 vs 35.7 ms at N = 64, 9.3 vs 15.9 ms at
-    N = 8, and equal from N = 256 on (prefill).
+    dimension and both cores work (docs/cpu_measurements.md#feature-major-layout).
 
     q/k/v leave their matmuls as [O, N] and are transposed to the token-major [B, T, heads, D]
     that biases, qk-norm, RoPE and attention use; the attention output is transposed back once
@@ -144,11 +142,9 @@ class FeatureMajor:
     def split_heads(self, y_OxN, batch_shape, head_dim: int):
         """[heads * D, N] -> token-major [B, T, heads, D]."""
         # The barrier keeps XLA from folding this transpose into the matmul: folded, the product
-        # becomes an [N, O] dot with a transposed operand that YNNPACK does not take, and the
-        # fallback ran the k/v projections at ~5 GFLOP/s (36% of a batch-8 decode step). With
-        # it, the matmul stays [O, I] @ [I, N] and only the small [O, N] result is transposed:
-        # decode 410 -> 608 tok/s at batch 8, 835 -> 950 at 32, 990 -> 1090 at 64 (bench
-        # model, f32).
+        # becomes an [N, O] dot with a transposed operand that YNNPACK does not take, and its
+        # fallback is slow. With it, the matmul stays [O, I] @ [I, N] and only the small [O, N]
+        # result is transposed (docs/cpu_measurements.md#the-qkv-barrier).
         y_OxN = jax.lax.optimization_barrier(y_OxN)
         return y_OxN.T.reshape(*batch_shape, -1, head_dim)
 
@@ -164,13 +160,11 @@ class FeatureMajor:
 def output_major_matmul(w_OxI: jax.Array, x_IxN: jax.Array) -> jax.Array:
     """w @ x with x in w's dtype, accumulated in f32: the f32 [O, N] product (CPU layout).
 
-    For 16-bit weights the f32 accumulation is what lets XLA:CPU take its fast path: a bf16
-    product with a bf16 result ran at ~220 GFLOP/s at N = 64 on the Xeon (AMX) and the same
-    product with f32 accumulation at ~930 GFLOP/s (~30 GB/s of weights from N = 2 on). One
+    For 16-bit weights the f32 accumulation is what lets XLA:CPU take its fast path. One
     16-bit token (N = 1) runs as two identical columns: XLA rewrites a matrix-vector product
-    into an f32 multiply-reduce that converts the weights to f32 (~2 GB/s of weights; ~17
-    GB/s as a row-vector product, ~30 GB/s as two columns). f32 weights keep the plain
-    product, the fast one for them at every N.
+    into an f32 multiply-reduce that converts the weights to f32, far slower than either
+    (docs/cpu_measurements.md#f32-accumulation). f32 weights keep the plain product, the
+    fast one for them at every N.
     """
     f32 = jnp.float32
     x_IxN = x_IxN.astype(w_OxI.dtype)

@@ -15,8 +15,7 @@ the layer's input. Two policies (`ModelConfig.remat_policy`):
 Why 16-bit activations are kept as their bit patterns on CPU: the layer scan stacks each saved
 value into an [L, ...] buffer with a dynamic-update-slice, and XLA:CPU has no bf16
 dynamic-update-slice: it converted the whole stacked buffer to f32 and back in every layer
-(SmolLM2-135M, 4 x 512 tokens, bf16: ~23 ms a layer for one [L, 2048, 1536] buffer). Integer
-updates are done in place. Other backends keep the values as they are.
+(docs/cpu_measurements.md#16-bit-remat-buffers). Integer updates are done in place. Other backends keep the values as they are.
 
 Letters (pipelinerl_jax/__init__.py): E hidden, F MLP, H q heads, K kv heads, D head dim.
 """

@@ -328,7 +328,7 @@ class Coordinator:
             record = self._host_record(self.step, groups, batch, host_stats)
             # Busy until the step has run, not until it was dispatched: the trainer thread has
             # nothing else to do meanwhile (its next batch comes from the sampler), and a
-            # dispatch-time figure made a 50 s step look like 8 s.
+            # dispatch-time figure made a long step look several times shorter.
             jax.block_until_ready(device_metrics)
             record["time/train_s"] = time.perf_counter() - t1
             record["time/wait_s"] = t1 - t0

@@ -134,10 +134,10 @@ def finalize(stats: dict) -> dict:
     The sums of objective_stats become the standard metrics (ESS, clip fraction, ...); any
     other key (a custom loss function's own sums) is reported as accumulated.
     """
+    if not STAT_KEYS <= stats.keys():  # a custom loss's own sums: every key as accumulated
+        return dict(stats)
     out = {k: v for k, v in stats.items() if k not in STAT_KEYS and k != "kl_ref_sum"}
     out["loss"] = stats["loss"]
-    if not STAT_KEYS <= stats.keys():
-        return out
     n = jnp.maximum(stats["tokens"], 1.0)
     out.update(
         pg_loss=stats["pg_loss"],

@@ -11,7 +11,7 @@ statics or bind them with functools.partial):
       zeroed pool, every slot empty (state.init_state with the engine's sizes).
   state_from_prompts(params, prompts, *, cfg, ecfg, ...) -> state
       prompt b in slot b, its pages assigned and its K/V prefilled: ready for decode_chunk.
-  decode_chunk(params, state, version, *, cfg, ecfg, k, window) -> state
+  decode_chunk(params, state, version, *, cfg, ecfg, k, window, apply=None) -> state
       k decode steps in one lax.scan. Params are an ordinary argument: any params pytree with
       the same shapes/dtypes/shardings reuses the compiled executable, so a weight swap between
       chunks never recompiles. `version` is a traced int32 scalar stamped on every token of
@@ -22,6 +22,9 @@ statics or bind them with functools.partial):
   copy_pages(state, src, dst, *, ecfg) -> state
       copies pages (all layers): a group's attempts each get a private copy of the prompt's
       partially filled last page.
+
+`apply=` (decode_chunk, prefill, state_from_prompts) decodes a model of your own over the same
+paged cache: see ModelApply below.
 
     params = prepare_params(model_params, cfg=cfg, ecfg=ecfg)
     state = state_from_prompts(params, prompts, cfg=cfg, ecfg=ecfg, chunk_steps=8)
@@ -61,6 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +85,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "MeshAxes",
+    "ModelApply",
     "copy_pages",
     "decode_chunk",
     "empty_state",
@@ -114,9 +119,8 @@ class EngineConfig:
     #   (staged.py); "gather" runs the feature-major block and merges
     #   the new token with the gathered pages itself
     #   (attend.decode_attend); "auto": "paged" where the Triton kernel
-    #   runs, else "staged". Measured on the bench model (CPU, 8
-    #   layers, context 160, batch 64, one step): staged ~18 ms of
-    #   attention, paged (the jnp reference) ~43 ms.
+    #   runs, else "staged" (faster on CPU:
+    #   docs/cpu_measurements.md#decode-attention-strategies).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +170,25 @@ def _reduce(axes: MeshAxes):
     return (lambda x: jax.lax.psum(x, axes.tp)) if axes.tp else None
 
 
+# Your own model, decoded over the paged cache (decode_chunk / prefill / state_from_prompts with
+# `apply=`): apply(params, tokens_BxT, positions_BxT, attend, carry) -> (logits_BxTxV, carry).
+# Layer l (a Python int, 0..L-1) attends through the engine instead of over its own keys:
+#     out_BxTxHxD, (l, carry) = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, (l, carry))
+# with q and k already position-encoded (RoPE, if the model uses it), scaled by 1/sqrt(D)
+# inside; attend caches k and v and returns the attention output before the output
+# projection. The carry (the page pool, or the strategy's staged copies) is opaque: thread it
+# through the layers in order and return it.
+ModelApply = Callable[..., tuple[jax.Array, object]]
+
+
+def _check_apply(apply, axes: MeshAxes) -> None:
+    if apply is not None and axes.tp is not None:
+        raise ValueError(
+            "decode_chunk(apply=...): your model runs unsplit; tensor parallelism needs the "
+            "built-in families (leave apply out, or use a mesh without a tp axis)"
+        )
+
+
 def _scale(cfg) -> float:
     return 1.0 / math.sqrt(cfg.head_dim)
 
@@ -186,10 +209,13 @@ def decode_chunk(
     k: int,
     window: int,
     axes: MeshAxes = ONE_DEVICE,
+    apply: ModelApply | None = None,
 ) -> SamplerState:
     """k decode steps of every active slot (see the module docstring); params from
-    `prepare_params`, state e.g. from `state_from_prompts`. Jittable with cfg, ecfg, k,
-    window and axes static; donate the state to update the pool in place."""
+    `prepare_params` (or your model's own, with `apply`), state e.g. from
+    `state_from_prompts`. Jittable with cfg, ecfg, k, window, axes and apply static; donate
+    the state to update the pool in place."""
+    _check_apply(apply, axes)
     strategy = _strategy(ecfg)
     block_tables_BxM = _to_local(state.block_tables, state, axes)
     carry = strategy.init_carry(state, block_tables_BxM, window)
@@ -204,6 +230,7 @@ def decode_chunk(
         strategy=strategy,
         window=window,
         axes=axes,
+        apply=apply,
     )
     (slots, carry), (tokens_CxB, logprobs_CxB, valid_CxB) = jax.lax.scan(
         step, (slots, carry), None, length=k
@@ -218,24 +245,30 @@ def decode_chunk(
     )
 
 
-def _decode_step(params, block_tables_BxM, loop, _, *, cfg, ecfg, strategy, window, axes):
+def _decode_step(params, block_tables_BxM, loop, _, *, cfg, ecfg, strategy, window, axes, apply):
     """One token per slot: forward with the strategy's attend, sample, advance the slots."""
     slots, carry = loop
     positions_B = slots.lengths - 1
     active_B = slots.active
     attend = strategy.attend(block_tables_BxM, positions_B, active_B, window, _scale(cfg))
-    hidden_Bx1xE, carry = fwd.forward_hidden(
-        cfg,
-        params,
-        slots.last_token[:, None],
-        positions_B[:, None],
-        attend,
-        carry,
-        _reduce(axes),
-        layout=strategy.layout,
-    )
-    gather_axis = axes.tp if axes.gather_logits else None
-    logits_VxB = fwd.logits_vocab_major(params, hidden_Bx1xE[:, 0].T, gather_axis)
+    if apply is not None:
+        logits_Bx1xV, carry = apply(
+            params, slots.last_token[:, None], positions_B[:, None], attend, carry
+        )
+        logits_VxB = logits_Bx1xV[:, 0].T.astype(jnp.float32)
+    else:
+        hidden_Bx1xE, carry = fwd.forward_hidden(
+            cfg,
+            params,
+            slots.last_token[:, None],
+            positions_B[:, None],
+            attend,
+            carry,
+            _reduce(axes),
+            layout=strategy.layout,
+        )
+        gather_axis = axes.tp if axes.gather_logits else None
+        logits_VxB = fwd.logits_vocab_major(params, hidden_Bx1xE[:, 0].T, gather_axis)
     u_B = _uniforms(slots.rng_key, slots.seeds, slots.lengths)
     tokens_B, logprobs_B = sampling.sample_vocab_major(
         logits_VxB,
@@ -267,23 +300,31 @@ def prefill(
     ecfg: EngineConfig,
     window: int,
     axes: MeshAxes = ONE_DEVICE,
+    apply: ModelApply | None = None,
 ) -> SamplerState:
     """K/V of T prompt tokens per row into the rows' pages. positions_RxT: the tokens'
     positions, -1 for padding (at the end of a row; it writes to the null page); a row sees
     its cached positions before the chunk start in its first `window` pages (0 for a first
     chunk). Rows are independent of slots: block_tables_RxM names each row's pages."""
+    _check_apply(apply, axes)
     strategy = _strategy(ecfg)
     block_tables_RxM = _to_local(block_tables_RxM, state, axes)
     attend = attn.prefill_attend(
         block_tables_RxM, window, positions_RxT, scale=_scale(cfg), scatter=strategy.scatter
     )
+    pool = (state.k_pages, state.v_pages)
+    if apply is not None:
+        _, (k_pages, v_pages) = apply(
+            params, tokens_RxT, jnp.maximum(positions_RxT, 0), attend, pool
+        )
+        return state.replace(k_pages=k_pages, v_pages=v_pages)
     _, (k_pages, v_pages) = fwd.forward_hidden(
         cfg,
         params,
         tokens_RxT,
         jnp.maximum(positions_RxT, 0),
         attend,
-        (state.k_pages, state.v_pages),
+        pool,
         _reduce(axes),
         layout=strategy.layout,
     )
@@ -324,7 +365,9 @@ def empty_state(
 
 
 _prefill_jit = jax.jit(
-    prefill, static_argnames=("cfg", "ecfg", "window", "axes"), donate_argnames=("state",)
+    prefill,
+    static_argnames=("cfg", "ecfg", "window", "axes", "apply"),
+    donate_argnames=("state",),
 )
 
 
@@ -342,10 +385,12 @@ def state_from_prompts(
     stop_tokens=(),
     seed: int = 0,
     seeds=None,
+    apply: ModelApply | None = None,
 ) -> SamplerState:
     """A state ready for `decode_chunk` (one device): prompt b in slot b, prefilled.
 
-    params: from `prepare_params`. Slot b (b < len(prompts)) gets the next free pages after
+    params: from `prepare_params`, or your model's own with `apply` (then cfg needs only
+    num_layers, num_kv_heads, head_dim and vocab_size). Slot b (b < len(prompts)) gets the next free pages after
     the null page, as many as its K/V needs up to `limit = min(len(prompt) + max_new_tokens,
     pages_per_slot * page_size)` (all its pages without max_new_tokens); its block table
     names them, 0 after. The K/V of every prompt token but the last is prefilled in one call;
@@ -425,6 +470,7 @@ def state_from_prompts(
         cfg=cfg,
         ecfg=ecfg,
         window=0,
+        apply=apply,
     )
 
 

@@ -3,9 +3,8 @@
 Why not `decoder.forward_hidden` (a `lax.scan` over params stacked [L, ...]): inside the scan,
 XLA:CPU materialises each layer's weight slice (a `dynamic-slice` fusion) before the matmul,
 so every decode step copies all layer weights once more: 3x the weight memory traffic of a
-step that is memory-bound at small batch. Measured on the bench model (57.9M params): the
-layer stack at batch 1 took 18 ms CPU scanned vs 8 ms unrolled over separate arrays (batch 8:
-45 vs 28 ms). The sampler therefore converts the params once per version (`decode_params`,
+step that is memory-bound at small batch (docs/cpu_measurements.md#unrolled-decode-layers).
+The sampler therefore converts the params once per version (`decode_params`,
 at `set_params` time or in the publisher's thread, off the chunk boundary): unstacked, cast to
 the compute dtype once, laid out for the block's `layout` (models/block.py: "feature_major",
 the CPU layout, transposes every projection to output-major; "token_major", plain JAX, keeps
@@ -197,8 +196,7 @@ def logits_vocab_major(dparams: dict, hidden_ExN, gather_axis: str | None = None
 
     Vocabulary-major, as the feature-major projections (models/block.py): [V, E] @ [E, N] gives YNNPACK
     32000 rows to split over both cores, where [N, E] @ [E, V] at decode batch sizes did not
-    (bench model head alone, f32: 3.9 vs 5.9 ms at N = 8, 8.7 vs 11.8 at 32, 16.5 vs 15.4 at
-    64), and the sampler reduces over V without transposing [V, N] (sampling.py)."""
+    (docs/cpu_measurements.md#vocabulary-major-head), and the sampler reduces over V without transposing [V, N] (sampling.py)."""
     out_VxN = block.output_major_matmul(dparams["head_VxE"], hidden_ExN)
     if gather_axis is not None:
         out_VxN = jax.lax.all_gather(out_VxN, gather_axis, axis=0, tiled=True)

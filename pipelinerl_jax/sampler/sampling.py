@@ -214,9 +214,8 @@ def sample_vocab_major(
     """`sample` on vocabulary-major [V, B] logits, as the engine's LM head makes them.
 
     Everything reduces over axis 0 of [V, B]: a transpose of the logits to [B, V] and the
-    [B, V] copies in and out of `lax.cond`s cost more than the sampling itself (bench model,
-    batch 64, temperature 1: 15.6 ms of which ~12 ms were such copies, on a ~40 ms decode
-    step). Greedy rows and sampled rows each run inside a `lax.cond` that only runs when some
+    [B, V] copies in and out of `lax.cond`s cost more than the sampling itself
+    (docs/cpu_measurements.md#vocabulary-major-sampling). Greedy rows and sampled rows each run inside a `lax.cond` that only runs when some
     row needs it and returns [B] results, so an all-greedy batch (evaluation) skips the
     sampler's passes and an all-sampled one (RL) skips the greedy ones.
     """
@@ -275,9 +274,8 @@ def _greedy_vocab_major(logits_VxB):
     """(argmax, log_softmax at it) per column of [V, B] f32 logits: the T = 1 distribution.
 
     One row (B = 1) is reduced as the free [1, V] view: XLA:CPU runs a column reduction over
-    [V, 1] as a scalar loop (the exp-sum alone took 0.9 ms per step, 12% of a batch-1 decode
-    step on the bench model; 0.08 ms for both reductions as a row). From B = 2 on the column
-    reductions vectorise over B and beat transposing (at B = 8: 0.44 vs 0.53 ms).
+    [V, 1] as a scalar loop. From B = 2 on the column reductions vectorise over B and beat
+    transposing (docs/cpu_measurements.md#greedy-reductions).
     """
     vocab, batch = logits_VxB.shape
     if batch == 1:
@@ -297,8 +295,7 @@ def _blocked_argmax(logits_VxB):
     """(max [1, B], first argmax [B]) over [V, B] with V a multiple of `_BLOCK`, in one pass
     over the logits: block maxima [C, B], the first block holding the maximum, then the first
     maximum inside that block. `first_argmax` over the whole [V, B] materialises an int32
-    [V, B] index array and reduces it again (bench model, batch 64: 1.34 vs 0.91 ms for max,
-    argmax and log-softmax together)."""
+    [V, B] index array and reduces it again (docs/cpu_measurements.md#greedy-reductions)."""
     vocab, batch = logits_VxB.shape
     blocks_CxVcxB = logits_VxB.reshape(vocab // _BLOCK, _BLOCK, batch)
     block_max_CxB = jnp.max(blocks_CxVcxB, axis=1)

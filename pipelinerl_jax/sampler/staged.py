@@ -7,9 +7,8 @@ The page pool stays the one source of truth: every step still writes its K/V int
 so prefill, preemption, shared prefixes and param swaps see exactly what the "paged" path
 leaves behind. What changes is how attention reads the cache. Paged attention gathers each
 row's pages every step and layer, and on CPU that gather is a full copy of the window
-(XLA:CPU has no fused gather-matmul): on the bench model at batch 64 and a 160-token window,
-the two gathers cost ~21 ms of a ~100 ms decode step and the dots reading their copies
-another ~18 ms. Here the window is gathered once at the start of the chunk into per-layer
+(XLA:CPU has no fused gather-matmul), a large part of a decode step
+(docs/cpu_measurements.md#decode-attention-strategies). Here the window is gathered once at the start of the chunk into per-layer
 dense arrays laid out for the two dots (K as [B, K, D, N], V as [B, K, N, D]), and each step
 writes its token into them as well as into the pages; over a 16-step chunk the gather is paid
 once instead of 16 times.
@@ -115,8 +114,7 @@ def dense_decode_attention(q_BxHxD, k_BxKxDxN, v_BxKxNxD, positions_B, *, scale:
     f32 = jnp.float32
     # Broadcast-multiply-reduce rather than einsum: with G = H / K query heads per kv head the
     # two products are batches of [G, D] @ [D, N] matmuls too small for YNNPACK; as loop
-    # fusions they read each staged array once (8 layers, N = 160, f32: 13.8 vs 16.2 ms at
-    # batch 64, 7.3 vs 9.0 at 32, 2.6 vs 2.2 at 8 alone; whole decode +1-4% at batch 8-64).
+    # fusions they read each staged array once (docs/cpu_measurements.md#staged-attention-dots).
     q_BxKxGxDx1 = q_BxHxD.reshape(batch, kv_heads, heads // kv_heads, head_dim, 1).astype(f32)
     s_BxKxGxN = jnp.sum(q_BxKxGxDx1 * k_BxKxDxN.astype(f32)[:, :, None], axis=3) * f32(scale)
     valid_Bx1x1xN = (jnp.arange(n)[None, :] <= positions_B[:, None])[:, None, None]

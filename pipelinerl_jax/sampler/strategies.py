@@ -45,12 +45,11 @@ from pipelinerl_jax.sampler.config import ATTENTION_IMPLS
 # Why the CPU strategies run the feature-major block (activations [E, N], projections [O, I];
 # the code is models/block.py's FeatureMajor, run by forward.py): XLA:CPU's matmul (YNNPACK)
 # splits work over the rows of the left operand, so token-major [N, E] @ [E, O] products at
-# decode batches (N = 8-64 rows) ran on one core. Bench model's 8-layer projection stack (f32,
-# 2-core EPYC), feature- vs token-major: 9.3 vs 15.9 ms at N = 8, 20.6 vs 32.6 at N = 32,
-# 30.5 vs 35.7 at N = 64, equal from N = 256 on. The layout brings its own CPU measures (an
-# optimization_barrier keeping the q/k/v transposes out of their matmuls, one 16-bit token run
-# as two columns), each with its numbers beside it there. None of these was measured on a GPU,
-# so the GPU strategy runs the model's plain token-major block instead.
+# decode batches (N = 8-64 rows) ran on one core (docs/cpu_measurements.md#feature-major-layout).
+# The layout brings its own CPU measures (an optimization_barrier keeping the q/k/v transposes
+# out of their matmuls, one 16-bit token run as two columns), explained in models/block.py.
+# None of these was measured on a GPU, so the GPU strategy runs the model's plain token-major
+# block instead.
 CPU_LAYOUT = "feature_major"
 PLAIN_LAYOUT = "token_major"
 
@@ -113,10 +112,9 @@ class StagedAttention(DecodeAttention):
     the pool, so the pool stays the one source of truth.
 
     Why: on CPU a paged gather is a full copy of the window per step and layer (XLA:CPU has no
-    fused gather-matmul). Bench model at batch 64 and a 160-token window: the two gathers cost
-    ~21 ms of a ~100 ms decode step and the dots reading their copies another ~18 ms; over one
-    step of 8 layers at context 160, staged attention took ~18 ms, paged (the jnp reference)
-    ~43 ms. Cost: the window exists twice while the chunk runs (memory.py counts it).
+    fused gather-matmul), so copying the window once per chunk instead pays off
+    (docs/cpu_measurements.md#decode-attention-strategies). Cost: the window exists twice
+    while the chunk runs (pipeline/memory.py counts it).
     """
 
     cache_dtype: str = "float32"  # the pool's dtype: 16-bit pools are carried as their bits
@@ -137,8 +135,9 @@ class StagedAttention(DecodeAttention):
         )
         # 16-bit pools and stages travel through the loop as their uint16 bit patterns, so each
         # step's writes are integer scatters in place with no conversion copies: XLA:CPU has no
-        # bf16 scatter and otherwise upcasts the whole pool to f32 and back per write, ~85% of
-        # a bf16 decode step on the bench model (attend.set_at). Converted back in `finish`.
+        # bf16 scatter and otherwise upcasts the whole pool to f32 and back per write, most of a
+        # bf16 decode step (docs/cpu_measurements.md#16-bit-pools-as-bits). Converted back in
+        # `finish`.
         carry = (state.k_pages, state.v_pages, k_stage, v_stage)
         return jax.tree.map(attn.bits_view, carry)
 

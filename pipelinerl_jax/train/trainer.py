@@ -4,7 +4,7 @@ The step runs on a trainer mesh with axes ("fsdp", "tp"): params and optimizer m
 sharded by the logical-axis rules of pipelinerl_jax.sharding, batch rows are split over "fsdp".
 It is compiled once, with explicit in/out shardings, and donates the old state. Inside:
 gradient accumulation over micro-batches with lax.scan (f32 accumulators), the loss
-(`default_loss_fn`: the model forward and the registered objective of rl/objectives.py),
+(`rl_loss`: the model forward and the registered objective of rl/objectives.py),
 global-norm clipping, then optax AdamW (warm-up + cosine or constant, no decay on norms and
 biases). Moments are always f32: the optimizer sees f32 views of the params and the update is
 cast back, so bf16 params work. A non-finite loss or gradient skips the update (the state is
@@ -12,7 +12,7 @@ returned unchanged apart from its counters); `check_skips` on the host stops the
 many skips in a row.
 
 Three pieces can be swapped without editing the library: `Trainer(..., loss_fn=, optimizer=,
-rules=)` takes a loss function with `default_loss_fn`'s signature, any optax
+rules=)` takes a `loss_fn(params, batch) -> (loss, aux)` (LossFn), any optax
 GradientTransformation in place of AdamW, and logical-axis rules in place of sharding.RULES
 (the mesh must then use only the mesh axes those rules name).
 """
@@ -113,12 +113,43 @@ def _micro_split(x, m: int, mesh: Mesh, batch_axis: str | None):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-# loss_fn(params, ref_params, batch, *, graphdef, loss_cfg, kl_coef, entropy_coef,
-#         attention_block) -> (loss, stats): see default_loss_fn.
-LossFn = Callable[..., tuple[jax.Array, dict]]
+# A loss a researcher writes: loss_fn(params, batch) -> (loss, aux). `params` is the model's
+# nnx.State (differentiated), `batch` a TrainBatch (rl/batch.py documents its fields; inside
+# the step its token fields may be one micro-batch's rows). `loss` is the scalar to
+# differentiate, a sum over the batch's tokens (micro-batches add up); `aux` a dict of
+# additive sums (summed over micro-batches, "max_" keys by maximum) that become metrics. A
+# step whose loss or gradient is not finite is skipped.
+LossFn = Callable[[Any, TrainBatch], tuple[jax.Array, dict]]
 
 
-def default_loss_fn(
+def default_loss_fn(cfg: TrainerConfig, graphdef, ref_params=None) -> LossFn:
+    """The Trainer's own loss as a `loss_fn(params, batch)`, to wrap or compare against.
+
+    cfg.loss's objective with its KL and entropy terms at their starting coefficients (the
+    Trainer's built-in loss also follows their schedules); ref_params: the KL term's frozen
+    reference params (needed when cfg.loss has a KL term). E.g. the default plus a penalty:
+
+        base = default_loss_fn(cfg, graphdef)
+
+        def loss_fn(params, batch):
+            loss, aux = base(params, batch)
+            extra = penalty(params)
+            return loss + extra, {**aux, "loss": aux["loss"] + extra, "penalty": extra}
+    """
+    if cfg.loss.uses_reference and ref_params is None:
+        raise ConfigError("default_loss_fn: cfg.loss has a KL term (kl_coef > 0); pass ref_params")
+    kw = dict(
+        graphdef=graphdef,
+        loss_cfg=cfg.loss,
+        kl_coef=cfg.loss.kl_coef,
+        entropy_coef=cfg.loss.entropy_coef,
+        attention_block=cfg.attention_block,
+    )
+    ref = ref_params if cfg.loss.uses_reference else None
+    return lambda params, batch: rl_loss(params, ref, batch, **kw)
+
+
+def rl_loss(
     params,
     ref_params,
     batch: TrainBatch,
@@ -131,21 +162,11 @@ def default_loss_fn(
 ):
     """(loss, stats) of one (micro-)batch: the Trainer's loss unless it is given `loss_fn=`.
 
-    Differentiated with respect to `params` (nnx.State); `ref_params` are the frozen reference
-    params when loss_cfg uses a KL term, else None. `batch` is a TrainBatch whose token fields
-    may be one micro-batch's rows. kl_coef and entropy_coef are this step's scheduled values
-    (traced scalars); graphdef, loss_cfg and attention_block are the Trainer's.
-
-    `loss` is the scalar to differentiate (a sum over tokens: micro-batches add up). `stats` is
-    a dict of additive sums merged with losses.accumulate ("max_" keys by maximum) and turned
-    into metrics by losses.finalize; it must hold "loss" (the step is skipped when it is not
-    finite). A replacement may call this function and add terms of its own, e.g.
-
-        loss, stats = default_loss_fn(params, ref_params, batch, **kw)
-        return loss + extra, {**stats, "loss": stats["loss"] + extra, "extra": extra}
-
-    It is traced inside the jitted step (once per micro-batch: a term that is not a sum over
-    the micro-batch's tokens, like a weight penalty, counts trainer.micro_batches times).
+    `ref_params` are the frozen reference params when loss_cfg uses a KL term, else None.
+    kl_coef and entropy_coef are this step's scheduled values (traced scalars); graphdef,
+    loss_cfg and attention_block are the Trainer's. `stats` holds additive sums that
+    losses.finalize turns into metrics, "loss" among them. Traced inside the jitted step, once
+    per micro-batch.
     """
     if attention_block > 0:
         attend = attention.blocked_causal_attention(
@@ -182,6 +203,18 @@ def default_loss_fn(
     )
 
 
+def _custom_loss(loss_fn: LossFn, params, ref_params, batch):
+    """A researcher's loss_fn(params, batch) in the step's (params, ref, batch) form."""
+    del ref_params  # the reference model belongs to the built-in loss's KL term
+    out = loss_fn(params, batch)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+        raise TypeError(
+            f"loss_fn(params, batch) must return (loss, aux_dict), got {type(out).__name__}"
+        )
+    loss, aux = out
+    return loss, {"loss": loss, **aux}
+
+
 def _learning_rate(opt_state) -> jax.Array | None:
     """The learning rate a custom optimizer reports in its state (optax.inject_hyperparams)."""
     found = optax.tree_utils.tree_get_all_with_path(opt_state, "learning_rate")
@@ -197,7 +230,7 @@ def _train_step(
     cfg: TrainerConfig,
     tx: optax.GradientTransformation,
     mesh: Mesh,
-    loss_fn: LossFn,
+    loss_fn: LossFn | None,
     batch_axis: str | None,
     default_tx: bool,
 ):
@@ -206,15 +239,18 @@ def _train_step(
     ent_coef = linear_schedule(
         lc.entropy_coef, lc.entropy_coef_end, lc.entropy_schedule_steps, state.step
     )
-    loss_fn = functools.partial(
-        loss_fn,
-        graphdef=graphdef,
-        loss_cfg=lc,
-        kl_coef=kl_coef,
-        entropy_coef=ent_coef,
-        attention_block=cfg.attention_block,
-    )
-    grad_fn = jax.grad(loss_fn, has_aux=True)
+    if loss_fn is None:
+        objective = functools.partial(
+            rl_loss,
+            graphdef=graphdef,
+            loss_cfg=lc,
+            kl_coef=kl_coef,
+            entropy_coef=ent_coef,
+            attention_block=cfg.attention_block,
+        )
+    else:
+        objective = functools.partial(_custom_loss, loss_fn)
+    grad_fn = jax.grad(objective, has_aux=True)
     ref = state.ref_params if lc.uses_reference else None
     m = cfg.micro_batches
     if m == 1:
@@ -294,7 +330,8 @@ def _train_step(
 class Trainer:
     """Owns the mesh layout, the optimizer and the compiled step for one model and config.
 
-    loss_fn: replaces `default_loss_fn` (same signature and contract); optimizer: an optax
+    loss_fn: `loss_fn(params, batch) -> (loss, aux)` (see LossFn) replacing the built-in RL
+    loss (rl_loss, with its KL and entropy schedules and reference params); optimizer: an optax
     GradientTransformation replacing `make_optimizer(cfg)` (it sees f32 params and gradients,
     so its state is f32; the step still clips by cfg.grad_clip_norm first: set it to 0 to leave
     clipping to the optimizer; the "lr" metric is reported if its state has a scalar
@@ -323,7 +360,7 @@ class Trainer:
         self.rules = tuple(sharding.RULES if rules is None else rules)
         sharding.check_mesh(mesh, self.rules)
         self.cfg, self.graphdef, self.mesh = cfg, graphdef, mesh
-        self.loss_fn = default_loss_fn if loss_fn is None else loss_fn
+        self.loss_fn = loss_fn  # None: the built-in rl_loss
         self.tx = make_optimizer(cfg) if optimizer is None else optimizer
         self.batch_axis = sharding.batch_axis(self.rules)
         self.param_shardings = sharding.param_shardings(abstract_params, mesh, self.rules)
