@@ -313,7 +313,7 @@ def test_peak_rss_of_a_child_is_its_own_not_its_parents():
     """A benchmark measures each side's peak in a child process: the child must not report
     the high-water mark of the large process that started it (getrusage's ru_maxrss does)."""
     block = np.ones(512 * 2**20 // 8)  # 512 MiB resident in this process
-    code = "from pipelinerl_jax import memory; print(memory.peak_rss_bytes())"
+    code = "from pipelinerl_jax.pipeline import memory; print(memory.peak_rss_bytes())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     child_peak = int(out.stdout.strip())
     assert child_peak < memory.peak_rss_bytes() - block.nbytes // 2, (child_peak, block.nbytes)
