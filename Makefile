@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-gpu test-jax011 compile-h100 gpu-bundle bench clean real-model run-real
+.PHONY: run test docs test-gpu test-jax011 compile-h100 gpu-bundle bench clean real-model run-real
 
 $(STAMP): requirements.txt requirements-base.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
@@ -22,6 +22,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link, anchor
+# or nav entry, as tests/test_docs.py does. `.venv/bin/python -m mkdocs serve` previews it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # The GPU stack of requirements-gpu.txt (jax 0.11.2, its CUDA plugin, jax-triton 0.3.1, triton
 # 3.6) in a Python 3.12 venv: jax 0.11 is served only for 3.12. Here the registry serves torch

@@ -1,10 +1,16 @@
-"""Renders the README's table of measured figures from bench/results/*.json.
+"""Renders the tables of measured figures from bench/results/*.json.
 
-    python bench/report.py            # print the markdown table
-    python bench/report.py --readme   # also replace the table between the README markers
+    python bench/report.py            # print the tables
+    python bench/report.py --write    # also rewrite them between their markers:
+                                      #   README.md: the headline table and the GPU summary
+                                      #   docs/benchmarks.md: every measured figure
+                                      #   docs/gpu.md: the GPU summary
+                                      #   docs/gpu_compile.md: every compiled GPU program
 
 Only full (non --quick) results are used; a benchmark with no result yet gets a row saying so,
 never a number. Each row names the command that produced it and the machine load it ran under.
+The README's headline rows are rendered by the same functions as the full table, so the two
+never disagree. Files are written all or nothing: if one lacks its markers, none is written.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ sys.path.insert(0, str(ROOT))  # bench.common, when run as `python bench/report.
 RESULTS = ROOT / "bench" / "results"
 BEGIN, END = "<!-- bench/report.py: begin -->", "<!-- bench/report.py: end -->"
 GPU_BEGIN, GPU_END = "<!-- bench/report.py gpu: begin -->", "<!-- bench/report.py gpu: end -->"
+HEADLINE_BEGIN = "<!-- bench/report.py headline: begin -->"
+HEADLINE_END = "<!-- bench/report.py headline: end -->"
 GiB = 2**30
 
 
@@ -136,6 +144,34 @@ def _decode_real(d):
                 ours,
                 f"{r['hf_tok_s']:.0f}",
                 f"{r['ratio']:.2f}x{met}",
+            )
+        )
+    return out
+
+
+def _decode_real_range(d):
+    """The headline view of decode_real: one row per dtype, the range over every batch size
+    and both greedy and temperature-1 sampling (each row of the full table lies inside)."""
+    c = d["config"]
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        rows = [r for r in d["rows"] if r["dtype"] == dtype]
+        if not rows:
+            continue
+        span = lambda key, fmt: (
+            f"{min(r[key] for r in rows):{fmt}}-{max(r[key] for r in rows):{fmt}}"
+        )
+        batches = sorted({r["batch"] for r in rows})
+        goals = {r["goal"] for r in rows if r.get("goal") is not None}
+        met = sum(1 for r in rows if r.get("goal") is not None and r["ratio"] >= r["goal"])
+        goal = f" (goal {max(goals):g}x: met in {met} of {len(rows)})" if goals else ""
+        out.append(
+            (
+                f"SmolLM2-135M decode {dtype}, batch {'/'.join(map(str, batches))}, greedy "
+                f"and temperature 1, {c['prompt_len']} + {c['new_tokens']} tokens: tokens/s",
+                span("ours_tok_s", ".0f"),
+                span("hf_tok_s", ".0f"),
+                f"{span('ratio', '.2f')}x{goal}",
             )
         )
     return out
@@ -549,6 +585,38 @@ def table() -> str:
     return "\n".join(lines)
 
 
+# The README's headline: (result, renderer, which of its rows; None: all), each shown for every
+# machine kind that has the result, as in the full table.
+HEADLINE = (
+    ("demo_seeds", _demo, (0,)),
+    ("real_learning", _real_learning, (0,)),
+    ("vs_trl", _vs_trl, (0,)),
+    ("train_step_real", _train_real, (0,)),
+    ("decode_real", _decode_real_range, None),
+    ("real_profile", _real_profile, (0,)),
+)
+
+
+def headline() -> str:
+    """A few rows of the full table (the real model's results first of all), for the README."""
+    lines = [
+        "| measured | ours | peer | ratio | machine |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, render, picks in HEADLINE:
+        d = _load(name)
+        if d is None:
+            lines.append(f"| {name}: not measured yet | - | - | - | - |")
+            continue
+        for result in (d, *_other_machines(name, d)):
+            rows = render(result)
+            for i in range(len(rows)) if picks is None else picks:
+                if i < len(rows):
+                    what, ours, theirs, ratio = rows[i]
+                    lines.append(f"| {what} | {ours} | {theirs} | {ratio} | {_machine(result)} |")
+    return "\n".join(lines)
+
+
 def _layout(r: dict) -> str:
     lay = r.get("layout") or {}
     if r["program"] == "decode_chunk":
@@ -706,28 +774,46 @@ def _replace(content: str, begin: str, end: str, text: str) -> str | None:
     return f"{head}{begin}\n{text}\n{end}{tail}"
 
 
+def targets() -> tuple:
+    """(file, ((begin, end, text), ...)) for every generated table."""
+    return (
+        (
+            ROOT / "README.md",
+            (
+                (HEADLINE_BEGIN, HEADLINE_END, headline()),
+                (GPU_BEGIN, GPU_END, gpu_summary()),
+            ),
+        ),
+        (ROOT / "docs" / "benchmarks.md", ((BEGIN, END, table()),)),
+        (ROOT / "docs" / "gpu.md", ((GPU_BEGIN, GPU_END, gpu_summary()),)),
+        (ROOT / "docs" / "gpu_compile.md", ((GPU_BEGIN, GPU_END, gpu_table()),)),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", action="store_true", help="rewrite the README table")
+    parser.add_argument(
+        "--write",
+        "--readme",
+        dest="write",
+        action="store_true",
+        help="rewrite the tables between their markers in README.md, docs/benchmarks.md, "
+        "docs/gpu.md and docs/gpu_compile.md (--readme: the old name)",
+    )
     args = parser.parse_args()
-    text, summary, gpu = table(), gpu_summary(), gpu_table()
-    print(text)
+    print(table())
     print()
-    print(gpu)
-    if args.readme:
-        targets = (
-            (ROOT / "README.md", ((BEGIN, END, text), (GPU_BEGIN, GPU_END, summary))),
-            (ROOT / "docs" / "gpu_compile.md", ((GPU_BEGIN, GPU_END, gpu),)),
-        )
+    print(gpu_table())
+    if args.write:
         updated = []  # every file checked before any is written
-        for path, blocks in targets:
+        for path, blocks in targets():
             content = path.read_text() if path.exists() else ""
             for begin, end, body in blocks:
                 replaced = _replace(content, begin, end, body)
                 if replaced is None:
                     print(
-                        f"{path.name} lacks the markers {begin} ... {end}: add them where the "
-                        "table goes",
+                        f"{path.relative_to(ROOT)} lacks the markers {begin} ... {end}: add "
+                        "them where the table goes",
                         file=sys.stderr,
                     )
                     return 2

@@ -1,4 +1,8 @@
-"""bench/report.py: the README table comes from result files, and says so when one is missing."""
+"""bench/report.py: the tables come from result files, and say so when one is missing.
+
+The full table goes to docs/benchmarks.md, a headline of its rows and the GPU summary to
+README.md, every compiled GPU program to docs/gpu_compile.md; all or nothing, and the
+committed files hold what the committed results render to."""
 
 import json
 import sys
@@ -318,15 +322,94 @@ def test_gpu_compile_table(tmp_path, monkeypatch):
     assert any("1 program(s) failed" in r for r in summary)
 
 
-def test_readme_tables_are_written_all_or_nothing(tmp_path, monkeypatch, capsys):
-    """README.md has its markers, docs/gpu_compile.md lacks its: neither file is written."""
+def _marked(*pairs) -> str:
+    return "".join(f"{begin}\nold\n{end}\n" for begin, end in pairs)
+
+
+def _docs_tree(tmp_path, gpu_compile: str) -> dict:
+    """README.md and the generated docs pages under tmp_path; their texts."""
+    (tmp_path / "docs").mkdir()
+    files = {
+        "README.md": "# intro\n"
+        + _marked((report.HEADLINE_BEGIN, report.HEADLINE_END), (report.GPU_BEGIN, report.GPU_END)),
+        "docs/benchmarks.md": "# Benchmarks\n" + _marked((report.BEGIN, report.END)),
+        "docs/gpu.md": "# GPU\n" + _marked((report.GPU_BEGIN, report.GPU_END)),
+        "docs/gpu_compile.md": gpu_compile,
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return files
+
+
+def test_tables_are_written_all_or_nothing(tmp_path, monkeypatch, capsys):
+    """Every file has its markers but docs/gpu_compile.md, the last one: no file is written."""
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     monkeypatch.setattr(report, "ROOT", tmp_path)
-    readme = f"{report.BEGIN}\nold\n{report.END}\n{report.GPU_BEGIN}\nold\n{report.GPU_END}\n"
-    (tmp_path / "README.md").write_text(readme)
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "gpu_compile.md").write_text("# no markers\n")
-    monkeypatch.setattr(sys, "argv", ["report.py", "--readme"])
+    files = _docs_tree(tmp_path, "# no markers\n")
+    monkeypatch.setattr(sys, "argv", ["report.py", "--write"])
     assert report.main() == 2
-    assert "gpu_compile.md lacks the markers" in capsys.readouterr().err
-    assert (tmp_path / "README.md").read_text() == readme
+    assert "docs/gpu_compile.md lacks the markers" in capsys.readouterr().err
+    for name, text in files.items():
+        assert (tmp_path / name).read_text() == text, name
+
+
+def test_each_table_goes_to_its_file(tmp_path, monkeypatch):
+    """The full table to docs/benchmarks.md, the headline and the GPU summary to the README
+    (--readme, the old flag, still works)."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    _docs_tree(tmp_path, "# GPU\n" + _marked((report.GPU_BEGIN, report.GPU_END)))
+    monkeypatch.setattr(sys, "argv", ["report.py", "--readme"])
+    assert report.main() == 0
+    readme = (tmp_path / "README.md").read_text()
+    bench = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert readme.startswith("# intro\n") and "old" not in readme
+    assert "| measured | ours | peer | ratio | machine |" in readme
+    assert "forward: not measured yet" in bench and "forward: not measured" not in readme
+    assert "vs_trl: not measured yet | - | - | - | - |" in readme
+    assert readme.count("not compiled yet") == 1  # the GPU summary
+    assert "not compiled yet" in (tmp_path / "docs" / "gpu.md").read_text()
+    assert "not compiled yet" in (tmp_path / "docs" / "gpu_compile.md").read_text()
+
+
+def test_headline_rows_are_rows_of_the_full_table(tmp_path, monkeypatch):
+    """The README's headline renders with the full table's own functions: each of its rows
+    (but the decode ranges) is a row of docs/benchmarks.md less the command column."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    demo = {
+        "date": "2026-11-26T08:00:00",
+        "passed": True,
+        "rows": [{"gain": 0.5, "process_wall_s": 60.0}, {"gain": 0.6, "process_wall_s": 70.0}],
+    }
+    (tmp_path / "demo_seeds.json").write_text(json.dumps(demo))
+    row = dict(batch=1, temperature=0.0, ours_tok_s=40.0, hf_tok_s=20.0, ratio=2.0, goal=2.5)
+    decode = {
+        "config": {"prompt_len": 64, "new_tokens": 256},
+        "rows": [
+            {**row, "dtype": "float32"},
+            {**row, "dtype": "float32", "batch": 64, "ours_tok_s": 300.0, "ratio": 2.6},
+        ],
+    }
+    (tmp_path / "decode_real.json").write_text(json.dumps(decode))
+    full, head = report.table(), report.headline()
+    demo_row = next(r for r in head.splitlines() if r.startswith("| demo learns"))
+    assert demo_row.rsplit(" | ", 1)[0] in full
+    assert (
+        "| SmolLM2-135M decode float32, batch 1/64, greedy and temperature 1, 64 + 256 tokens: "
+        "tokens/s | 40-300 | 20-20 | 2.00-2.60x (goal 2.5x: met in 1 of 2) |"
+    ) in head
+    assert "bfloat16" not in head  # no bf16 rows measured: no row, no number
+
+
+def test_committed_tables_match_the_results():
+    """README.md and the docs pages hold what bench/results renders to: after a new result,
+    `python bench/report.py --write` brings them up to date."""
+    for path, blocks in report.targets():
+        content = path.read_text()
+        for begin, end, body in blocks:
+            assert begin in content and end in content, (path.name, begin)
+            committed = content.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+            assert committed == body, (
+                f"{path.relative_to(ROOT)}: the table between {begin} and {end} is not what "
+                "bench/results renders to; run `python bench/report.py --write`"
+            )
