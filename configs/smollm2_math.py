@@ -12,7 +12,7 @@ numbers, the level a 135M model sometimes gets right), with the paper's chat pro
 example as an earlier chat turn, rewarded by math-verify on the last \\boxed{} plus a small
 format bonus (`success_and_format`).
 
-Sizes for 2 cores and 24 GB (README "A real model" has the measured figures): 16 sequences a
+Sizes for 2 cores and 24 GB (docs/real_model.md has the measured figures): 16 sequences a
 step (4 prompts x 4 attempts), prompts <= 144 tokens and <= 144 new ones (288-token context),
 per-layer remat in the train step, a group's attempts sharing one prompt copy in rows of 448
 tokens with empty rows skipped, one decode compile (the attention window covers the whole

@@ -91,7 +91,7 @@ def demo_config() -> ml_collections.ConfigDict:
     c.sampler.max_prefill_rows = 16
     c.sampler.kv_policy = "keep"  # "keep" (the paper) | "recompute"
     c.sampler.attention = "auto"  # "auto": Triton paged kernel on GPU, "staged" on CPU |
-    # "paged" | "staged" | "gather" (README: paged attention)
+    # "paged" | "staged" | "gather" (docs/gpu.md#decode-attention-strategies)
 
     c.reward = ml_collections.ConfigDict()
     c.reward.fn = "task"

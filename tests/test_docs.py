@@ -119,6 +119,7 @@ def test_pages_with_code_are_the_ones_expected():
 def test_api_page_has_an_example_per_seam():
     code = "\n".join(runnable_blocks(DOCS / "api.md"))
     for call in (
+        "models.tiny",
         "decoder.jit_forward",
         "engine.state_from_prompts",
         "engine.decode_chunk",

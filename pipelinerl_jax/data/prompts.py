@@ -9,7 +9,7 @@ task models (whose tokenizer has no roles).
 Few-shot examples (`few_shot`: (question, answer) pairs) go before the question: as earlier
 user / assistant turns in `chat`, as "question, newline, answer, blank line" blocks in
 `plain`. A small instruct model follows a shown answer format far more often than a described
-one (README: a real model).
+one (docs/real_model.md).
 
 The tokenizer is anything with `apply_chat_template(messages, add_generation_prompt=True,
 tokenize=False)`: a Hugging Face tokenizer, models/tokenizer.py, or tasks.CharTokenizer.

@@ -14,6 +14,19 @@
 - gguf_io.py    llama.cpp GGUF files -> a Hugging Face directory
 - tokenizer.py  fast tokenizer and chat template, as transformers renders them
 - real_model.py fetches SmolLM2-135M-Instruct from its registry package
+- config_json.py  ModelConfig <-> a Hugging Face config.json, in each family's dialect
+- param_counts.py parameter counts from a family's table
+- tiny_model.py `models.tiny(...)`: a small random model for examples and tests
 
 Adding a family: docs/model_families.md.
 """
+
+
+def __getattr__(name):
+    if name in ("tiny", "tiny_config"):
+        # Deferred on purpose: `import pipelinerl_jax.models.config` runs this file, and the
+        # light modules of the package must not pull in the decoder (flax) through it.
+        import importlib
+
+        return getattr(importlib.import_module("pipelinerl_jax.models.tiny_model"), name)
+    raise AttributeError(f"module 'pipelinerl_jax.models' has no attribute {name!r}")

@@ -37,9 +37,9 @@ class ModelSpec:
     param_dtype: str = "float32"  # "float32" | "bfloat16": params, optimizer updates
     compute_dtype: str = "float32"  # "float32" | "bfloat16": activations (logits stay f32)
     remat: bool = False  # recompute each layer in the backward pass: activation
-    #   memory of one layer instead of all (README: memory)
+    #   memory of one layer instead of all (docs/real_model.md#memory)
     remat_policy: str = "attention"  # with remat, what each layer keeps: "attention" (least
-    #   memory) or "matmuls" (no matmul recomputed: faster, more memory; README: memory)
+    #   memory) or "matmuls" (no matmul recomputed: faster, more memory; docs/real_model.md#memory)
     init: tuple = ()  # a dict of ModelConfig fields: a fresh, random model
 
 
