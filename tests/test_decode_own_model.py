@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelinerl_jax.sampler import engine
+from pipelinerl_jax.sampler import steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ def test_own_flax_model_decodes_over_the_paged_cache(attention):
 
     rng = np.random.default_rng(3)
     prompts = [list(rng.integers(0, sizes.vocab_size, n)) for n in (5, 9, 2)]
-    ecfg = engine.EngineConfig(
+    ecfg = steps.EngineConfig(
         num_slots=4,
         page_size=4,
         num_pages=24,
@@ -106,31 +106,33 @@ def test_own_flax_model_decodes_over_the_paged_cache(attention):
         max_stop_tokens=2,
         attention=attention,
     )
-    steps = 8
-    state = engine.state_from_prompts(
+    n_steps = 8
+    state = steps.state_from_prompts(
         params,
         prompts,
         cfg=sizes,
         ecfg=ecfg,
-        chunk_steps=steps,
-        max_new_tokens=steps,
+        chunk_steps=n_steps,
+        max_new_tokens=n_steps,
         apply=apply,
     )
     decode = jax.jit(
-        functools.partial(engine.decode_chunk, cfg=sizes, ecfg=ecfg, k=steps, window=6, apply=apply)
+        functools.partial(
+            steps.decode_chunk, cfg=sizes, ecfg=ecfg, k=n_steps, window=6, apply=apply
+        )
     )
     state = decode(params, state, 3)
     tokens, logprobs = np.asarray(state.out_tokens), np.asarray(state.out_logprobs)
-    assert np.asarray(state.out_versions)[: len(prompts)].tolist() == [[3] * steps] * 3
+    assert np.asarray(state.out_versions)[: len(prompts)].tolist() == [[3] * n_steps] * 3
     for b, prompt in enumerate(prompts):
-        want, want_lp = _greedy_by_recompute(model, prompt, steps)
+        want, want_lp = _greedy_by_recompute(model, prompt, n_steps)
         assert tokens[b].tolist() == want, (b, attention)
         np.testing.assert_allclose(logprobs[b], want_lp, rtol=1e-4, atol=1e-5)
 
 
 def test_own_model_with_tensor_parallel_axes_is_refused():
     with pytest.raises(ValueError, match="tensor parallelism needs the built-in families"):
-        engine.decode_chunk(
+        steps.decode_chunk(
             {},
             None,
             0,
@@ -138,6 +140,6 @@ def test_own_model_with_tensor_parallel_axes_is_refused():
             ecfg=None,
             k=1,
             window=1,
-            axes=engine.MeshAxes(tp="tp"),
+            axes=steps.MeshAxes(tp="tp"),
             apply=lambda *a: a,
         )

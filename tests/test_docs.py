@@ -121,8 +121,8 @@ def test_api_page_has_an_example_per_seam():
     for call in (
         "models.tiny",
         "decoder.jit_forward",
-        "engine.state_from_prompts",
-        "engine.decode_chunk",
+        "steps.state_from_prompts",
+        "steps.decode_chunk",
         "register_objective",
         "loss_fn=",
         "optimizer=",

@@ -321,7 +321,7 @@ def test_bad_requests_become_error_samples(models):
 
 
 def test_window_buckets():
-    from pipelinerl_jax.sampler.engine import pick_window, window_buckets
+    from pipelinerl_jax.sampler.steps import pick_window, window_buckets
 
     assert window_buckets(20) == (1, 2, 3, 4, 6, 8, 12, 16, 20)
     assert window_buckets(3) == (1, 2, 3)

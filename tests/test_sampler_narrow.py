@@ -11,8 +11,8 @@ import pytest
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler.config import SamplerConfig
-from pipelinerl_jax.sampler.engine import prepare_params
 from pipelinerl_jax.sampler.sampler import PagedSampler
+from pipelinerl_jax.sampler.steps import prepare_params
 from tests.tiny_models import model_config
 
 

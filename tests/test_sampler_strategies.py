@@ -1,4 +1,4 @@
-"""The decode attention strategies (sampler/strategies.py) and the free engine functions.
+"""The decode attention strategies (sampler/strategies.py) and the free device steps (sampler/steps.py).
 
 * every strategy ("staged", "paged", "gather") decodes the same tokens and logprobs over
   several chunks from the same `state_from_prompts` state (fresh random params and prompts,
@@ -20,8 +20,8 @@ import pytest
 
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import attend as attn
-from pipelinerl_jax.sampler import engine, strategies
-from pipelinerl_jax.sampler.engine import EngineConfig
+from pipelinerl_jax.sampler import engine, steps, strategies
+from pipelinerl_jax.sampler.steps import EngineConfig
 from tests.tiny_models import model_config
 
 CFG = model_config(vocab_size=96)
@@ -32,14 +32,14 @@ PROMPT_LENGTHS = (3, 11, 17, 1)  # 17: over two pages; 1: nothing to prefill
 NAMES = ("staged", "paged", "gather")
 
 decode_jit = jax.jit(
-    engine.decode_chunk,
+    steps.decode_chunk,
     static_argnames=("cfg", "ecfg", "k", "window", "axes"),
     donate_argnames=("state",),
 )
 
 
 prefill_jit = jax.jit(
-    engine.prefill, static_argnames=("cfg", "ecfg", "window"), donate_argnames=("state",)
+    steps.prefill, static_argnames=("cfg", "ecfg", "window"), donate_argnames=("state",)
 )
 
 
@@ -72,8 +72,8 @@ def prompts():
 def _decode(model_params, prompts, attention, cache_dtype="float32", temperature=0.0):
     """CHUNKS chunks of STEPS steps with the free functions; host copies of the outputs."""
     ecfg = _ecfg(attention, cache_dtype)
-    params = engine.prepare_params(model_params, cfg=CFG, ecfg=ecfg)
-    state = engine.state_from_prompts(
+    params = steps.prepare_params(model_params, cfg=CFG, ecfg=ecfg)
+    state = steps.state_from_prompts(
         params,
         prompts,
         cfg=CFG,
@@ -103,7 +103,7 @@ def test_pick_resolves_auto_and_names_layouts():
     assert layouts == {"staged": "feature_major", "paged": "token_major", "gather": "feature_major"}
     assert strategies.pick("paged").scatter is attn.plain_set
     assert strategies.pick("staged").scatter is attn.set_at
-    assert engine.ATTENTION_IMPLS == ("auto", "staged", "paged", "gather")
+    assert steps.ATTENTION_IMPLS == ("auto", "staged", "paged", "gather")
     with pytest.raises(ValueError, match="attention='flash'"):
         strategies.pick("flash")
 
@@ -142,11 +142,11 @@ def test_free_decode_chunk_under_jit_matches_the_engine(model, prompts):
     ecfg = _ecfg("auto")
     eng = engine.get_engine(graphdef, ecfg)
     assert eng.attention == strategies.resolve("auto") and eng.strategy.layout == "feature_major"
-    free_params = engine.prepare_params(params, cfg=CFG, ecfg=ecfg)
+    free_params = steps.prepare_params(params, cfg=CFG, ecfg=ecfg)
     engine_params = eng.prepare_params(params)
     jax.tree.map(np.testing.assert_array_equal, engine_params, free_params)
     sampled = functools.partial(
-        engine.state_from_prompts,
+        steps.state_from_prompts,
         cfg=CFG,
         ecfg=ecfg,
         chunk_steps=STEPS,
@@ -157,7 +157,7 @@ def test_free_decode_chunk_under_jit_matches_the_engine(model, prompts):
     free_state = sampled(free_params, prompts)
     engine_state = sampled(free_params, prompts)
     decode = jax.jit(
-        functools.partial(engine.decode_chunk, cfg=CFG, ecfg=ecfg, k=STEPS, window=WINDOW)
+        functools.partial(steps.decode_chunk, cfg=CFG, ecfg=ecfg, k=STEPS, window=WINDOW)
     )
     for version in range(CHUNKS):
         free_state = decode(free_params, free_state, version)
@@ -210,8 +210,8 @@ def test_state_from_prompts_decodes_like_the_full_forward(model, prompts, attent
 def test_state_from_prompts_assigns_slots_and_pages(model, prompts):
     _, params = model
     ecfg = _ecfg("staged")
-    dparams = engine.prepare_params(params, cfg=CFG, ecfg=ecfg)
-    state = engine.state_from_prompts(
+    dparams = steps.prepare_params(params, cfg=CFG, ecfg=ecfg)
+    state = steps.state_from_prompts(
         dparams, prompts[:3], cfg=CFG, ecfg=ecfg, max_new_tokens=5, stop_tokens=(1, 2)
     )
     tables = np.asarray(state.block_tables)
@@ -232,11 +232,11 @@ def test_state_from_prompts_assigns_slots_and_pages(model, prompts):
         cached = [k_pages[:, tables[b, pos // PAGE], :, pos % PAGE] for pos in range(n - 1)]
         assert all(np.abs(c).sum() > 0 for c in cached)
     with pytest.raises(ValueError, match="num_slots"):
-        engine.state_from_prompts(dparams, prompts * 2, cfg=CFG, ecfg=ecfg)
+        steps.state_from_prompts(dparams, prompts * 2, cfg=CFG, ecfg=ecfg)
     with pytest.raises(ValueError, match="a slot holds"):
-        engine.state_from_prompts(dparams, [[1] * WIDTH * PAGE], cfg=CFG, ecfg=ecfg)
+        steps.state_from_prompts(dparams, [[1] * WIDTH * PAGE], cfg=CFG, ecfg=ecfg)
     with pytest.raises(ValueError, match="num_pages"):
-        engine.state_from_prompts(dparams, [[1]] * SLOTS, cfg=CFG, ecfg=_small_pool())
+        steps.state_from_prompts(dparams, [[1]] * SLOTS, cfg=CFG, ecfg=_small_pool())
 
 
 def _small_pool():
@@ -251,8 +251,8 @@ def test_only_the_staged_strategy_carries_bit_patterns(model, prompts, attention
     strategy writes bf16 with a plain .at[].set (StableHLO, before any XLA rewrite)."""
     _, params = model
     ecfg = _ecfg(attention, "bfloat16")
-    dparams = engine.prepare_params(params, cfg=CFG, ecfg=ecfg)
-    state = engine.state_from_prompts(dparams, prompts, cfg=CFG, ecfg=ecfg, chunk_steps=2)
+    dparams = steps.prepare_params(params, cfg=CFG, ecfg=ecfg)
+    state = steps.state_from_prompts(dparams, prompts, cfg=CFG, ecfg=ecfg, chunk_steps=2)
     text = decode_jit.lower(dparams, state, 0, cfg=CFG, ecfg=ecfg, k=2, window=WINDOW).as_text()
     assert ("xui16>" in text) == bits
 
@@ -263,8 +263,8 @@ def test_no_compiled_chunk_or_prefill_copies_the_pool(model, prompts, attention)
     the whole pool per layer and step (attend.py)."""
     _, params = model
     ecfg = _ecfg(attention)
-    dparams = engine.prepare_params(params, cfg=CFG, ecfg=ecfg)
-    state = engine.state_from_prompts(dparams, prompts, cfg=CFG, ecfg=ecfg, chunk_steps=2)
+    dparams = steps.prepare_params(params, cfg=CFG, ecfg=ecfg)
+    state = steps.state_from_prompts(dparams, prompts, cfg=CFG, ecfg=ecfg, chunk_steps=2)
     rows = (np.ones((SLOTS, PAGE), np.int32), np.zeros((SLOTS, PAGE), np.int32))
     compiled = [
         decode_jit.lower(dparams, state, 0, cfg=CFG, ecfg=ecfg, k=2, window=WINDOW),

@@ -28,6 +28,7 @@ from pipelinerl_jax.plan.utilisation import PlanError
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig
 from pipelinerl_jax.sampler import engine as eng
+from pipelinerl_jax.sampler import steps
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
 from pipelinerl_jax.train import trainer as tr
 
@@ -110,7 +111,7 @@ def decode_latency(
     pages_per_slot = math.ceil(capacity / page_size)
 
     def make_chunk(batch: int):
-        ecfg = eng.EngineConfig(
+        ecfg = steps.EngineConfig(
             num_slots=batch,
             page_size=page_size,
             num_pages=batch * pages_per_slot + 1,

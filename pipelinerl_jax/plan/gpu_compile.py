@@ -5,7 +5,7 @@
 mesh over them lets `jax.jit(f).lower(abstract inputs).compile()` run here, with XLA's GPU
 compiler, so each program is checked and measured before anyone rents a GPU:
 
-  decode_chunk   the sampler's k-step decode (sampler/engine.py) with the `paged` strategy: the
+  decode_chunk   the sampler's k-step decode (sampler/steps.py) with the `paged` strategy: the
                  Triton kernel really in the program (kernels/target.py tells the dispatch and
                  jax-triton that the target is sm_90), tensor-parallel over `tp` devices;
   train_step     the Trainer's jitted step (trainer.py), FSDP x TP, f32 params, f32 or bf16
@@ -14,7 +14,7 @@ compiler, so each program is checked and measured before anyone rents a GPU:
                  narrowed to what decoding reads (bf16 layers: sampler/forward.py
                  publish_dtypes) and re-laid as the sampler's input layout (the all-gather
                  the copy needs);
-  publish_prepare the sampler-side half: engine.prepare_params, model params on the sampler
+  publish_prepare the sampler-side half: steps.prepare_params, model params on the sampler
                  mesh -> the decode layout (cast to the compute dtype, per-layer views).
                  Between them `jax.device_put` copies the params across meshes: no compiled
                  program, so its bytes are recorded for the planner.
@@ -51,6 +51,7 @@ from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.sampler import engine as eng
 from pipelinerl_jax.sampler import forward as fwd
+from pipelinerl_jax.sampler import steps
 from pipelinerl_jax.sampler.sampler import input_shardings
 from pipelinerl_jax.train.config import TrainerConfig
 from pipelinerl_jax.train.trainer import Trainer, TrainState, trainer_mesh
@@ -211,7 +212,7 @@ def sampler_engine(cfg: ModelConfig, devices, *, batch: int, context_len: int, p
     """The Engine a GPU sampler of this size builds: `paged` attention, bf16 cache and head,
     one data shard and tensor parallelism over `devices`."""
     pages_per_slot = -(-context_len // page_size)
-    ecfg = eng.EngineConfig(
+    ecfg = steps.EngineConfig(
         num_slots=batch,
         page_size=page_size,
         num_pages=batch * pages_per_slot + 1,  # every slot's full context, plus the null page
@@ -227,7 +228,7 @@ def sampler_engine(cfg: ModelConfig, devices, *, batch: int, context_len: int, p
 
 
 def _decode_params(engine):
-    prepare = functools.partial(eng.prepare_params, cfg=engine.model_cfg, ecfg=engine.ecfg)
+    prepare = functools.partial(steps.prepare_params, cfg=engine.model_cfg, ecfg=engine.ecfg)
     shapes = jax.eval_shape(prepare, decoder.abstract_init(engine.model_cfg)[1])
     return _abstract(shapes, engine.param_shardings)
 
@@ -260,7 +261,7 @@ def compile_decode_chunk(
             cfg, topology(gpu, tp), batch=batch, context_len=context_len, page_size=page_size
         )
         state = jax.eval_shape(
-            functools.partial(eng.empty_state, cfg, engine.ecfg, chunk_steps=chunk_steps)
+            functools.partial(steps.empty_state, cfg, engine.ecfg, chunk_steps=chunk_steps)
         )
         version = jax.ShapeDtypeStruct((), jnp.int32, sharding=engine.replicated)
         window = engine.ecfg.pages_per_slot

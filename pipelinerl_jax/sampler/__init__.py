@@ -4,8 +4,11 @@
 - sampler.py     PagedSampler: submit, step one chunk, collect finished samples
 - scheduler.py   continuous batching on the host (admission, preemption, retirement)
 - pages.py       the host-side page allocator and pool sizing
-- engine.py      the jittable device functions (decode_chunk, prefill, copy_pages,
-                 state_from_prompts) and the Engine that runs them under shard_map
+- config.py      SamplerConfig: one sampler's sizes and policies
+- steps.py       the jittable device steps (decode_chunk, prefill, copy_pages,
+                 state_from_prompts), free functions over SamplerState; `apply=` decodes a
+                 model of your own
+- engine.py      the Engine: those steps compiled once per shape under shard_map
 - state.py       SamplerState, the pytree a decode chunk reads and writes, and its shardings
 - forward.py     the model's block unrolled over per-layer params, in the strategy's layout
 - strategies.py  decode attention strategies (staged: CPU, paged: GPU/Triton, gather)

@@ -44,7 +44,7 @@ class SamplerConfig:
     min_window_pages: int = 1  # attention reads >= this many pages per slot; set it
     #   to max_seq_len / page_size for a single compile
     attention: str = "auto"  # decode attention: "auto" | "staged" | "paged" |
-    #   "gather" (engine.EngineConfig says which is which)
+    #   "gather" (steps.EngineConfig says which is which)
 
     def validate(self) -> None:
         """Raises a one-line ConfigError naming the first bad field (the run config calls it

@@ -1,50 +1,8 @@
-"""The sampler's device functions over SamplerState, free and jittable, and the Engine that
-compiles them once per (model, shapes, mesh).
+"""The Engine: the device steps of sampler/steps.py jitted once per (model, shapes, mesh).
 
-Free functions (cfg: the ModelConfig, ecfg: the EngineConfig; both hashable, pass them as jit
-statics or bind them with functools.partial):
-
-  prepare_params(params, *, cfg, ecfg) -> params
-      model params -> the per-layer view the engine runs on (forward.decode_params, in the
-      activation layout of the decode strategy `ecfg.attention` picks; strategies.py).
-  empty_state(cfg, ecfg, *, chunk_steps, seed) -> state
-      zeroed pool, every slot empty (state.init_state with the engine's sizes).
-  state_from_prompts(params, prompts, *, cfg, ecfg, ...) -> state
-      prompt b in slot b, its pages assigned and its K/V prefilled: ready for decode_chunk.
-  decode_chunk(params, state, version, *, cfg, ecfg, k, window, apply=None) -> state
-      k decode steps in one lax.scan. Params are an ordinary argument: any params pytree with
-      the same shapes/dtypes/shardings reuses the compiled executable, so a weight swap between
-      chunks never recompiles. `version` is a traced int32 scalar stamped on every token of
-      the chunk. Results: state.out_tokens / out_logprobs / out_versions / out_valid [B, k].
-  prefill(params, state, tokens, positions, block_tables, *, cfg, ecfg, window) -> state
-      writes K/V of one chunk of prompt tokens per row into the rows' pages (no logits: the
-      first new token is sampled by the decode step that consumes the last prompt token).
-  copy_pages(state, src, dst, *, ecfg) -> state
-      copies pages (all layers): a group's attempts each get a private copy of the prompt's
-      partially filled last page.
-
-`apply=` (decode_chunk, prefill, state_from_prompts) decodes a model of your own over the same
-paged cache: see ModelApply below.
-
-    params = prepare_params(model_params, cfg=cfg, ecfg=ecfg)
-    state = state_from_prompts(params, prompts, cfg=cfg, ecfg=ecfg, chunk_steps=8)
-    decode = jax.jit(functools.partial(decode_chunk, cfg=cfg, ecfg=ecfg, k=8, window=4))
-    state = decode(params, state, 0)          # state.out_tokens: [B, 8]
-
-Conventions of a decodable state (state.py documents each field): slot b's sequence has
-`lengths[b]` tokens, K/V cached in its pages for positions < lengths - 1, and `last_token[b]`
-(the token at lengths - 1) is the next step's input; `block_tables[b, m]` is the page holding
-positions [m * S, (m + 1) * S), 0 (the null page) where none; it decodes while `active[b]`
-until `lengths` reaches `limit` or it samples one of `stop_tokens[b]`.
-
-`window` (static) is how many leading block-table pages attention reads per row; the host
-picks it from a small set of buckets (`pick_window`) so reads scale with the longest live
-sequence, not with max_seq_len, at a handful of compiles. It must cover every active row's
-pages after the chunk.
-
-Engine: the same functions, jitted with the state donated, under `shard_map` over the sampler
+The steps are jitted with the state donated, under `shard_map` over the sampler
 mesh (a 1-device mesh by default, so there is one code path). Data parallelism: slots and the
-pool's pages are split in D equal ranges over the data axis; block tables hold global page
+pool's pages are split in equal ranges over the devices of the data axis; block tables hold global page
 ids and a slot only ever owns pages of its own shard, so inside the shard each device converts
 ids to local ones (`MeshAxes.data`) and touches only its own pages. Tensor parallelism: when
 the mesh also has a `tp` axis, params are split Megatron-style over it
@@ -54,438 +12,31 @@ kernel included) then runs on each device's own heads with no communication; slo
 replicated over tp, and every device of a tp group samples the same token (same logits, same
 per-token uniforms).
 
-Dimension letters (pipelinerl_jax/__init__.py):
-B slots, R prefill rows, T prefill tokens, C chunk steps, V vocabulary,
-L layers, M pages per slot, W window pages, P pages, S page size, X stop tokens.
+Dimension letters (pipelinerl_jax/__init__.py): R prefill rows, T prefill tokens, N pages.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
-from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as Ps
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import forward as fwd
-from pipelinerl_jax.sampler import sampling, strategies
-from pipelinerl_jax.sampler.config import ATTENTION_IMPLS
-from pipelinerl_jax.sampler.state import SamplerState, init_state, state_shardings
-
-__all__ = [
-    "ATTENTION_IMPLS",
-    "Engine",
-    "EngineConfig",
-    "MeshAxes",
-    "ModelApply",
-    "copy_pages",
-    "decode_chunk",
-    "empty_state",
-    "get_engine",
-    "pick_window",
-    "prefill",
-    "prepare_params",
-    "state_from_prompts",
-    "window_buckets",
-]
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Static shapes of the engine (hashable)."""
-
-    num_slots: int  # B
-    page_size: int  # S
-    num_pages: int  # P per layer, including the null page
-    pages_per_slot: int  # M
-    max_stop_tokens: int  # X
-    cache_dtype: str = "float32"
-    head_dtype: str = "float32"  # the LM head's matmul operands (forward.decode_params)
-    truncated_logprobs: bool = False  # see sampling.py: default records tempered logprobs
-    attention: str = "auto"  # decode attention strategy (strategies.py): "paged" runs the
-    #   model's token-major block, writes the step's K/V with .at[].set
-    #   and calls kernels.paged_decode_attention (the Triton kernel on
-    #   NVIDIA GPUs, its jnp reference elsewhere); "staged" (the CPU
-    #   path) runs the feature-major block, writes the pool too but
-    #   reads a dense copy of the window made once per chunk
-    #   (staged.py); "gather" runs the feature-major block and merges
-    #   the new token with the gathered pages itself
-    #   (attend.decode_attend); "auto": "paged" where the Triton kernel
-    #   runs, else "staged" (faster on CPU:
-    #   docs/cpu_measurements.md#decode-attention-strategies).
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshAxes:
-    """The mesh axes a free function runs under (inside the Engine's shard_map). The default,
-    no axes, is one device: global page ids are local ones and nothing is communicated."""
-
-    data: str | None = None  # slots and pages split over it (block tables hold global ids)
-    tp: str | None = None  # params Megatron-split over it: partial outputs psum'ed per layer
-    gather_logits: bool = False  # the LM head is split by vocabulary over tp
-
-
-ONE_DEVICE = MeshAxes()
-
-
-def window_buckets(max_pages: int) -> tuple[int, ...]:
-    """1, 2, 3, 4, 6, 8, 12, 16, ... (powers of 2 and 1.5x) capped at max_pages."""
-    out, p = set(), 1
-    while p < max_pages:
-        out.update({p, p + p // 2} if p >= 2 else {p})
-        p *= 2
-    out.add(max_pages)
-    return tuple(sorted(b for b in out if b <= max_pages))
-
-
-def pick_window(needed_pages: int, max_pages: int) -> int:
-    """Smallest bucket >= needed_pages (>= 1)."""
-    needed_pages = max(1, min(needed_pages, max_pages))
-    return next(b for b in window_buckets(max_pages) if b >= needed_pages)
-
-
-# --- free functions ---------------------------------------------------------------------------
-
-
-def _strategy(ecfg: EngineConfig) -> strategies.DecodeAttention:
-    return strategies.pick(ecfg.attention, ecfg.cache_dtype)
-
-
-def _to_local(page_ids, state: SamplerState, axes: MeshAxes):
-    """Global page ids -> ids inside this device's range of the pool (its local pages)."""
-    if axes.data is None:
-        return page_ids
-    return page_ids - jax.lax.axis_index(axes.data) * state.k_pages.shape[1]
-
-
-def _reduce(axes: MeshAxes):
-    return (lambda x: jax.lax.psum(x, axes.tp)) if axes.tp else None
-
-
-# Your own model, decoded over the paged cache (decode_chunk / prefill / state_from_prompts with
-# `apply=`): apply(params, tokens_BxT, positions_BxT, attend, carry) -> (logits_BxTxV, carry).
-# Layer l (a Python int, 0..L-1) attends through the engine instead of over its own keys:
-#     out_BxTxHxD, (l, carry) = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, (l, carry))
-# with q and k already position-encoded (RoPE, if the model uses it), scaled by 1/sqrt(D)
-# inside; attend caches k and v and returns the attention output before the output
-# projection. The carry (the page pool, or the strategy's staged copies) is opaque: thread it
-# through the layers in order and return it.
-ModelApply = Callable[..., tuple[jax.Array, object]]
-
-
-def _check_apply(apply, axes: MeshAxes) -> None:
-    if apply is not None and axes.tp is not None:
-        raise ValueError(
-            "decode_chunk(apply=...): your model runs unsplit; tensor parallelism needs the "
-            "built-in families (leave apply out, or use a mesh without a tp axis)"
-        )
-
-
-def _scale(cfg) -> float:
-    return 1.0 / math.sqrt(cfg.head_dim)
-
-
-def prepare_params(params, *, cfg, ecfg: EngineConfig):
-    """Model params -> the engine's view of them (forward.decode_params in the decode
-    strategy's layout); run it once per params version, off the chunk boundary."""
-    return fwd.decode_params(cfg, params, layout=_strategy(ecfg).layout, head_dtype=ecfg.head_dtype)
-
-
-def decode_chunk(
-    params,
-    state: SamplerState,
-    version,
-    *,
-    cfg,
-    ecfg: EngineConfig,
-    k: int,
-    window: int,
-    axes: MeshAxes = ONE_DEVICE,
-    apply: ModelApply | None = None,
-) -> SamplerState:
-    """k decode steps of every active slot (see the module docstring); params from
-    `prepare_params` (or your model's own, with `apply`), state e.g. from
-    `state_from_prompts`. Jittable with cfg, ecfg, k, window, axes and apply static; donate
-    the state to update the pool in place."""
-    _check_apply(apply, axes)
-    strategy = _strategy(ecfg)
-    block_tables_BxM = _to_local(state.block_tables, state, axes)
-    carry = strategy.init_carry(state, block_tables_BxM, window)
-    # The strategy's carry owns the pool while the chunk runs: carried once, not twice.
-    slots = state.replace(k_pages=None, v_pages=None)
-    step = functools.partial(
-        _decode_step,
-        params,
-        block_tables_BxM,
-        cfg=cfg,
-        ecfg=ecfg,
-        strategy=strategy,
-        window=window,
-        axes=axes,
-        apply=apply,
-    )
-    (slots, carry), (tokens_CxB, logprobs_CxB, valid_CxB) = jax.lax.scan(
-        step, (slots, carry), None, length=k
-    )
-    state = strategy.finish(slots, carry)
-    version = jnp.asarray(version, jnp.int32)
-    return state.replace(
-        out_tokens=tokens_CxB.T,
-        out_logprobs=logprobs_CxB.T,
-        out_valid=valid_CxB.T,
-        out_versions=jnp.where(valid_CxB.T, version, -1),
-    )
-
-
-def _decode_step(params, block_tables_BxM, loop, _, *, cfg, ecfg, strategy, window, axes, apply):
-    """One token per slot: forward with the strategy's attend, sample, advance the slots."""
-    slots, carry = loop
-    positions_B = slots.lengths - 1
-    active_B = slots.active
-    attend = strategy.attend(block_tables_BxM, positions_B, active_B, window, _scale(cfg))
-    if apply is not None:
-        logits_Bx1xV, carry = apply(
-            params, slots.last_token[:, None], positions_B[:, None], attend, carry
-        )
-        logits_VxB = logits_Bx1xV[:, 0].T.astype(jnp.float32)
-    else:
-        hidden_Bx1xE, carry = fwd.forward_hidden(
-            cfg,
-            params,
-            slots.last_token[:, None],
-            positions_B[:, None],
-            attend,
-            carry,
-            _reduce(axes),
-            layout=strategy.layout,
-        )
-        gather_axis = axes.tp if axes.gather_logits else None
-        logits_VxB = fwd.logits_vocab_major(params, hidden_Bx1xE[:, 0].T, gather_axis)
-    u_B = _uniforms(slots.rng_key, slots.seeds, slots.lengths)
-    tokens_B, logprobs_B = sampling.sample_vocab_major(
-        logits_VxB,
-        slots.temperature,
-        slots.top_k,
-        slots.top_p,
-        u_B,
-        truncated=ecfg.truncated_logprobs,
-    )
-    lengths_B = slots.lengths + active_B.astype(jnp.int32)
-    stopped_B = jnp.any(slots.stop_tokens == tokens_B[:, None], axis=-1)
-    done_B = active_B & (stopped_B | (lengths_B >= slots.limit))
-    slots = slots.replace(
-        last_token=jnp.where(active_B, tokens_B, slots.last_token),
-        lengths=lengths_B,
-        active=active_B & ~done_B,
-    )
-    return (slots, carry), (tokens_B, logprobs_B, active_B)
-
-
-def prefill(
-    params,
-    state: SamplerState,
-    tokens_RxT,
-    positions_RxT,
-    block_tables_RxM,
-    *,
-    cfg,
-    ecfg: EngineConfig,
-    window: int,
-    axes: MeshAxes = ONE_DEVICE,
-    apply: ModelApply | None = None,
-) -> SamplerState:
-    """K/V of T prompt tokens per row into the rows' pages. positions_RxT: the tokens'
-    positions, -1 for padding (at the end of a row; it writes to the null page); a row sees
-    its cached positions before the chunk start in its first `window` pages (0 for a first
-    chunk). Rows are independent of slots: block_tables_RxM names each row's pages."""
-    _check_apply(apply, axes)
-    strategy = _strategy(ecfg)
-    block_tables_RxM = _to_local(block_tables_RxM, state, axes)
-    attend = attn.prefill_attend(
-        block_tables_RxM, window, positions_RxT, scale=_scale(cfg), scatter=strategy.scatter
-    )
-    pool = (state.k_pages, state.v_pages)
-    if apply is not None:
-        _, (k_pages, v_pages) = apply(
-            params, tokens_RxT, jnp.maximum(positions_RxT, 0), attend, pool
-        )
-        return state.replace(k_pages=k_pages, v_pages=v_pages)
-    _, (k_pages, v_pages) = fwd.forward_hidden(
-        cfg,
-        params,
-        tokens_RxT,
-        jnp.maximum(positions_RxT, 0),
-        attend,
-        pool,
-        _reduce(axes),
-        layout=strategy.layout,
-    )
-    return state.replace(k_pages=k_pages, v_pages=v_pages)
-
-
-def copy_pages(
-    state: SamplerState, src_N, dst_N, *, ecfg: EngineConfig, axes: MeshAxes = ONE_DEVICE
-) -> SamplerState:
-    """Page src_N[i] -> dst_N[i], all layers (global ids; null -> null pads)."""
-    scatter = _strategy(ecfg).scatter
-    src_N, dst_N = _to_local(src_N, state, axes), _to_local(dst_N, state, axes)
-    dst = (slice(None), dst_N)
-    return state.replace(
-        k_pages=scatter(state.k_pages, dst, state.k_pages[:, src_N]),
-        v_pages=scatter(state.v_pages, dst, state.v_pages[:, src_N]),
-    )
-
-
-def empty_state(
-    cfg, ecfg: EngineConfig, *, chunk_steps: int, seed: int = 0, shardings=None
-) -> SamplerState:
-    """A fresh state of the engine's sizes: zeroed pool, every slot empty."""
-    return init_state(
-        num_layers=cfg.num_layers,
-        num_pages=ecfg.num_pages,
-        page_size=ecfg.page_size,
-        num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        cache_dtype=ecfg.cache_dtype,
-        num_slots=ecfg.num_slots,
-        pages_per_slot=ecfg.pages_per_slot,
-        max_stop_tokens=ecfg.max_stop_tokens,
-        chunk_steps=chunk_steps,
-        seed=seed,
-        shardings=shardings,
-    )
-
-
-_prefill_jit = jax.jit(
+from pipelinerl_jax.sampler.state import SamplerState, state_shardings
+from pipelinerl_jax.sampler.steps import (
+    EngineConfig,
+    MeshAxes,
+    copy_pages,
+    decode_chunk,
     prefill,
-    static_argnames=("cfg", "ecfg", "window", "axes", "apply"),
-    donate_argnames=("state",),
+    prepare_params,
+    scale_of,
+    strategy_of,
 )
-
-
-def state_from_prompts(
-    params,
-    prompts,
-    *,
-    cfg,
-    ecfg: EngineConfig,
-    chunk_steps: int = 16,
-    max_new_tokens: int | None = None,
-    temperature=0.0,
-    top_k=0,
-    top_p=1.0,
-    stop_tokens=(),
-    seed: int = 0,
-    seeds=None,
-    apply: ModelApply | None = None,
-) -> SamplerState:
-    """A state ready for `decode_chunk` (one device): prompt b in slot b, prefilled.
-
-    params: from `prepare_params`, or your model's own with `apply` (then cfg needs only
-    num_layers, num_kv_heads, head_dim and vocab_size). Slot b (b < len(prompts)) gets the next free pages after
-    the null page, as many as its K/V needs up to `limit = min(len(prompt) + max_new_tokens,
-    pages_per_slot * page_size)` (all its pages without max_new_tokens); its block table
-    names them, 0 after. The K/V of every prompt token but the last is prefilled in one call;
-    `last_token` is the prompt's last token and `lengths` its length, so the first decode step
-    consumes it and samples the first new token. Slots past the prompts stay empty (inactive).
-    temperature / top_k / top_p / seeds: scalars or one value per prompt (0 / 0 / 1 = greedy,
-    no top-k, no top-p; seeds default to the slot index); stop_tokens: ids every prompt stops
-    at (at most max_stop_tokens). chunk_steps sizes the out_* fields: decoding with another k
-    works but compiles once more. Raises ValueError when the prompts do not fit.
-    """
-    num_slots, page_size, width = ecfg.num_slots, ecfg.page_size, ecfg.pages_per_slot
-    prompts = [[int(t) for t in p] for p in prompts]
-    n = len(prompts)
-    if not 0 < n <= num_slots:
-        raise ValueError(f"{n} prompts for num_slots={num_slots}: give 1 to {num_slots}")
-    if len(stop_tokens) > ecfg.max_stop_tokens:
-        raise ValueError(f"{len(stop_tokens)} stop tokens > max_stop_tokens")
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
-    capacity = width * page_size  # positions a slot's block table can name
-    tables_BxM = np.zeros((num_slots, width), np.int32)
-    limit_B = np.ones(num_slots, np.int32)
-    next_page = 1  # page 0 is the null page
-    for b, prompt in enumerate(prompts):
-        if not 0 < len(prompt) < capacity:
-            raise ValueError(f"prompt {b}: {len(prompt)} tokens; a slot holds 1 to {capacity - 1}")
-        if not all(0 <= t < cfg.vocab_size for t in prompt):
-            raise ValueError(f"prompt {b}: a token id outside [0, {cfg.vocab_size})")
-        extra = capacity if max_new_tokens is None else max_new_tokens
-        limit_B[b] = min(len(prompt) + extra, capacity)
-        # K/V are written for positions < limit - 1 (the last sampled token is never fed).
-        pages = -(-(int(limit_B[b]) - 1) // page_size)
-        if next_page + pages > ecfg.num_pages:
-            raise ValueError(
-                f"prompts need more than num_pages={ecfg.num_pages} pages: raise it or "
-                "lower max_new_tokens"
-            )
-        tables_BxM[b, :pages] = np.arange(next_page, next_page + pages)
-        next_page += pages
-
-    def per_prompt(value, dtype, fill):
-        out = np.full(num_slots, fill, dtype)
-        out[:n] = np.broadcast_to(np.asarray(value, dtype), (n,))
-        return out
-
-    stops_X = np.full(ecfg.max_stop_tokens, -1, np.int32)
-    stops_X[: len(stop_tokens)] = stop_tokens
-    slots = dict(
-        block_tables=tables_BxM,
-        last_token=per_prompt([p[-1] for p in prompts], np.int32, 0),
-        lengths=per_prompt([len(p) for p in prompts], np.int32, 1),
-        limit=limit_B,
-        active=np.arange(num_slots) < n,
-        temperature=per_prompt(temperature, np.float32, 0.0),
-        top_k=per_prompt(top_k, np.int32, 0),
-        top_p=per_prompt(top_p, np.float32, 1.0),
-        stop_tokens=np.broadcast_to(stops_X, (num_slots, ecfg.max_stop_tokens)),
-        seeds=per_prompt(np.arange(n) if seeds is None else seeds, np.uint32, 0),
-    )
-    state = empty_state(cfg, ecfg, chunk_steps=chunk_steps, seed=seed)
-    state = state.replace(**{name: jnp.asarray(value) for name, value in slots.items()})
-    longest = max(len(p) for p in prompts) - 1  # the last token is fed by the first decode step
-    if longest == 0:
-        return state
-    tokens = 1 << (longest - 1).bit_length()  # a power of two: fewer compiled shapes
-    tokens_RxT = np.zeros((num_slots, tokens), np.int32)
-    positions_RxT = np.full((num_slots, tokens), -1, np.int32)
-    for b, prompt in enumerate(prompts):
-        tokens_RxT[b, : len(prompt) - 1] = prompt[:-1]
-        positions_RxT[b, : len(prompt) - 1] = np.arange(len(prompt) - 1)
-    return _prefill_jit(
-        params,
-        state,
-        jnp.asarray(tokens_RxT),
-        jnp.asarray(positions_RxT),
-        jnp.asarray(tables_BxM),
-        cfg=cfg,
-        ecfg=ecfg,
-        window=0,
-        apply=apply,
-    )
-
-
-def _uniforms(rng_key, seeds_B, positions_B):
-    """One uniform per row keyed by (base key, sequence seed, position of the drawn token)."""
-    base = jax.random.wrap_key_data(rng_key)
-
-    def one(seed, pos):
-        key = jax.random.fold_in(jax.random.fold_in(base, seed), pos)
-        return jax.random.uniform(key, (), jnp.float32)
-
-    return jax.vmap(one)(seeds_B, positions_B)
-
-
-# --- Engine -----------------------------------------------------------------------------------
 
 _ENGINES: dict = {}
 
@@ -524,8 +75,8 @@ class Engine:
         self.graphdef = graphdef
         self.model_cfg = cfg = decoder.config_of(graphdef)
         self.ecfg = ecfg
-        self.scale = _scale(cfg)
-        self.strategy = _strategy(ecfg)  # raises ValueError naming a bad attention option
+        self.scale = scale_of(cfg)
+        self.strategy = strategy_of(ecfg)  # raises ValueError naming a bad attention option
         self.attention = self.strategy.name
         if mesh is None:
             mesh = sharding.make_mesh((1,), (data_axis,), jax.local_devices()[:1])
@@ -587,7 +138,7 @@ class Engine:
         )
 
     def _copy_pages(self, state: SamplerState, src_N, dst_N):
-        """src/dst: global ids, [D * n] split over the data axis (pad with null -> null)."""
+        """src/dst: global ids, [shards * n] split over the data axis (pad with null -> null)."""
         per_shard = Ps(self.data_axis)
         body = functools.partial(copy_pages, ecfg=self.ecfg, axes=self.axes)
         return self._shard_map(body, (self.specs, per_shard, per_shard), self.specs)(

@@ -42,10 +42,11 @@ from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.config import SamplerConfig
-from pipelinerl_jax.sampler.engine import EngineConfig, get_engine, pick_window
+from pipelinerl_jax.sampler.engine import get_engine
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
 from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
+from pipelinerl_jax.sampler.steps import EngineConfig, pick_window
 
 
 def _mix32(*values: int) -> int:

@@ -5,7 +5,7 @@ uploads them between chunks when it admits, retires or preempts. The device owns
 and advances lengths / last tokens / active flags inside a chunk. The whole state is donated
 to every jitted engine call, so the page pool is updated in place. Inside a decode chunk's
 scan the pool lives in the attention strategy's carry and k_pages / v_pages are None
-(strategies.py). Without a scheduler, `engine.state_from_prompts` builds a decodable state.
+(strategies.py). Without a scheduler, `steps.state_from_prompts` builds a decodable state.
 
 Dimension letters (pipelinerl_jax/__init__.py):
 B slots, M pages per slot (block-table width), L layers, P pages in the

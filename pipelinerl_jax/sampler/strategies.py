@@ -1,6 +1,6 @@
 """Decode attention strategies: one small object per way a decode step reads and writes the pool.
 
-`engine.decode_chunk` runs its k steps in one `lax.scan` and never asks which strategy it has:
+`steps.decode_chunk` runs its k steps in one `lax.scan` and never asks which strategy it has:
 
     carry = strategy.init_carry(state, block_tables_BxM, window)    # once per chunk
     each step:
