@@ -37,6 +37,9 @@ Dimension letters, one meaning across the project. Arrays carry their shape in t
   C  chunks: steps of a decode chunk, or pieces a long axis is cut into (Vc, Nc: their sizes)
   A  micro-batches (gradient accumulation steps)
 
+An `x` with no letter on one side stands for any leading or trailing axes: `hidden_xE` is
+[..., E], `x_Cx` is [C, ...]. A name with no letters is a scalar or says its shape beside it.
+
 plan/ keeps the paper's own notation for its throughput model (listed in plan/model.py).
 """
 

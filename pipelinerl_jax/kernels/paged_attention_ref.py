@@ -18,7 +18,7 @@ Dimension letters (pipelinerl_jax/__init__.py):
   B batch (sequences)       T query tokens per sequence (prefill chunk)
   H query heads = K * G      K kv heads        G query heads per kv head (GQA group)
   D head dim                 P pages in pool   S tokens per page (page size)
-  M pages per sequence (block-table width)     C pages per decode block   L = M * S positions
+  M pages per sequence (block-table width)     C pages per decode block (M * S positions)
 
 Garbage safety: block-table entries past a sequence's pages and cache slots past its length may
 hold anything, NaN included. Masked scores are replaced (not multiplied) and masked V rows are

@@ -1,6 +1,6 @@
 """The decoder block, written once, and the two activation layouts it runs in.
 
-`decoder_block` is the pre-norm block of every family (families.py supplies its norm and MLP
+`decoder_block` is the pre-norm block of every family (a family.Family supplies its norm and MLP
 activation). How its matmuls are laid out is a `Layout`, chosen by the caller:
 
 - `TOKEN_MAJOR`: activations [B, T, E], weights as stored (input-major, `x @ w`). The model's

@@ -6,7 +6,7 @@ params (decoder.py: shapes and init), checkpoint I/O (hf_io.py, gguf_io.py: HF n
 leading dims are inputs) and every sharding, the trainer's and the sampler's tensor-parallel
 split alike (logical axes through `pipelinerl_jax.sharding.RULES`).
 
-A family (families.py) may add or drop rows; `decoder_params` is the Llama-style table that
+A family (family.py, registered in registry.py) may add or drop rows; `decoder_params` is the Llama-style table that
 Llama, Qwen2/3, Mistral and Gemma all share (they differ in the math, not the names).
 
 Logical axes name every dimension of the stored array; per-layer params start with "layers"

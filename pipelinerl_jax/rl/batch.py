@@ -54,7 +54,7 @@ class ScoredSample:
 
 @flax.struct.dataclass
 class TrainBatch:
-    """One optimizer step's data. Token fields [R, T]; sequence fields [S] (padded, masked)."""
+    """One optimizer step's data. Token fields [R, T]; sequence fields [B] (padded, masked)."""
 
     tokens: jax.Array  # [R, T] int32 input ids (0 in padding)
     positions: jax.Array  # [R, T] int32 position within the sample
@@ -67,12 +67,12 @@ class TrainBatch:
     versions: jax.Array  # [R, T] int32 policy version that sampled targets (0 off mask)
     advantages: jax.Array  # [R, T] f32 the sample's advantage on its completion tokens
     token_weights: jax.Array  # [R, T] f32 aggregation weight: loss = sum w * loss_t
-    sequence_index: jax.Array  # [R, T] int32 index into the S axis; S for padding/prompts
-    rewards: jax.Array  # [S] f32
-    sequence_advantages: jax.Array  # [S] f32
-    group_ids: jax.Array  # [S] int32 (-1 for padding)
-    completion_lengths: jax.Array  # [S] int32
-    sequence_mask: jax.Array  # [S] f32 1 for real samples
+    sequence_index: jax.Array  # [R, T] int32 index into the B axis; B for padding/prompts
+    rewards: jax.Array  # [B] f32
+    sequence_advantages: jax.Array  # [B] f32
+    group_ids: jax.Array  # [B] int32 (-1 for padding)
+    completion_lengths: jax.Array  # [B] int32
+    sequence_mask: jax.Array  # [B] f32 1 for real samples
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -205,7 +205,7 @@ def build_batch(samples: Sequence[ScoredSample], cfg: BatchConfig) -> tuple[Trai
         cfg.weighting,
     )
 
-    R, T, S = cfg.num_rows, cfg.seq_len, cfg.max_sequences
+    R, T, B = cfg.num_rows, cfg.seq_len, cfg.max_sequences
     out = {
         name: np.zeros((R, T), np.int32)
         for name in ("tokens", "positions", "segment_ids", "targets", "versions")
@@ -213,13 +213,13 @@ def build_batch(samples: Sequence[ScoredSample], cfg: BatchConfig) -> tuple[Trai
     out["prefix_ids"] = np.full((R, T), -1, np.int32)
     for name in ("loss_mask", "behaviour_logprobs", "advantages", "token_weights"):
         out[name] = np.zeros((R, T), np.float32)
-    out["sequence_index"] = np.full((R, T), S, np.int32)
+    out["sequence_index"] = np.full((R, T), B, np.int32)
     seq = dict(
-        rewards=np.zeros(S, np.float32),
-        sequence_advantages=np.zeros(S, np.float32),
-        group_ids=np.full(S, -1, np.int32),
-        completion_lengths=np.zeros(S, np.int32),
-        sequence_mask=np.zeros(S, np.float32),
+        rewards=np.zeros(B, np.float32),
+        sequence_advantages=np.zeros(B, np.float32),
+        group_ids=np.full(B, -1, np.int32),
+        completion_lengths=np.zeros(B, np.int32),
+        sequence_mask=np.zeros(B, np.float32),
     )
     pieces = _pieces([samples[i] for i in kept], T, cfg.share_prompts)
     placement = pack_first_fit([piece.length for piece in pieces], T, R)

@@ -36,7 +36,7 @@ class BatchConfig:
 
     seq_len: int  # T: tokens per packed row
     num_rows: int  # R: rows per optimizer step (fixed so the step compiles once)
-    max_sequences: int  # S: sequence capacity of a step (= samples per step)
+    max_sequences: int  # B: sequence capacity of a step (= samples per step)
     max_sequence_len: int  # prompt + completion tokens of the longest possible sample
     advantage: str = "group_mean"  # "group_mean" | "leave_one_out"
     normalize_std: bool = False  # divide advantages by the group's reward std

@@ -12,7 +12,7 @@ kernel included) then runs on each device's own heads with no communication; slo
 replicated over tp, and every device of a tp group samples the same token (same logits, same
 per-token uniforms).
 
-Dimension letters (pipelinerl_jax/__init__.py): R prefill rows, T prefill tokens, N pages.
+Dimension letters (pipelinerl_jax/__init__.py): R prefill rows, T prefill tokens.
 """
 
 from __future__ import annotations
@@ -137,10 +137,10 @@ class Engine:
             params, state, tokens_RxT, positions_RxT, block_tables_RxM
         )
 
-    def _copy_pages(self, state: SamplerState, src_N, dst_N):
+    def _copy_pages(self, state: SamplerState, src_ids, dst_ids):
         """src/dst: global ids, [shards * n] split over the data axis (pad with null -> null)."""
         per_shard = Ps(self.data_axis)
         body = functools.partial(copy_pages, ecfg=self.ecfg, axes=self.axes)
         return self._shard_map(body, (self.specs, per_shard, per_shard), self.specs)(
-            state, src_N, dst_N
+            state, src_ids, dst_ids
         )

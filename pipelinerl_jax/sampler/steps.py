@@ -317,15 +317,15 @@ def prefill(
 
 
 def copy_pages(
-    state: SamplerState, src_N, dst_N, *, ecfg: EngineConfig, axes: MeshAxes = ONE_DEVICE
+    state: SamplerState, src_ids, dst_ids, *, ecfg: EngineConfig, axes: MeshAxes = ONE_DEVICE
 ) -> SamplerState:
-    """Page src_N[i] -> dst_N[i], all layers (global ids; null -> null pads)."""
+    """Page src_ids[i] -> dst_ids[i], all layers (global ids; null -> null pads)."""
     scatter = strategy_of(ecfg).scatter
-    src_N, dst_N = _to_local(src_N, state, axes), _to_local(dst_N, state, axes)
-    dst = (slice(None), dst_N)
+    src_ids, dst_ids = _to_local(src_ids, state, axes), _to_local(dst_ids, state, axes)
+    dst = (slice(None), dst_ids)
     return state.replace(
-        k_pages=scatter(state.k_pages, dst, state.k_pages[:, src_N]),
-        v_pages=scatter(state.v_pages, dst, state.v_pages[:, src_N]),
+        k_pages=scatter(state.k_pages, dst, state.k_pages[:, src_ids]),
+        v_pages=scatter(state.v_pages, dst, state.v_pages[:, src_ids]),
     )
 
 

@@ -107,7 +107,7 @@ def _f32(tree):
 
 
 def _micro_split(x, m: int, mesh: Mesh, batch_axis: str | None):
-    """[R, ...] -> [M, R/M, ...] with micro-batch k = rows k, k+M, ...: stays shard-local."""
+    """[R, ...] -> [A, R/A, ...] with micro-batch k = rows k, k+A, ...: stays shard-local."""
     x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
     spec = P(None, batch_axis) if batch_axis in mesh.shape else P()
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
