@@ -10,15 +10,16 @@ researcher can lift a layer and what is above it, and the application stays on t
   0 foundation  errors, cli (one-line errors, exit code 2), sharding, kernels (paged
                 attention: the Triton kernel and its jnp reference), models (families, the
                 decoder, Hugging Face and GGUF checkpoints)
-  1 parts       rewards, data (prompt streams, tasks), rl (batches, advantages, objectives,
-                losses), sampler (paged KV cache, continuous batching, decode chunks)
+  1 parts       rewards, data (prompt streams, tasks), envs (multi-turn environments and
+                tools), rl (batches, advantages, objectives, losses), sampler (paged KV
+                cache, continuous batching, decode chunks)
   2 train       train (TrainerConfig, the Trainer and its jitted step, checkpoints)
   3 run         pipeline (the run config, coordinator, admission and lag, weight
                 publication, metrics, pipeline.run), distributed (several processes)
   4 app         config_cli, config_schema, presets, evaluate, generate, export, dry_run, plan
                 (the paper's throughput model and GPU predictions); launch.py sits on top
 
-Within layer 1, rewards comes before data, and rl before sampler.
+Within layer 1, rewards comes before data, data before envs, and rl before sampler.
 
 Dimension letters, one meaning across the project. Arrays carry their shape in their names
 (`logits_BxTxV`), and each model, sampler and kernel file lists the letters it uses:

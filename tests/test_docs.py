@@ -113,7 +113,7 @@ def test_page_code_runs(name, pages_dir):
 
 def test_pages_with_code_are_the_ones_expected():
     """A page whose blocks all became `# not run:` would silently stop being tested."""
-    assert {"api.md", "data.md", "extending.md"} <= set(PAGES), PAGES
+    assert {"api.md", "data.md", "environments.md", "extending.md"} <= set(PAGES), PAGES
 
 
 def test_api_page_has_an_example_per_seam():

@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, Verdict, as_verdict, resolve_callable
@@ -67,14 +68,19 @@ def _release_forkserver() -> None:
         server._forkserver_alive_fd = None
 
 
-def _call(fn: Callable, args: tuple) -> tuple[Verdict | None, str | None]:
+def failed_verdict(status: str, detail: str) -> Verdict:
+    """What a task that timed out or failed resolves to (status "timeout" or "error")."""
+    return Verdict(status=status, detail=detail)
+
+
+def _call(fn: Callable, args: tuple, result: Callable) -> tuple[Any, str | None]:
     try:
-        return as_verdict(fn(*args)), None
+        return result(fn(*args)), None
     except BaseException as e:  # SystemExit from user code is an error too, not an exit
         return None, f"{type(e).__name__}: {e}"[:300]
 
 
-def _worker_main(conn, fn_ref, forkserver_child: bool) -> None:
+def _worker_main(conn, fn_ref, forkserver_child: bool, result: Callable = as_verdict) -> None:
     """Worker process: resolve the function, say ready, then serve tasks until EOF or None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
@@ -94,7 +100,7 @@ def _worker_main(conn, fn_ref, forkserver_child: bool) -> None:
         if msg is None:
             return
         task_id, args = msg
-        verdict, err = _call(fn, args)
+        verdict, err = _call(fn, args, result)
         try:
             conn.send((task_id, verdict, err))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
@@ -104,12 +110,12 @@ def _worker_main(conn, fn_ref, forkserver_child: bool) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, fn_ref):
+    def __init__(self, ctx, fn_ref, result):
         self.conn, child_conn = ctx.Pipe(duplex=True)
         forkserver_child = ctx.get_start_method() == "forkserver"
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child_conn, fn_ref, forkserver_child),
+            args=(child_conn, fn_ref, forkserver_child, result),
             name="reward-worker",
             daemon=True,
         )
@@ -133,6 +139,11 @@ class RewardPool:
     reward_fn: a built-in name ("math", "task"), a "module.path:callable" string, or a
     picklable top-level function. `submit(*args)` returns a Future of a Verdict that always
     resolves: with the function's verdict, or `timeout` / `error` verdicts with reward 0.
+
+    result / failure: for functions that return something else than a verdict (an
+    environment's turn, envs/runner.py): `result(value)` normalises what the function returned
+    (in the worker; raising makes it an error), `failure(status, detail)` is what a timeout or
+    an error resolves to. Both must be picklable top-level functions.
     """
 
     def __init__(
@@ -142,6 +153,8 @@ class RewardPool:
         num_workers: int = 2,
         timeout_s: float = 5.0,
         start_method: str = "forkserver",
+        result: Callable = as_verdict,
+        failure: Callable[[str, str], Any] = failed_verdict,
     ):
         if num_workers < 0:
             raise ConfigError(f"reward num_workers={num_workers} must be >= 0")
@@ -154,6 +167,7 @@ class RewardPool:
             raise ConfigError(f"reward function {reward_fn!r} is not callable")
         self._fn = fn
         self._fn_ref = reward_fn
+        self._result, self._failure = result, failure
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.stats = collections.Counter()
@@ -201,7 +215,7 @@ class RewardPool:
         """Schedules reward_fn(*args); the Future resolves to a Verdict, never raises."""
         future = concurrent.futures.Future()
         if self.num_workers == 0:
-            verdict, err = _call(self._fn, args)
+            verdict, err = _call(self._fn, args, self._result)
             future.set_result(verdict if err is None else self._error(err))
             self.stats[future.result().status] += 1
             return future
@@ -251,9 +265,8 @@ class RewardPool:
 
     # ----- manager thread ----------------------------------------------------------------
 
-    @staticmethod
-    def _error(detail: str) -> Verdict:
-        return Verdict(status="error", detail=detail)
+    def _error(self, detail: str):
+        return self._failure("error", detail)
 
     def _wake(self) -> None:
         try:
@@ -269,7 +282,7 @@ class RewardPool:
             future.set_result(verdict)
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self._ctx, self._fn_ref)
+        worker = _Worker(self._ctx, self._fn_ref, self._result)
         with self._lock:
             self._workers.append(worker)
         return worker
@@ -370,9 +383,7 @@ class RewardPool:
                         self.stats["timeouts_killed"] += 1
                         self._retire(
                             worker,
-                            Verdict(
-                                status="timeout", detail=f"no verdict within {self.timeout_s:g} s"
-                            ),
+                            self._failure("timeout", f"no verdict within {self.timeout_s:g} s"),
                         )
         except Exception as e:  # a bug here must not leave callers waiting on futures
             log.exception("reward pool manager failed")

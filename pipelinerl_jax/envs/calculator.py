@@ -1,0 +1,59 @@
+"""Word problems with a calculator: the model may write `<calc>expression</calc>`, the turn
+ends there, and the environment answers with the value (or why it could not compute it); the
+model goes on and ends with its answer in \\boxed{}, scored by math-verify against the gold.
+Expressions are evaluated by arithmetic.py, never by `eval`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.envs import arithmetic
+from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.rewards.math import verify_math
+
+OPEN, CLOSE = "<calc>", "</calc>"
+SYSTEM = (
+    "Solve the problem step by step. To compute, write the arithmetic as "
+    f"{OPEN}expression{CLOSE} and wait for its value. Put the final answer in \\boxed{{}}."
+)
+
+
+def last_call(turn: str) -> str | None:
+    """The expression of a call that ends the turn (the stop string may or may not be kept
+    in the sampled text), else None."""
+    at = turn.rfind(OPEN)
+    if at < 0:
+        return None
+    body = turn[at + len(OPEN) :]
+    if CLOSE in body:
+        body, after = body.split(CLOSE, 1)
+        if after.strip():
+            return None  # the model went on after a call it closed itself: no pending call
+    return body.strip()
+
+
+class Calculator(Environment):
+    name = "calculator"
+    max_turns = 4
+    stop_strings = (CLOSE,)
+
+    def first_messages(self, problem: Problem) -> list[dict]:
+        return [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": problem.question},
+        ]
+
+    def respond(self, problem: Problem, turns: Sequence[str]) -> Turn:
+        expression = last_call(turns[-1])
+        if expression is None:
+            verdict = verify_math(turns[-1], problem.answer)
+            return Turn(None, reward=verdict.score, done=True, info={"status": verdict.status})
+        try:
+            value = f"= {arithmetic.show(arithmetic.evaluate(expression))}"
+            info = {"tool_calls": 1}
+        except arithmetic.ExpressionError as e:
+            value = f"error: {e}"
+            info = {"tool_calls": 1, "tool_errors": 1}
+        return Turn({"role": "tool", "content": value}, info=info)

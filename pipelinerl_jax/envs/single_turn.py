@@ -1,0 +1,35 @@
+"""Any task with a reward function as an environment of one turn: the question, one answer,
+its score. Today's single-answer tasks are exactly this, so episodes generalise them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, as_verdict, resolve_callable
+
+
+class SingleTurn(Environment):
+    name = "single_turn"
+    max_turns = 1
+
+    def __init__(self, reward_fn: str | Callable = "math"):
+        super().__init__()
+        spec = BUILTIN_REWARDS.get(reward_fn, reward_fn) if isinstance(reward_fn, str) else None
+        self._spec = spec
+        self._fn = resolve_callable(spec) if spec is not None else reward_fn
+
+    def __getstate__(self):  # a "module:callable" spec pickles as its string
+        return {"_spec": self._spec, "_fn": None if self._spec else self._fn}
+
+    def __setstate__(self, state):
+        self._spec = state["_spec"]
+        self._fn = resolve_callable(self._spec) if self._spec else state["_fn"]
+
+    def first_messages(self, problem: Problem) -> list[dict]:
+        return [{"role": "user", "content": problem.question}]
+
+    def respond(self, problem: Problem, turns: Sequence[str]) -> Turn:
+        verdict = as_verdict(self._fn(turns[-1], problem))
+        return Turn(None, reward=verdict.score, done=True, info={"status": verdict.status})
