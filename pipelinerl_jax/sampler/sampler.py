@@ -171,10 +171,13 @@ class PagedSampler:
         n: int = 1,
         params: SamplingParams = SamplingParams(),
         request_id: int | None = None,
+        episode: bool = False,
     ) -> int:
         """Queues n attempts of one prompt; returns the request id.
 
-        Invalid requests come back from the next step() as error samples.
+        Invalid requests come back from the next step() as error samples. episode: each
+        attempt's turn, once finished, stays parked with its KV pages for `resume` (the next
+        turn) or `release`.
         """
         if not 1 <= n <= self.config.num_slots:
             raise ConfigError(
@@ -207,6 +210,7 @@ class PagedSampler:
                     seed=seed,
                     limit=limit,
                     stop_ids=stop_ids,
+                    keep=episode,
                 )
             )
         if error:
@@ -214,6 +218,48 @@ class PagedSampler:
         else:
             self.scheduler.enqueue(seqs)
         return rid
+
+    def resume(
+        self, request_id: int, attempt: int, observation_ids, *, max_new_tokens: int
+    ) -> None:
+        """The next turn of a parked episode: `observation_ids` (the environment's answer,
+        already tokenized) are appended and decoding goes on for up to `max_new_tokens`, on
+        the KV pages the episode kept: only the new tokens are prefilled. Observation tokens
+        come back with version -1 and logprob 0. A bad observation (unknown episode, token
+        out of the vocabulary, no room left) ends the episode: the next step() returns it as
+        an error sample."""
+        key = (int(request_id), int(attempt))
+        seq = self.scheduler.parked.get(key)
+        if seq is None:
+            raise KeyError(f"episode {key} is not parked (finished, released, or never submitted)")
+        tokens = [int(t) for t in observation_ids]
+        cap = min(self.config.max_seq_len, self.scheduler.capacity_tokens() + 1)
+        error = None
+        if not tokens:
+            error = "empty observation: give at least one token"
+        elif any(not 0 <= t < self.model_cfg.vocab_size for t in tokens):
+            error = f"observation token outside the vocabulary [0, {self.model_cfg.vocab_size})"
+        elif max_new_tokens < 1:
+            error = f"max_new_tokens={max_new_tokens} must be >= 1"
+        elif seq.length + len(tokens) >= cap:
+            error = (
+                f"episode of {seq.length + len(tokens)} tokens leaves no room under "
+                f"max_seq_len/the KV pool ({cap} tokens)"
+            )
+        if error:
+            self.scheduler.drop(key)
+            self._errors.append(self._to_sample(seq, error=error))
+            return
+        limit = min(seq.length + len(tokens) + max_new_tokens, cap)
+        self.scheduler.resume(key, tokens, limit)
+
+    def release(self, request_id: int, attempt: int) -> None:
+        """Ends a parked episode (its last turn is done): its pages return to the pool."""
+        self.scheduler.drop((int(request_id), int(attempt)))
+
+    @property
+    def num_parked(self) -> int:
+        return len(self.scheduler.parked)
 
     def _request_error(self, prompt, params, stop_ids) -> str | None:
         cfg = self.config
@@ -309,6 +355,7 @@ class PagedSampler:
         self.stats["swaps"] += 1
         if self.config.kv_policy == "recompute":
             self._run_prefill(self.scheduler.recompute_rows())
+            self.scheduler.evict_all_parked()
 
     # --- one chunk ------------------------------------------------------------------------
 
@@ -379,8 +426,12 @@ class PagedSampler:
         if not rows:
             return
         cfg, sched = self.config, self.scheduler
+        # A row's own offset: a resumed episode's tokens before `start` are cached already.
         by_shard = [
-            sorted((r for r in rows if sched.shard_of(r.slot) == d), key=lambda r: -len(r.tokens))
+            sorted(
+                (r for r in rows if sched.shard_of(r.slot) == d),
+                key=lambda r: -(len(r.tokens) - r.start),
+            )
             for d in range(sched.num_shards)
         ]
         sharding = self._rows_sharding()
@@ -388,7 +439,7 @@ class PagedSampler:
             batch = [lst[: cfg.max_prefill_rows] for lst in by_shard]
             by_shard = [lst[cfg.max_prefill_rows :] for lst in by_shard]
             per_shard = _pow2_at_least(max(len(lst) for lst in batch))
-            longest = max(len(r.tokens) for lst in batch for r in lst)
+            longest = max(len(r.tokens) - r.start for lst in batch for r in lst)
             start = 0
             while start < longest:
                 remaining = longest - start
@@ -404,15 +455,19 @@ class PagedSampler:
                 for d, lst in enumerate(batch):
                     tables[d * per_shard : (d + 1) * per_shard] = d * sched.pages_per_shard
                     for i, row in enumerate(lst):
-                        piece = row.tokens[start : start + t]
+                        at = row.start + start
+                        piece = row.tokens[at : at + t]
                         r = d * per_shard + i
                         tokens[r, : len(piece)] = piece
-                        positions[r, : len(piece)] = np.arange(start, start + len(piece))
+                        positions[r, : len(piece)] = np.arange(at, at + len(piece))
                         tables[r] = sched.mirror["block_tables"][row.slot]
+                cached = max(
+                    min(row.start + start, len(row.tokens)) for lst in batch for row in lst
+                )
                 window = (
                     0
-                    if start == 0
-                    else pick_window(pg.pages_for(start, cfg.page_size), sched.pages_per_slot)
+                    if cached == 0
+                    else pick_window(pg.pages_for(cached, cfg.page_size), sched.pages_per_slot)
                 )
                 put = lambda a: jax.device_put(a, sharding)
                 self.state = self.engine.prefill(

@@ -12,6 +12,13 @@ At every chunk boundary the driver asks the scheduler to
   3. (the driver runs prefill, page copies and the decode chunk)
   4. `record(...)`: append the chunk's tokens, retire finished sequences, free their pages.
 
+Episodes (a sequence submitted with `keep`): a finished turn is parked instead of retired: it
+leaves its slot but keeps its pages, so `resume` (the environment's observation tokens
+appended) re-admits it with only the new tokens to prefill, onto the same pages, in the shard
+that holds them. Parked pages are the first to go when the pool runs out (`_evict_parked`):
+an evicted sequence is resumed by re-prefilling all its tokens, as a preempted one is.
+Observation tokens carry version -1 and logprob 0: no policy produced them.
+
 Page ids are global indices into the pool [L, P, ...]; with D data shards the pool's pages
 are split in D equal ranges and a slot of shard d only gets pages of range d (its local page 0
 is that shard's null page). Slot mirrors (numpy) are what the driver uploads.
@@ -76,6 +83,9 @@ class Sequence:
     admitted_at: int = -1  # admission counter (preemption picks the largest)
     preemptions: int = 0
     finish_reason: str | None = None
+    keep: bool = False  # an episode: park between turns, keeping the pages (module docstring)
+    shard: int | None = None  # the data shard its pages are in
+    cached: int = 0  # parked or resumed: K/V positions its pages already hold
 
     @property
     def all_tokens(self) -> list[int]:
@@ -88,10 +98,12 @@ class Sequence:
 
 @dataclasses.dataclass
 class PrefillRow:
-    """Write K/V of `tokens` (positions 0..len-1) into the pages of `slot`'s block table."""
+    """Write K/V of tokens[start:] (at positions start..len-1) into the pages of `slot`'s block
+    table; positions before `start` are already cached there (a resumed episode)."""
 
     slot: int
     tokens: list[int]
+    start: int = 0
 
 
 class Scheduler:
@@ -120,8 +132,10 @@ class Scheduler:
         self.max_stop_tokens = max_stop_tokens
         self.slots: list[Sequence | None] = [None] * num_slots
         self.waiting: collections.deque[list[Sequence]] = collections.deque()
+        self.parked: dict[tuple[int, int], Sequence] = {}  # (request, attempt) -> sequence
         self._admissions = itertools.count()
         self.preemptions = 0
+        self.evictions = 0  # parked episodes whose pages were taken back
         self.mirror = {name: None for name in SLOT_FIELDS}
         self.mirror.update(
             block_tables=np.zeros((num_slots, pages_per_slot), np.int32),
@@ -153,10 +167,11 @@ class Scheduler:
 
     def _free(self, seq: Sequence) -> None:
         if seq.pages:
-            shard = self.shard_of(seq.slot)
+            shard = self.shard_of(seq.slot) if seq.slot is not None else seq.shard
             base = shard * self.pages_per_shard
             self.allocators[shard].free([p - base for p in seq.pages])
         seq.pages = []
+        seq.cached = 0
 
     def capacity_tokens(self) -> int:
         """KV positions one sequence can ever hold (a whole shard's pages, or the table)."""
@@ -202,6 +217,8 @@ class Scheduler:
                     self._set_table(seq)
                     need = 0
                 except OutOfPages:
+                    if self._evict_parked(shard, need):
+                        continue
                     victim = max(
                         (s for s in self.running if self.shard_of(s.slot) == shard),
                         key=lambda s: s.admitted_at,
@@ -250,6 +267,8 @@ class Scheduler:
     def _place(self, group, k, version, rows, copies) -> int:
         """Admits a prefix of `group` into one shard; returns how many were admitted."""
         lead = group[0]
+        if lead.cached:
+            return self._place_resumed(lead, k, rows)
         kv_prefill = lead.length - 1
         shared = kv_prefill // self.page_size
         partial = kv_prefill % self.page_size > 0
@@ -262,6 +281,8 @@ class Scheduler:
             )
             own = [pages_for(self.kv_after_chunk(s, k), self.page_size) - shared for s in members]
             alloc = self.allocators[shard]
+            if members:
+                self._evict_parked(shard, shared + sum(own) - alloc.num_free)
             while members and shared + sum(own) > alloc.num_free:
                 members.pop()
                 own.pop()
@@ -272,7 +293,7 @@ class Scheduler:
             for _ in members[1:]:
                 alloc.share([p - base for p in shared_pages])
             for seq, slot, n_own in zip(members, free, own):
-                seq.slot = slot
+                seq.slot, seq.shard = slot, shard
                 seq.pages = shared_pages + self._alloc(shard, n_own)
                 seq.admitted_at = next(self._admissions)
                 if seq.start_version is None:
@@ -287,6 +308,77 @@ class Scheduler:
                 copies.extend((src, seq.pages[shared]) for seq in members[1:])
             return len(members)
         return 0
+
+    def _place_resumed(self, seq: Sequence, k: int, rows: list[PrefillRow]) -> int:
+        """A resumed episode back into a slot of the shard holding its pages; only the tokens
+        after its cached positions are prefilled. 0 while that shard has no slot or pages."""
+        shard = seq.shard
+        free = [s for s in self._shard_slots(shard) if self.slots[s] is None]
+        if not free:
+            return 0
+        need = pages_for(self.kv_after_chunk(seq, k), self.page_size) - len(seq.pages)
+        if need > self.allocators[shard].num_free:
+            self._evict_parked(shard, need - self.allocators[shard].num_free)
+        if need > self.allocators[shard].num_free:
+            return 0
+        seq.slot = free[0]
+        seq.pages += self._alloc(shard, max(need, 0))
+        seq.admitted_at = next(self._admissions)
+        self.slots[seq.slot] = seq
+        self._set_table(seq)
+        self._load_slot(seq)
+        if seq.length - 1 > seq.cached:
+            rows.append(PrefillRow(slot=seq.slot, tokens=seq.all_tokens[:-1], start=seq.cached))
+        seq.cached = 0
+        return 1
+
+    # --- episodes -------------------------------------------------------------------------
+
+    def _park(self, seq: Sequence) -> None:
+        slot = seq.slot
+        self.slots[slot] = None
+        self.mirror["active"][slot] = False
+        self.mirror["block_tables"][slot] = self._null(slot)
+        seq.slot = None
+        seq.cached = seq.length - 1
+        self.parked[(seq.request_id, seq.attempt)] = seq
+        self.dirty = True
+
+    def resume(self, key: tuple[int, int], tokens: list[int], limit: int) -> Sequence:
+        """Appends an observation to a parked episode and queues it first (KeyError if `key`
+        is not parked)."""
+        seq = self.parked.pop(key)
+        seq.tokens.extend(tokens)
+        seq.logprobs.extend([0.0] * len(tokens))
+        seq.versions.extend([-1] * len(tokens))
+        seq.limit, seq.finish_reason = limit, None
+        self.waiting.appendleft([seq])
+        return seq
+
+    def drop(self, key: tuple[int, int]) -> None:
+        """Ends a parked episode: its pages go back to the pool."""
+        self._free(self.parked.pop(key))
+
+    def _evict_parked(self, shard: int, pages: int) -> bool:
+        """Frees parked episodes' pages in `shard`, oldest first, until `pages` more are free
+        (or none is left); True if any was freed. Their caches are recomputed on resume."""
+        freed = False
+        for seq in list(self.parked.values()):
+            if pages <= 0:
+                break
+            if seq.shard == shard and seq.pages:
+                pages -= len(seq.pages)
+                self._free(seq)
+                self.evictions += 1
+                freed = True
+        return freed
+
+    def evict_all_parked(self) -> None:
+        """Drops every parked cache, and those of resumed episodes still waiting for a slot
+        (kv policy "recompute": they were made by old params)."""
+        waiting = [seq for group in self.waiting for seq in group if seq.cached]
+        for seq in [*self.parked.values(), *waiting]:
+            self._free(seq)
 
     def _free_slots_in(self, shard: int) -> int:
         return sum(self.slots[s] is None for s in self._shard_slots(shard))
@@ -333,7 +425,10 @@ class Scheduler:
                 seq.finish_reason = (
                     "stop" if seq.tokens and seq.tokens[-1] in seq.stop_ids else "length"
                 )
-                self._release(seq)
+                if seq.keep:
+                    self._park(seq)
+                else:
+                    self._release(seq)
                 finished.append(seq)
         return finished
 
@@ -344,6 +439,9 @@ class Scheduler:
             base = shard * self.pages_per_shard
             holders = collections.Counter(
                 p - base for s in self.running if self.shard_of(s.slot) == shard for p in s.pages
+            )
+            holders.update(
+                p - base for s in self.parked.values() if s.shard == shard for p in s.pages
             )
             for page in range(1, alloc.num_pages):
                 if alloc.refcount(page) != holders.get(page, 0):
