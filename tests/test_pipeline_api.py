@@ -25,7 +25,8 @@ from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import runner
 from pipelinerl_jax.pipeline.coordinator import PipelineError
-from pipelinerl_jax.train.checkpoint import RunCheckpointer, as_abstract
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
+from pipelinerl_jax.train.pytree_dicts import as_abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(log_every=0, eval_every=0)
