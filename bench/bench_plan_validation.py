@@ -377,15 +377,15 @@ def main():
     import jax
     import numpy as np
 
+    from pipelinerl_jax.pipeline import components as build_lib
     from pipelinerl_jax.pipeline import config as config_lib
-    from pipelinerl_jax.pipeline import runner as run_lib
     from pipelinerl_jax.plan import model, validate
     from pipelinerl_jax.plan.utilisation import UtilisationCurve
 
     cfg = config_lib.from_config_dict(load_config(config_path, overrides))
     shapes = {}
     for n in device_counts:
-        sampler_devs, _ = run_lib.split_devices(list(range(n)), cfg.devices)
+        sampler_devs, _ = build_lib.split_devices(list(range(n)), cfg.devices)
         shapes[n] = validate.RunShape(
             devices=n,
             gen_devices=len(sampler_devs),
@@ -398,8 +398,8 @@ def main():
     sizes = gen_batches if args.quick else sorted(set(gen_batches) | {1, 4, 16})
 
     # Step 1: rates, on one device, for the run's model (same init as the run).
-    data = run_lib.build_data(cfg)
-    graphdef, params = run_lib.build_model(cfg, data[0], jax.random.key(cfg.seed))
+    data = build_lib.build_data(cfg)
+    graphdef, params = build_lib.build_model(cfg, data[0], jax.random.key(cfg.seed))
     stream_probe = iter(data[1])
     prompt_mean = float(np.mean([len(data[2](next(stream_probe))) for _ in range(64)]))
     context = int(round(prompt_mean + cfg.max_new_tokens / 2))

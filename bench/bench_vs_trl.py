@@ -81,7 +81,7 @@ def real_config(steps: int, mode: str):
 def stream_problems(cfg, n: int) -> list:
     """The first n problems of the prompt stream a run of cfg trains on, in order."""
     from pipelinerl_jax.data.datasets import PromptStream
-    from pipelinerl_jax.pipeline.runner import build_data
+    from pipelinerl_jax.pipeline.components import build_data
 
     _, source, _ = build_data(cfg)
     stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
@@ -123,7 +123,7 @@ def trl_worker(steps: int, out: Path) -> None:
 
     from pipelinerl_jax.data.formats import Problem
     from pipelinerl_jax.data.prompts import build_messages
-    from pipelinerl_jax.pipeline.runner import prompt_config
+    from pipelinerl_jax.pipeline.components import prompt_config
     from pipelinerl_jax.rewards.math import math_reward
     from pipelinerl_jax.rewards.tables import get_reward_table
 

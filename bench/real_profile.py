@@ -86,6 +86,7 @@ def real_config(steps: int, warm_cache: bool):
 
 def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
     """Runs cfg.steps pipeline steps with timed engine calls; returns (figures, components)."""
+    from pipelinerl_jax.pipeline import components as build_lib
     from pipelinerl_jax.pipeline import memory
     from pipelinerl_jax.pipeline import runner as run_lib
 
@@ -102,7 +103,7 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
             snapshots[step] = timers.snapshot()
             stats[step] = dict(c.sampler.stats)
 
-    c = run_lib.build(cfg)
+    c = build_lib.build(cfg)
     engine = c.sampler.engine
     for name, label in (
         ("decode_chunk", "decode"),
@@ -177,7 +178,7 @@ def alone(c, cfg, rounds: int = 3) -> dict:
 
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     groups = cfg.batch_size // cfg.group_size
-    from pipelinerl_jax.pipeline.runner import completion_text
+    from pipelinerl_jax.pipeline.groups import completion_text
     from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, resolve_callable
 
     fn = BUILTIN_REWARDS.get(cfg.reward.fn, cfg.reward.fn)

@@ -37,8 +37,8 @@ def variants() -> dict:
     """name -> PromptConfig: the paper's, two described formats, and the real config's."""
     from configs import smollm2_math
     from pipelinerl_jax.data.prompts import PromptConfig
+    from pipelinerl_jax.pipeline.components import prompt_config
     from pipelinerl_jax.pipeline.config import from_config_dict
-    from pipelinerl_jax.pipeline.runner import prompt_config
 
     described = (
         "Solve the math problem step by step. At the end, write the final answer as a "

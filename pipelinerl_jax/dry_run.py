@@ -2,8 +2,8 @@
 
 From a validated RunConfig: the task's options (built, not drawn from), the dataset files
 (found, not read), the reward function (imported), the devices split into the sampler and
-trainer meshes as the run splits them (`pipeline.runner.split_devices`), the model's shape (from
-model.hf_dir's config.json or model.init; no weights) and the run's own start-up memory
+trainer meshes as the run splits them (`pipeline.components.split_devices`), the model's shape
+(from model.hf_dir's config.json or model.init; no weights) and the run's own start-up memory
 estimate (`memory.estimate`, refused with one line when it cannot fit, as a run is). Prints the
 resolved config as JSON, then the devices, the parameter count and the memory estimate.
 
@@ -24,7 +24,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import memory
-from pipelinerl_jax.pipeline.runner import model_config, split_devices
+from pipelinerl_jax.pipeline.components import model_config, split_devices
 from pipelinerl_jax.plan import gpu_run
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
 from pipelinerl_jax.rewards.tables import reward_fn_spec
@@ -41,7 +41,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
     devices = jax.local_devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
     model_cfg = model_config(cfg)
-    # The same estimate and refusal as the run's start-up check (pipeline.runner.check_memory).
+    # The same estimate and refusal as the run's start-up check (pipeline.components.check_memory).
     est = memory.estimate(cfg, model_cfg, shared_device=True)
     shared = " (shared)" if sampler_devices == trainer_devices else ""
     out = {

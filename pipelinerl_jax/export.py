@@ -34,12 +34,8 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import config_json, decoder, gguf_io, param_counts
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.hf_io import read_config, save_hf
-from pipelinerl_jax.train.checkpoint import (
-    CHECKPOINT_DIR,
-    CorruptCheckpointError,
-    RunCheckpointer,
-    model_config_from_json,
-)
+from pipelinerl_jax.train.checkpoint import CHECKPOINT_DIR, CorruptCheckpointError, RunCheckpointer
+from pipelinerl_jax.train.json_items import model_config_from_json
 
 log = logging.getLogger(__name__)
 

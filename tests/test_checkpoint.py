@@ -26,6 +26,9 @@ from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.train import checkpoint as ck
 from pipelinerl_jax.train.config import TrainerConfig
+from pipelinerl_jax.train.json_items import model_config_from_json
+from pipelinerl_jax.train.pytree_dicts import abstract_state, as_abstract
+from pipelinerl_jax.train.resume_compat import check_compatible
 from pipelinerl_jax.train.trainer import Trainer, TrainState, trainer_mesh
 from tests.tiny_models import model_config
 
@@ -63,7 +66,7 @@ def setup():
     abstract_params = jax.eval_shape(lambda: params)
     trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh())
     state = trainer.init_state(params)
-    abstract = ck.abstract_state(trainer, abstract_params)
+    abstract = abstract_state(trainer, abstract_params)
     return trainer, state, abstract
 
 
@@ -95,7 +98,7 @@ def test_round_trip_bit_identical(setup, tmp_path):
     for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(trainer.state_shardings)):
         assert got.sharding == want
     meta = ck.RunCheckpointer(tmp_path).read_json(7, "meta")
-    assert ck.model_config_from_json(meta["model_config"]) == CFG
+    assert model_config_from_json(meta["model_config"]) == CFG
     # Params alone (what export reads), onto a fresh model's structure.
     params = ck.RunCheckpointer(tmp_path).restore_params(7, decoder.abstract_init(CFG)[1])
     assert_bit_identical(params, saved.params)
@@ -199,7 +202,7 @@ def test_structure_mismatch_is_a_config_error(setup, tmp_path):
         match=r"down_proj.*float32\(2, 64, 32\).*\(2, 96, 32\).*"
         r"new --workdir",
     ) as e:
-        ck.RunCheckpointer(tmp_path).restore_latest(ck.abstract_state(other, abstract_params))
+        ck.RunCheckpointer(tmp_path).restore_latest(abstract_state(other, abstract_params))
     assert "\n" not in str(e.value)
     # A KL term adds frozen reference params to the state: also a changed structure.
     with_ref = Trainer(
@@ -210,7 +213,7 @@ def test_structure_mismatch_is_a_config_error(setup, tmp_path):
     )
     with pytest.raises(ConfigError, match="ref_params"):
         ck.RunCheckpointer(tmp_path).restore_latest(
-            ck.abstract_state(with_ref, jax.eval_shape(lambda: state.params))
+            abstract_state(with_ref, jax.eval_shape(lambda: state.params))
         )
     assert ck.RunCheckpointer(tmp_path).steps() == [5]
 
@@ -260,8 +263,8 @@ def _config(**changes):
 
 
 def test_check_compatible_allows_harmless_changes():
-    assert ck.check_compatible(_config(), _config()) == []
-    changes = ck.check_compatible(
+    assert check_compatible(_config(), _config()) == []
+    changes = check_compatible(
         _config(),
         _config(
             **{
@@ -281,7 +284,7 @@ def test_check_compatible_allows_harmless_changes():
         "trainer.learning_rate: 0.003 -> 0.001",
     ]
     # Conventional rounds only matter in conventional mode.
-    assert ck.check_compatible(_config(), _config(conventional_steps=8)) == [
+    assert check_compatible(_config(), _config(conventional_steps=8)) == [
         "conventional_steps: 4 -> 8"
     ]
 
@@ -303,16 +306,16 @@ def test_check_compatible_allows_harmless_changes():
 )
 def test_check_compatible_refuses_breaking_changes(changes, field):
     with pytest.raises(ConfigError, match=rf"config\.{field} changed .*new --workdir") as e:
-        ck.check_compatible(_config(), _config(**changes))
+        check_compatible(_config(), _config(**changes))
     assert "\n" not in str(e.value)
     # Both directions.
     with pytest.raises(ConfigError, match=rf"config\.{field} changed"):
-        ck.check_compatible(_config(**changes), _config())
+        check_compatible(_config(**changes), _config())
 
 
 def test_conventional_round_change_refused_in_conventional_mode():
     with pytest.raises(ConfigError, match="conventional_steps"):
-        ck.check_compatible(
+        check_compatible(
             _config(mode="conventional"), _config(mode="conventional", conventional_steps=2)
         )
 
@@ -324,6 +327,7 @@ _SHARDED = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from test_checkpoint import CFG, assert_bit_identical, randomize
     from pipelinerl_jax.train import checkpoint as ck
+    from pipelinerl_jax.train.pytree_dicts import abstract_state
     from pipelinerl_jax.models import decoder
     from pipelinerl_jax.train.trainer import Trainer, trainer_mesh
     from pipelinerl_jax.train.config import TrainerConfig
@@ -331,7 +335,7 @@ _SHARDED = textwrap.dedent("""
     graphdef, abstract_params = decoder.abstract_init(CFG)
     trainer = Trainer(TrainerConfig(), graphdef, abstract_params, trainer_mesh(tp=2))
     step, state, extra = ck.RunCheckpointer(sys.argv[1]).restore_latest(
-        ck.abstract_state(trainer, abstract_params))
+        abstract_state(trainer, abstract_params))
     sharded = 0
     for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(trainer.state_shardings)):
         assert got.sharding == want, (got.sharding, want)
@@ -344,7 +348,7 @@ _SHARDED = textwrap.dedent("""
     ckpt = ck.RunCheckpointer(sys.argv[1])
     ckpt.save(step + 1, state, extra)
     ckpt.close()
-    again = ck.RunCheckpointer(sys.argv[1]).restore_latest(ck.abstract_state(trainer,
+    again = ck.RunCheckpointer(sys.argv[1]).restore_latest(abstract_state(trainer,
                                                                             abstract_params))
     assert again[0] == step + 1
     assert_bit_identical(again[1], state)
@@ -426,7 +430,7 @@ def test_killed_during_async_write(tmp_path):
         skipped=z,
         consecutive_skips=z,
     )
-    step, state, extra = ckpt.restore_latest(ck.as_abstract(like))
+    step, state, extra = ckpt.restore_latest(as_abstract(like))
     assert step == 1 and extra == {"step": 1}
     np.testing.assert_array_equal(np.asarray(state.params["w"]), 1.0)
     # Unfinished writes are swept when a run opens the directory again.

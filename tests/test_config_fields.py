@@ -6,8 +6,8 @@ import pytest
 from configs import default as default_config
 from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, build_messages
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import components as build_lib
 from pipelinerl_jax.pipeline import config as config_lib
-from pipelinerl_jax.pipeline import runner as run_lib
 
 
 def _cfg(**overrides):
@@ -22,19 +22,19 @@ def _cfg(**overrides):
 
 
 def test_remat_reaches_the_model_config():
-    assert run_lib.model_config(_cfg(**{"model.remat": True})).remat is True
-    assert run_lib.model_config(_cfg()).remat is False
+    assert build_lib.model_config(_cfg(**{"model.remat": True})).remat is True
+    assert build_lib.model_config(_cfg()).remat is False
     both = {"model.remat": True, "model.remat_policy": "matmuls"}
-    assert run_lib.model_config(_cfg(**both)).remat_policy == "matmuls"
-    assert run_lib.model_config(_cfg()).remat_policy == "attention"
+    assert build_lib.model_config(_cfg(**both)).remat_policy == "matmuls"
+    assert build_lib.model_config(_cfg()).remat_policy == "attention"
 
 
 def test_system_prompt_default_custom_and_none():
-    default = run_lib.prompt_config(_cfg().data)
+    default = build_lib.prompt_config(_cfg().data)
     assert default.system_prompt == DEFAULT_SYSTEM_PROMPT
-    custom = run_lib.prompt_config(_cfg(**{"data.system_prompt": "Box it."}).data)
+    custom = build_lib.prompt_config(_cfg(**{"data.system_prompt": "Box it."}).data)
     assert build_messages("2+2?", custom)[0] == {"role": "system", "content": "Box it."}
-    none = run_lib.prompt_config(_cfg(**{"data.system_prompt": ""}).data)
+    none = build_lib.prompt_config(_cfg(**{"data.system_prompt": ""}).data)
     assert [m["role"] for m in build_messages("2+2?", none)] == ["user"]
 
 
@@ -42,7 +42,7 @@ def test_few_shot_reaches_the_prompt_and_rejects_bad_items():
     shot = dict(question="1+2?", answer="The answer is \\boxed{3}.")
     cfg = _cfg(**{"data.few_shot": [shot]})
     assert cfg.data.few_shot == (("1+2?", "The answer is \\boxed{3}."),)
-    messages = build_messages("7+1?", run_lib.prompt_config(cfg.data))
+    messages = build_messages("7+1?", build_lib.prompt_config(cfg.data))
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[2]["content"] == shot["answer"]
     assert config_lib.as_dict(cfg)["data"]["few_shot"] == [["1+2?", shot["answer"]]]

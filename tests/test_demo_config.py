@@ -14,7 +14,8 @@ from configs import default as default_config
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import config as config_lib
-from pipelinerl_jax.pipeline.runner import completion_text, model_config
+from pipelinerl_jax.pipeline.components import model_config
+from pipelinerl_jax.pipeline.groups import completion_text
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from pipelinerl_jax import pipeline, presets
 from pipelinerl_jax.distributed.trainer_group import pack_batch, unpack_batch
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
-from pipelinerl_jax.train.checkpoint import RunCheckpointer, model_config_from_json
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
+from pipelinerl_jax.train.json_items import model_config_from_json
 from tests.launching import launch
 
 

@@ -18,7 +18,7 @@ from pipelinerl_jax import config_cli
 from pipelinerl_jax.models.known_shapes import KNOWN_HF_CONFIGS
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import memory
-from pipelinerl_jax.pipeline.runner import model_config
+from pipelinerl_jax.pipeline.components import model_config
 from pipelinerl_jax.plan import gpu_memory, gpu_run
 from pipelinerl_jax.plan.gpu_specs import gpu_spec
 

@@ -38,7 +38,7 @@ def _run_config(**overrides):
 
 
 def _model_config(cfg, **overrides) -> ModelConfig:
-    """The ModelConfig pipeline.runner.build_model makes for a fresh-init config."""
+    """The ModelConfig pipeline.components.build_model makes for a fresh-init config."""
     fields = dict(cfg.model.init)
     fields.update(
         param_dtype=cfg.model.param_dtype,

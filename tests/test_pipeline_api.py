@@ -23,9 +23,10 @@ import pytest
 from pipelinerl_jax import pipeline, presets
 from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import runner
+from pipelinerl_jax.pipeline import components
 from pipelinerl_jax.pipeline.coordinator import PipelineError
-from pipelinerl_jax.train.checkpoint import RunCheckpointer, as_abstract
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
+from pipelinerl_jax.train.pytree_dicts import as_abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(log_every=0, eval_every=0)
@@ -154,7 +155,7 @@ def test_loss_fn_and_optimizer_reach_the_trainer_only_when_given(monkeypatch):
         seen.append(kwargs)
         raise _Stop  # the keywords are all this test needs
 
-    monkeypatch.setattr(runner, "Trainer", recording_trainer)
+    monkeypatch.setattr(components, "Trainer", recording_trainer)
     cfg = presets.tiny(**QUIET)
     loss_fn, optimizer = object(), object()
     for kwargs in ({}, {"loss_fn": loss_fn}, {"optimizer": optimizer}):

@@ -12,6 +12,7 @@ from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 from pipelinerl_jax.data.datasets import PromptStream
 from pipelinerl_jax.data.tasks import make_task
+from pipelinerl_jax.pipeline import components as build_lib
 from pipelinerl_jax.pipeline import runner as run_lib
 from pipelinerl_jax.pipeline.checkpointing import interrupted
 from pipelinerl_jax.pipeline.metrics import METRICS_FILE, read_records
@@ -46,7 +47,7 @@ def sigint_raises_keyboard_interrupt():
 
 
 def interrupt_at(cfg, at_call, workdir):
-    components = run_lib.build(cfg)
+    components = build_lib.build(cfg)
     components.trainer = InterruptingTrainer(components.trainer, at_call)
     lines = []
     with pytest.raises(KeyboardInterrupt):
@@ -97,7 +98,7 @@ def test_ctrl_c_far_from_a_checkpoint_says_none_was_saved_and_where_it_resumes(t
 
 def test_ctrl_c_without_a_workdir_says_there_is_nothing_to_resume():
     cfg = tiny_config(steps=20)
-    components = run_lib.build(cfg)
+    components = build_lib.build(cfg)
     params = components.state.params
     scripted = InterruptingTrainer(ScriptedTrainer(params, params), 2)
     components.trainer, components.state = scripted, FakeState(params)

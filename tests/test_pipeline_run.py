@@ -20,6 +20,7 @@ import pytest
 
 from configs import default as default_config
 from pipelinerl_jax.models import attention, decoder
+from pipelinerl_jax.pipeline import components as build_lib
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import runner as run_lib
 
@@ -132,7 +133,7 @@ def replay_logprobs(graphdef, params_of, tokens, versions, prompt_len, max_len=3
 
 
 def run_scripted(cfg):
-    components = run_lib.build(cfg)
+    components = build_lib.build(cfg)
     graphdef = components.graphdef
     params_a = components.state.params
     params_b = decoder.init(decoder.config_of(graphdef), jax.random.key(99))[1]

@@ -12,6 +12,7 @@ import pytest
 from test_pipeline_run import FakeState, ScriptedTrainer, tiny_config
 
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import components as build_lib
 from pipelinerl_jax.pipeline import runner as run_lib
 from pipelinerl_jax.pipeline.coordinator import PipelineError
 
@@ -24,7 +25,7 @@ def raising_reward(completion, problem):
 
 def test_raising_reward_scores_zero_and_the_run_continues():
     cfg = tiny_config(steps=3, **{"reward.fn": "test_pipeline_shutdown:raising_reward"})
-    components = run_lib.build(cfg)
+    components = build_lib.build(cfg)
     params = components.state.params
     components.trainer, components.state = ScriptedTrainer(params, params), FakeState(params)
     summary = run_lib.run(cfg, None, components=components, echo=lambda *_: None)
@@ -41,7 +42,7 @@ class ExplodingTrainer(ScriptedTrainer):
 
 def test_trainer_exception_stops_both_threads_and_names_its_origin():
     cfg = tiny_config(steps=50)
-    components = run_lib.build(cfg)
+    components = build_lib.build(cfg)
     params = components.state.params
     components.trainer, components.state = ExplodingTrainer(params, params), FakeState(params)
     t0 = time.perf_counter()
@@ -118,17 +119,18 @@ def test_bad_config_is_one_line_config_error(override, message):
 def test_more_sampler_devices_than_exist_is_refused():
     cfg = tiny_config(**{"devices.sampler": 9})
     with pytest.raises(ConfigError, match="devices.sampler=9"):
-        run_lib.split_devices(list(range(4)), cfg.devices)
-    assert [len(x) for x in run_lib.split_devices(list(range(8)), tiny_config().devices)] == [4, 4]
+        build_lib.split_devices(list(range(4)), cfg.devices)
+    halves = build_lib.split_devices(list(range(8)), tiny_config().devices)
+    assert [len(x) for x in halves] == [4, 4]
 
 
 def test_sampler_tp_that_does_not_divide_is_refused():
     cfg = tiny_config(**{"devices.sampler": 3, "devices.sampler_tp": 2})
     with pytest.raises(ConfigError, match="sampler_tp=2 does not divide the 3 sampler"):
-        run_lib.split_devices(list(range(8)), cfg.devices)
+        build_lib.split_devices(list(range(8)), cfg.devices)
     cfg = tiny_config(**{"devices.sampler_tp": 2})
     with pytest.raises(ConfigError, match="sampler_tp=2"):
-        run_lib.split_devices(list(range(1)), cfg.devices)
+        build_lib.split_devices(list(range(1)), cfg.devices)
     with pytest.raises(ConfigError, match="sampler_tp=0"):
         tiny_config(**{"devices.sampler_tp": 0})
 

@@ -17,7 +17,7 @@ import pytest
 
 from pipelinerl_jax import pipeline, presets
 from pipelinerl_jax.data.datasets import PromptStream
-from pipelinerl_jax.pipeline import runner
+from pipelinerl_jax.pipeline import components
 from pipelinerl_jax.sampler.protocol import Sample, Sampler
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams
@@ -144,7 +144,7 @@ def test_a_fake_sampler_drives_a_real_run(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [r["prompts"] for r in records if r["kind"] == "train"]
     # Start order: the config's stream, drawn in order, g groups a step.
-    stream = PromptStream(runner.build_data(cfg)[1], seed=cfg.data.shuffle_seed + cfg.seed)
+    stream = PromptStream(components.build_data(cfg)[1], seed=cfg.data.shuffle_seed + cfg.seed)
     expected = [next(stream) for _ in range(4 * g)]
     assert trained == [[p.uid for p in expected[s * g : (s + 1) * g]] for s in range(4)]
     for s, batch in enumerate(c.trainer.batches):
@@ -173,8 +173,8 @@ def test_a_fake_sampler_drives_a_real_run(tmp_path):
 
 def test_paged_sampler_is_a_sampler_and_prepare_survives_donation():
     cfg = presets.tiny(seed=int(np.random.default_rng().integers(1 << 16)))
-    tokenizer = runner.build_data(cfg)[0]
-    graphdef, params = runner.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
+    tokenizer = components.build_data(cfg)[0]
+    graphdef, params = components.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
     sampler = PagedSampler(graphdef, params, cfg.sampler)
     assert isinstance(sampler, Sampler) and sampler.num_slots == cfg.sampler.num_slots
     expected = jax.tree.map(np.array, sampler.prepare(params))

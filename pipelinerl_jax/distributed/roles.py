@@ -30,7 +30,7 @@ from pipelinerl_jax.distributed.weight_client import WeightClient
 from pipelinerl_jax.distributed.weight_server import WeightServer
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.pipeline import runner
+from pipelinerl_jax.pipeline import components, runner
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
 from pipelinerl_jax.train.trainer import Trainer, trainer_mesh
@@ -71,7 +71,7 @@ def run_trainer(cfg, workdir, spec, echo=print) -> dict:
         prepare=prepare,
     )
     try:
-        c = runner.build(cfg, sampler=remote, trainer_devices=_trainer_devices(spec))
+        c = components.build(cfg, sampler=remote, trainer_devices=_trainer_devices(spec))
         if leader is not None:
             leader.target = Leader(c.trainer, followers=range(1, spec.trainer_processes))
             c.trainer = leader.target
@@ -102,8 +102,8 @@ def run_follower(cfg, workdir, spec, echo=print) -> dict:
 
     # What build() does for the trainer, in the same order: the same init (or weights file)
     # on every trainer process, then the collective placement onto the global mesh.
-    tokenizer, _, _ = runner.build_data(cfg, load_source=False)
-    graphdef, params = runner.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
+    tokenizer, _, _ = components.build_data(cfg, load_source=False)
+    graphdef, params = components.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
     mesh = trainer_mesh(_trainer_devices(spec), tp=cfg.devices.trainer_tp)
     trainer = Trainer(cfg.trainer, graphdef, jax.eval_shape(lambda: params), mesh)
     trainer.check_rows(cfg.batch.num_rows)
@@ -126,8 +126,8 @@ def run_sampler(cfg, spec, echo=print) -> int:
     """A sampler process: pulls weights, serves requests until stopped; returns attempts."""
     import jax
 
-    tokenizer, _, _ = runner.build_data(cfg, load_source=False)
-    graphdef, like = decoder.abstract_init(runner.model_config(cfg))
+    tokenizer, _, _ = components.build_data(cfg, load_source=False)
+    graphdef, like = decoder.abstract_init(components.model_config(cfg))
     client = WeightClient(like)
     try:
         first = client.wait(timeout_s=FIRST_WEIGHTS_TIMEOUT_S)
@@ -142,7 +142,7 @@ def run_sampler(cfg, spec, echo=print) -> int:
             dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed),
             version=version,
             eos_token_ids=tuple(getattr(tokenizer, "eos_token_ids", ())),
-            mesh=runner.sampler_mesh(jax.local_devices(), cfg),
+            mesh=components.sampler_mesh(jax.local_devices(), cfg),
         )
         sampler.warm_up()
         echo(

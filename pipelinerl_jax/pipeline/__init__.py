@@ -3,11 +3,13 @@
     from pipelinerl_jax import pipeline, presets
     summary = pipeline.run(presets.tiny(steps=2), "/tmp/run")
 
-`run`, `build` and `Components` are runner.py's (see its docstring); `Coordinator` drives any
-`sampler.protocol.Sampler` (coordinator.py). They load on first use, so importing a light
-module of the package (admission, groups) does not import JAX and the trainer.
+`run` is runner.py's, `build` and `Components` are components.py's (see their docstrings);
+`Coordinator` drives any `sampler.protocol.Sampler` (coordinator.py). They load on first use,
+so importing a light module of the package (admission, groups) does not import JAX and the
+trainer.
 
-- runner.py         build a run from a RunConfig and execute it; the run summary
+- runner.py         execute a run: the threads, checkpoints, metrics, the run summary
+- components.py     build a run's parts from a RunConfig: devices, model, trainer, sampler, data
 - coordinator.py    the sampler and trainer threads and their hand-offs
 - admission.py      lag control: which groups may start, which each step trains
 - groups.py         a prompt's attempts from submission to a scored training group
@@ -19,8 +21,8 @@ module of the package (admission, groups) does not import JAX and the trainer.
 
 _EXPORTS = {
     "run": "runner",
-    "build": "runner",
-    "Components": "runner",
+    "build": "components",
+    "Components": "components",
     "Coordinator": "coordinator",
     "PipelineError": "coordinator",
 }

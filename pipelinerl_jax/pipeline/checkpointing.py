@@ -21,7 +21,8 @@ import jax
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline.run_plot import PLOT_FILE, plot_run
-from pipelinerl_jax.train.checkpoint import RunCheckpointer, check_compatible
+from pipelinerl_jax.train.checkpoint import RunCheckpointer
+from pipelinerl_jax.train.resume_compat import check_compatible
 
 
 class Checkpoints:

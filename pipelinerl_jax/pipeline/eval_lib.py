@@ -40,7 +40,7 @@ FINISH_REASONS = ("stop", "length", "error")
 
 
 def encode_problem(problem: Problem, tokenizer, prompt_config: PromptConfig) -> list[int]:
-    """Prompt ids of one problem, as the pipeline builds them (run.py's build_data)."""
+    """Prompt ids of one problem, as the pipeline builds them (components.py's build_data)."""
     text = build_prompt(problem.question, tokenizer, prompt_config)
     return list(tokenizer.encode(text, add_special_tokens=prompt_config.template == "plain"))
 

@@ -5,6 +5,9 @@ and hands the full group to the reward pool. When every verdict is back the grou
 `ready` and the trainer thread may take it. A `ReadyBoard` is the hand-off point: a dict of
 ready groups keyed by start index plus a condition variable, so the trainer can wait for
 exactly the groups its next step must train (start order, see admission.py).
+
+What the reward pool scores of an attempt is `completion_text`: its tokens decoded with every
+special token visible, less the final stop token.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Collection, Sequence
 
 from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.data.tasks import CharTokenizer
+from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.rewards.tables import Verdict
 from pipelinerl_jax.rl.batch import ScoredSample
 from pipelinerl_jax.sampler.protocol import Sample
@@ -105,3 +111,16 @@ class ReadyBoard:
         """Ready but untrained groups (what a checkpoint must keep)."""
         with self._cond:
             return [self._ready[i] for i in sorted(self._ready)]
+
+
+def completion_text(
+    tokenizer: Tokenizer | CharTokenizer, token_ids: Sequence[int], stop_ids: Collection[int]
+) -> str:
+    """What the reward function scores: the completion minus its final stop token, with every
+    other token visible. Skipping special tokens here would hide junk from the reward: the
+    default run's tiny model learned to pad answers with <pad>/<bos> instead of stopping,
+    and scored them as exact."""
+    ids = list(token_ids)
+    if ids and ids[-1] in stop_ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=False)

@@ -30,7 +30,7 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
 - eval_sampler: with held-out evaluation on (eval_every or eval.at_start), the evaluation's own
   sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
-  built for each evaluation and dropped after, pipeline/runner.py build_evaluator).
+  built for each evaluation and dropped after, pipeline/components.py build_evaluator).
 - activations: the train step's. With remat: the residual stream [R/A, T, E] and the attention
   output and log-sum-exp saved per layer (remat_policy "matmuls": also q, k, v, the residual
   after attention, gate and up), plus one layer's recomputed internals. Without:

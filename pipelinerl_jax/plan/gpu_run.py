@@ -3,10 +3,10 @@
 The run config fixes everything the planner's `--gpu` searches for: the sampler's slots, KV
 pool and context (config.sampler), the packed batch (config.batch: rows of seq_len per step,
 in trainer.micro_batches micro-batches) and the devices each role gets (the dry run's own split
-of this machine's devices, `pipeline.runner.split_devices`). `gpu_report` hands those shapes to
-the planner's report (gpu_roles.py: memory per device and roofline step times, predicted,
-never measured) and says which role, if any, would not fit. Memory is analytic: the compile
-records name known checkpoints in bf16, not a run's model and dtypes.
+of this machine's devices, `pipeline.components.split_devices`). `gpu_report` hands those
+shapes to the planner's report (gpu_roles.py: memory per device and roofline step times,
+predicted, never measured) and says which role, if any, would not fit. Memory is analytic: the
+compile records name known checkpoints in bf16, not a run's model and dtypes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Run checkpoints with Orbax: train state, pipeline bookkeeping, and the model's shape.
 
     ckpt = RunCheckpointer(workdir, keep=3, model_config=decoder.config_of(graphdef))
-    restored = ckpt.restore_latest(abstract_state(trainer, abstract_params))
+    restored = ckpt.restore_latest(abstract_state(trainer, abstract_params))  # pytree_dicts
     if restored is not None:
         step, state, extra = restored
-        changes = check_compatible(extra["config"], config_lib.as_dict(cfg))
+        changes = check_compatible(extra["config"], config_lib.as_dict(cfg))  # resume_compat
     ...
     ckpt.save(step, state, {"config": ..., "data": stream.get_state(), ...})
     ckpt.close()                       # waits for the last asynchronous write
@@ -18,9 +18,9 @@ Orbax writes each step under a temporary name and renames it when complete, and 
 newest `keep` steps. Saves are asynchronous: `save` returns once the arrays are copied to
 host memory (the caller may donate them right away), the files are written in the background.
 
-Pytrees are stored as nested dicts keyed by their tree paths (`opt_state/1/0/mu/embed/value`),
-not as the objects themselves: any pytree (nnx.State, optax namedtuples, flax structs) saves
-the same way and restores into the caller's own structure, on the caller's shardings.
+Pytrees are stored as nested dicts keyed by their tree paths (pytree_dicts.py), so they restore
+into the caller's own structure, on the caller's shardings; the JSON items are made JSON-safe
+first (json_items.py).
 
 Restoring walks back from the newest step: a step whose files are missing, truncated or
 unreadable is logged, moved aside to `<workdir>/checkpoints_corrupt/` (so that new saves with
@@ -31,8 +31,6 @@ config: that raises ConfigError instead of silently falling back.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -47,6 +45,8 @@ import orbax.checkpoint as ocp
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.train.json_items import jsonable, model_config_to_json
+from pipelinerl_jax.train.pytree_dicts import as_abstract, from_nested, leaf_manifest, to_nested
 
 log = logging.getLogger(__name__)
 
@@ -65,142 +65,9 @@ def _not_read_only_notice(record: logging.LogRecord) -> bool:
 logging.getLogger("absl").addFilter(_not_read_only_notice)
 
 
-# --- pytrees as path-keyed nested dicts ------------------------------------------------------
-
-
-def _key_name(entry) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(entry, attr):
-            name = str(getattr(entry, attr))
-            break
-    else:
-        name = str(entry)
-    # Orbax joins nested keys with "." into array names; keep names unambiguous.
-    return name.replace(".", "_").replace("/", "_")
-
-
-def _leaf_paths(tree) -> tuple[list[tuple[str, ...]], list[Any], Any]:
-    """(path parts per leaf, leaves, treedef); None subtrees have no leaves."""
-    with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    paths = [tuple(_key_name(e) for e in path) for path, _ in with_path]
-    if len(set(paths)) != len(paths):
-        raise ValueError("pytree has leaves whose path names collide; cannot checkpoint it")
-    return paths, [leaf for _, leaf in with_path], treedef
-
-
-def to_nested(tree) -> dict:
-    """Nested dict {part: {part: leaf}} of a pytree, keyed by its tree paths."""
-    nested: dict = {}
-    for parts, leaf in zip(*_leaf_paths(tree)[:2]):
-        node = nested
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1] if parts else "value"] = leaf
-    return nested
-
-
-def _from_nested(nested: dict, like) -> Any:
-    """The pytree `like` with its leaves taken from `nested` (same path keys)."""
-    paths, _, treedef = _leaf_paths(like)
-    leaves = []
-    for parts in paths:
-        node = nested
-        for part in parts or ("value",):
-            node = node[part]
-        leaves.append(node)
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-def leaf_manifest(tree) -> dict[str, list]:
-    """{"a/b/c": [shape, dtype]} for every leaf: what the meta item records and restore checks."""
-    paths, leaves, _ = _leaf_paths(tree)
-    return {
-        "/".join(p) or "value": [list(np.shape(x)), str(np.dtype(x.dtype))]
-        for p, x in zip(paths, leaves)
-    }
-
-
 def _split_state(state) -> tuple[Any, Any]:
     """TrainState -> (params, the rest with params removed)."""
     return state.params, state.replace(params=None)
-
-
-def _default_sharding():
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-
-def as_abstract(tree) -> Any:
-    """ShapeDtypeStructs with a sharding for every leaf (arrays keep theirs; default device)."""
-
-    def one(x):
-        sharding = getattr(x, "sharding", None) or _default_sharding()
-        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
-
-    return jax.tree.map(one, tree)
-
-
-def abstract_state(trainer, abstract_params) -> Any:
-    """The TrainState a `trainer` would create, as ShapeDtypeStructs on its state shardings."""
-    shapes = jax.eval_shape(trainer.init_state, abstract_params)
-    return jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        shapes,
-        trainer.state_shardings,
-    )
-
-
-# --- JSON items ------------------------------------------------------------------------------
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    """A JSON-safe copy (numpy scalars/arrays become numbers/lists); TypeError names the key."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (np.ndarray, jax.Array)):
-        return np.asarray(value).tolist()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _jsonable(getattr(value, f.name), f"{where}.{f.name}")
-            for f in dataclasses.fields(value)
-        }
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(
-                    f"checkpoint extra{where}: key {k!r} is not a string (JSON keys are)"
-                )
-            out[k] = _jsonable(v, f"{where}.{k}")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    raise TypeError(
-        f"checkpoint extra{where} is a {type(value).__name__}, which JSON cannot "
-        "store; convert it to numbers, strings, lists or dicts"
-    )
-
-
-def model_config_to_json(cfg: ModelConfig) -> dict:
-    return _jsonable(cfg, "")
-
-
-def _tuples(value):
-    if isinstance(value, dict):
-        return tuple(sorted((k, _tuples(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
-
-
-def model_config_from_json(d: dict) -> ModelConfig:
-    """Inverse of model_config_to_json (lists back to the tuples ModelConfig hashes)."""
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    return ModelConfig(**{k: _tuples(v) for k, v in d.items() if k in fields})
-
-
-# --- the checkpointer ------------------------------------------------------------------------
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -330,7 +197,7 @@ class RunCheckpointer:
         if self._manager is None or self.read_only:
             raise RuntimeError(f"checkpointer for {self.directory} is read-only")
         step = int(step)
-        extra = _jsonable(dict(extra), "")
+        extra = jsonable(dict(extra), "")
         if step in self._manager.all_steps():
             log.info("checkpoint step %d already saved in %s", step, self.directory)
             return False
@@ -420,7 +287,7 @@ class RunCheckpointer:
             restored = self._manager.restore(
                 step, args=ocp.args.Composite(**args, extra=ocp.args.JsonRestore())
             )
-            out = {item: _from_nested(getattr(restored, item), t) for item, t in targets.items()}
+            out = {item: from_nested(getattr(restored, item), t) for item, t in targets.items()}
             place = lambda x, a: jax.device_put(x, a.sharding) if _process_local(a) else x
             out = {item: jax.tree.map(place, v, abstract[item]) for item, v in out.items()}
             extra = restored.extra
@@ -509,98 +376,3 @@ class RunCheckpointer:
         except OSError as e:
             log.warning("could not move unreadable checkpoint %s aside: %s", src, e)
         self._manager.reload()
-
-
-# --- config compatibility --------------------------------------------------------------------
-
-
-def _is_items(value: Any) -> bool:
-    """A dict stored as sorted (name, value) pairs, as config.py keeps model.init."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in value)
-    )
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if _is_items(d):
-        d = dict(d)
-    if isinstance(d, dict):
-        out = {}
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: d}
-
-
-def _normalise(d: dict) -> dict:
-    return json.loads(json.dumps(d, default=str))
-
-
-# Fields whose change would break a resumed run, and why.
-_REFUSED = {
-    "group_size": "change the group layout of the admitted and pending groups",
-    "batch_size": "change which groups each step trains",
-    "mode": "change the admission and training order",
-    "seed": "change the data order",
-    "data.task": "change the prompts",
-    "data.task_options": "change the prompts",
-    "data.datasets": "change the prompts",
-    "data.shuffle_seed": "change the data order",
-}
-
-
-def _refusal(field: str, old: Any, new: Any, saved: dict, new_cfg: dict) -> str | None:
-    if field == "model" or field.startswith("model."):
-        return "change the model the checkpoint holds"
-    for name, why in _REFUSED.items():
-        if field == name or field.startswith(name + "."):
-            return why
-    if field == "conventional_steps" and new_cfg.get("mode") == "conventional":
-        return "change the conventional-mode round structure"
-    if field == "trainer.grad_clip_norm" and ((old or 0) > 0) != ((new or 0) > 0):
-        return "change the optimizer state's structure (clipping on/off)"
-    if field in ("trainer.loss.kl_coef", "trainer.loss.kl_coef_end"):
-
-        def uses_ref(c):
-            loss = c.get("trainer", {}).get("loss", {})
-            return (loss.get("kl_coef") or 0) > 0 or (loss.get("kl_coef_end") or 0) > 0
-
-        if uses_ref(saved) != uses_ref(new_cfg):
-            return "add or drop the KL reference params in the train state"
-    return None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def check_compatible(saved_config: dict, new_config: dict) -> list[str]:
-    """Compares a run's saved config dict with the new one (both `config.as_dict` form).
-
-    Returns the allowed changes as "field: old -> new" lines, for the log (learning rate,
-    steps, logging, sampler sizes, ...). Raises ConfigError naming the first change that would
-    break the resumed run (model, group/batch size, mode, data order).
-    """
-    saved, new = _normalise(saved_config), _normalise(new_config)
-    flat_old, flat_new = _flatten(saved), _flatten(new)
-    missing = object()
-    changes = []
-    for field in sorted(set(flat_old) | set(flat_new)):
-        old, cur = flat_old.get(field, missing), flat_new.get(field, missing)
-        if old == cur:
-            continue
-        old_s = "(unset)" if old is missing else _short(old)
-        new_s = "(unset)" if cur is missing else _short(cur)
-        why = _refusal(
-            field, None if old is missing else old, None if cur is missing else cur, saved, new
-        )
-        if why:
-            raise ConfigError(
-                f"config.{field} changed ({old_s} -> {new_s}) since the checkpoint: "
-                f"resuming would {why}; keep the old value or start a new --workdir"
-            )
-        changes.append(f"{field}: {old_s} -> {new_s}")
-    return changes
