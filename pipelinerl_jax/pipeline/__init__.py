@@ -5,8 +5,8 @@
 
 `run` is runner.py's, `build` and `Components` are components.py's (see their docstrings);
 `Coordinator` drives any `sampler.protocol.Sampler` (coordinator.py). They load on first use,
-so importing a light module of the package (admission, groups) does not import JAX and the
-trainer.
+so importing a module of the package (admission, groups) does not build the trainer's and the
+sampler's stacks.
 
 - runner.py         execute a run: the threads, checkpoints, metrics, the run summary
 - components.py     build a run's parts from a RunConfig: devices, model, trainer, sampler, data
