@@ -377,12 +377,12 @@ def main():
     import jax
     import numpy as np
 
-    from pipelinerl_jax.pipeline import config as config_lib
+    from pipelinerl_jax.pipeline import config_dict
     from pipelinerl_jax.pipeline import runner as run_lib
     from pipelinerl_jax.plan import model, validate
     from pipelinerl_jax.plan.utilisation import UtilisationCurve
 
-    cfg = config_lib.from_config_dict(load_config(config_path, overrides))
+    cfg = config_dict.from_config_dict(load_config(config_path, overrides))
     shapes = {}
     for n in device_counts:
         sampler_devs, _ = run_lib.split_devices(list(range(n)), cfg.devices)

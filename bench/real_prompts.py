@@ -37,7 +37,7 @@ def variants() -> dict:
     """name -> PromptConfig: the paper's, two described formats, and the real config's."""
     from configs import smollm2_math
     from pipelinerl_jax.data.prompts import PromptConfig
-    from pipelinerl_jax.pipeline.config import from_config_dict
+    from pipelinerl_jax.pipeline.config_dict import from_config_dict
     from pipelinerl_jax.pipeline.runner import prompt_config
 
     described = (

@@ -7,6 +7,7 @@ from configs import default as default_config
 from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, build_messages
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.pipeline import runner as run_lib
 
 
@@ -18,7 +19,7 @@ def _cfg(**overrides):
         for part in path:
             node = node[part]
         node[last] = value
-    return config_lib.from_config_dict(c)
+    return config_dict.from_config_dict(c)
 
 
 def test_remat_reaches_the_model_config():

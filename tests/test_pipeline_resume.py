@@ -153,7 +153,7 @@ def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
     # stream's problems 4s .. 4s + 3, whatever the timing (an uninterrupted run does too).
     from configs import tiny
     from pipelinerl_jax.data.datasets import PromptStream
-    from pipelinerl_jax.pipeline.config import from_config_dict
+    from pipelinerl_jax.pipeline.config_dict import from_config_dict
     from pipelinerl_jax.pipeline.runner import build_data
 
     cfg = from_config_dict(tiny.get_config())
