@@ -127,12 +127,12 @@ def main(argv, overrides):
     # job wrappers). Done before JAX starts its threads, which inherit this thread's mask.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from pipelinerl_jax.pipeline import config as config_lib
+    from pipelinerl_jax.pipeline import config_dict
 
     try:
         c = config_cli.load_file(_CONFIG.value)
         config_cli.apply_overrides(c, overrides)
-        cfg = config_lib.from_config_dict(c)
+        cfg = config_dict.from_config_dict(c)
         if _DRY_RUN.value:
             from pipelinerl_jax.dry_run import dry_run
 

@@ -378,11 +378,11 @@ def main():
     import numpy as np
 
     from pipelinerl_jax.pipeline import components as build_lib
-    from pipelinerl_jax.pipeline import config as config_lib
+    from pipelinerl_jax.pipeline import config_dict
     from pipelinerl_jax.plan import model, validate
     from pipelinerl_jax.plan.utilisation import UtilisationCurve
 
-    cfg = config_lib.from_config_dict(load_config(config_path, overrides))
+    cfg = config_dict.from_config_dict(load_config(config_path, overrides))
     shapes = {}
     for n in device_counts:
         sampler_devs, _ = build_lib.split_devices(list(range(n)), cfg.devices)

@@ -56,7 +56,7 @@ GOAL = {"samples_per_s_ratio": 3.0}
 def real_config(steps: int, mode: str):
     """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints."""
     from configs import smollm2_math
-    from pipelinerl_jax.pipeline.config import from_config_dict
+    from pipelinerl_jax.pipeline.config_dict import from_config_dict
 
     c = smollm2_math.get_config()
     c.steps, c.mode, c.conventional_steps = steps, mode, 1

@@ -66,7 +66,7 @@ def worker(layout: str, out: Path) -> None:
 
     from configs import smollm2_math
     from pipelinerl_jax.models import hf_io
-    from pipelinerl_jax.pipeline.config import from_config_dict
+    from pipelinerl_jax.pipeline.config_dict import from_config_dict
     from pipelinerl_jax.rl.batch import build_batch
     from pipelinerl_jax.train import trainer as tr
 

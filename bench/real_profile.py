@@ -75,7 +75,7 @@ class Timers:
 
 def real_config(steps: int, warm_cache: bool):
     from configs import smollm2_math
-    from pipelinerl_jax.pipeline.config import from_config_dict
+    from pipelinerl_jax.pipeline.config_dict import from_config_dict
 
     c = smollm2_math.get_config()
     c.steps, c.eval_every, c.checkpoint_every, c.log_every = steps, 0, 0, 1

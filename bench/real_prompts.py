@@ -38,7 +38,7 @@ def variants() -> dict:
     from configs import smollm2_math
     from pipelinerl_jax.data.prompts import PromptConfig
     from pipelinerl_jax.pipeline.components import prompt_config
-    from pipelinerl_jax.pipeline.config import from_config_dict
+    from pipelinerl_jax.pipeline.config_dict import from_config_dict
 
     described = (
         "Solve the math problem step by step. At the end, write the final answer as a "

@@ -1,8 +1,8 @@
 """Every field a run config can set: its path, type, default and meaning (launch.py --help).
 
-The dataclasses that `config.from_config_dict` builds are the one source of truth. A field's
-type is its annotation, its default the dataclass default (config.py's TOP_DEFAULTS and
-GENERATION_DEFAULTS for RunConfig's own fields, which the dataclass leaves required), and its
+The dataclasses that `config_dict.from_config_dict` builds are the one source of truth. A
+field's type is its annotation, its default the dataclass default (config_dict.py's TOP_DEFAULTS
+and GENERATION_DEFAULTS for RunConfig's own fields, which the dataclass leaves required), and its
 meaning the `#` comment beside it in the source, continued on the comment lines below that are
 indented past the field, or the comment block just above it. The comments are read with
 `ast` + `tokenize`, so there is no second copy of them to fall out of date.
@@ -28,6 +28,7 @@ from pipelinerl_jax.data.tasks import TASKS
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.rewards.tables import REWARD_TABLES, RewardTable
 
 MISSING = dataclasses.MISSING
@@ -41,8 +42,6 @@ _DERIVED_DEFAULTS = {
 # Fields that hold a JSON list / a JSON object in the ConfigDict (tuples in the dataclasses).
 LIST_FIELDS = ("data.datasets", "data.few_shot", "eval.datasets")
 DICT_FIELDS = ("model.init", "data.task_options", "reward.table_options")
-# model.init leaves these to the model section.
-_MODEL_SECTION_FIELDS = ("param_dtype", "compute_dtype", "remat", "remat_policy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,9 +141,9 @@ def _section_fields(section: str, cls) -> list[Field]:
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     first = _section_doc(section, cls)
-    skip = set(config_lib.DERIVED.get(section, {}))
+    skip = set(config_dict.DERIVED.get(section, {}))
     if section == "generation":
-        names = list(config_lib.GENERATION_DEFAULTS)
+        names = list(config_dict.GENERATION_DEFAULTS)
     else:
         names = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
     by_name = {f.name: f for f in dataclasses.fields(cls)}
@@ -152,7 +151,7 @@ def _section_fields(section: str, cls) -> list[Field]:
     for name in names:
         path = f"{section}.{name}"
         default = (
-            config_lib.GENERATION_DEFAULTS[name]
+            config_dict.GENERATION_DEFAULTS[name]
             if section == "generation"
             else _default(by_name[name])
         )
@@ -178,7 +177,7 @@ def _dict_keys(path: str) -> list[Field]:
         return [
             Field(f"{path}.{f.name}", hints[f.name], _default(f), docs[f.name])
             for f in dataclasses.fields(ModelConfig)
-            if f.name not in _MODEL_SECTION_FIELDS
+            if f.name in config_lib.INIT_FIELDS
         ]
     owners = TASKS if path == "data.task_options" else REWARD_TABLES
     what = "task" if path == "data.task_options" else "table"
@@ -205,10 +204,10 @@ def fields() -> tuple[Field, ...]:
     hints, docs = typing.get_type_hints(config_lib.RunConfig), field_docs(config_lib.RunConfig)
     by_name = {f.name: f for f in dataclasses.fields(config_lib.RunConfig)}
     out = []
-    for name in config_lib.TOP_FIELDS:
-        default = config_lib.TOP_DEFAULTS.get(name, _default(by_name[name]))
+    for name in config_dict.TOP_FIELDS:
+        default = config_dict.TOP_DEFAULTS.get(name, _default(by_name[name]))
         out.append(Field(name, hints[name], MISSING if default is None else default, docs[name]))
-    for section, cls in config_lib.SECTIONS.items():
+    for section, cls in config_dict.SECTIONS.items():
         out.extend(_section_fields(section, cls))
     return tuple(out)
 
@@ -224,15 +223,15 @@ def find(path: str) -> Field:
     table = by_path()
     if path in table:
         return table[path]
-    if path in config_lib.SECTIONS:
+    if path in config_dict.SECTIONS:
         example = next(f.path for f in fields() if f.path.startswith(path + "."))
         raise ConfigError(
             f"--config.{path} is a section; set its fields, e.g. --config.{example}=..."
         )
     head, _, leaf = path.rpartition(".")
-    if leaf in config_lib.DERIVED.get(head, {}):
+    if leaf in config_dict.DERIVED.get(head, {}):
         raise ConfigError(
-            f"--config.{path} is set from {config_lib.DERIVED[head][leaf]}; leave it out"
+            f"--config.{path} is set from {config_dict.DERIVED[head][leaf]}; leave it out"
         )
     if head in table and table[head].kind != "dict":
         raise ConfigError(f"--config.{path}: {head} is not a dict; set --config.{head}=VALUE")

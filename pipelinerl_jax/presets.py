@@ -25,6 +25,7 @@ import ml_collections
 
 from pipelinerl_jax import config_cli
 from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 
 
 def demo_config() -> ml_collections.ConfigDict:
@@ -244,14 +245,14 @@ def run_config(c: ml_collections.ConfigDict, **overrides) -> config_lib.RunConfi
     with c.unlocked():
         for path, value in _paths(overrides):
             config_cli.set_path(c, path, value)
-    return config_lib.from_config_dict(c)
+    return config_dict.from_config_dict(c)
 
 
 def _paths(overrides: Mapping) -> list[tuple[str, object]]:
     """(dotted path, value) pairs: a section's dict is spread over its fields."""
     out = []
     for key, value in overrides.items():
-        if key in config_lib.SECTIONS and isinstance(value, Mapping):
+        if key in config_dict.SECTIONS and isinstance(value, Mapping):
             out.extend((f"{key}.{field}", v) for field, v in value.items())
         else:
             out.append((key, value))

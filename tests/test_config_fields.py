@@ -8,6 +8,7 @@ from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, build_messages
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import components as build_lib
 from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 
 
 def _cfg(**overrides):
@@ -18,7 +19,7 @@ def _cfg(**overrides):
         for part in path:
             node = node[part]
         node[last] = value
-    return config_lib.from_config_dict(c)
+    return config_dict.from_config_dict(c)
 
 
 def test_remat_reaches_the_model_config():

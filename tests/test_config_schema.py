@@ -8,7 +8,7 @@ import pytest
 
 from pipelinerl_jax import config_schema
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +54,12 @@ def test_every_field_has_a_meaning():
 def test_every_run_config_field_is_settable():
     """Each RunConfig leaf has a path (derived ones excepted), so --config.<path> can set it."""
     paths = set(config_schema.by_path())
-    expected = {name for name in config_lib.TOP_FIELDS}
-    expected |= {f"generation.{n}" for n in config_lib.GENERATION_DEFAULTS}
-    for section, cls in config_lib.SECTIONS.items():
+    expected = {name for name in config_dict.TOP_FIELDS}
+    expected |= {f"generation.{n}" for n in config_dict.GENERATION_DEFAULTS}
+    for section, cls in config_dict.SECTIONS.items():
         if section == "generation":
             continue
-        derived = set(config_lib.DERIVED.get(section, {}))
+        derived = set(config_dict.DERIVED.get(section, {}))
         expected |= {
             f"{section}.{f.name}" for f in dataclasses.fields(cls) if f.name not in derived
         }

@@ -13,14 +13,14 @@ import pytest
 from configs import default as default_config
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.pipeline.components import model_config
 from pipelinerl_jax.pipeline.groups import completion_text
 
 
 @pytest.fixture(scope="module")
 def cfg():
-    return config_lib.from_config_dict(default_config.get_config())
+    return config_dict.from_config_dict(default_config.get_config())
 
 
 def _task(cfg, **overrides):
@@ -102,11 +102,11 @@ def test_bad_override_of_the_default_fails_in_one_line():
     c = default_config.get_config()
     c.batch_size = c.group_size * 3 + 1
     with pytest.raises(ConfigError, match="not divisible by config.group_size"):
-        config_lib.from_config_dict(c)
+        config_dict.from_config_dict(c)
     c = default_config.get_config()
     c.sampler.attention = "flash"
     with pytest.raises(ConfigError, match="attention='flash'"):
-        config_lib.from_config_dict(c)
+        config_dict.from_config_dict(c)
 
 
 def test_the_sampler_head_follows_the_loss_head_unless_set():
@@ -115,12 +115,12 @@ def test_the_sampler_head_follows_the_loss_head_unless_set():
     from pipelinerl_jax.pipeline import memory
 
     c = default_config.get_config()
-    assert config_lib.from_config_dict(c).sampler.head_dtype == "float32"
+    assert config_dict.from_config_dict(c).sampler.head_dtype == "float32"
     c.loss.head_dtype = "bfloat16"
-    bf16 = config_lib.from_config_dict(c)
+    bf16 = config_dict.from_config_dict(c)
     assert bf16.sampler.head_dtype == "bfloat16" and bf16.trainer.loss.head_dtype == "bfloat16"
     c.sampler.head_dtype = "float32"
-    mixed = config_lib.from_config_dict(c)
+    mixed = config_dict.from_config_dict(c)
     assert mixed.sampler.head_dtype == "float32"
     m = model_config(bf16)
     saved = memory.estimate(mixed, m).sampler_params - memory.estimate(bf16, m).sampler_params

@@ -16,8 +16,7 @@ from absl import logging as absl_logging
 import launch
 from pipelinerl_jax import config_cli
 from pipelinerl_jax.models.known_shapes import KNOWN_HF_CONFIGS
-from pipelinerl_jax.pipeline import config as config_lib
-from pipelinerl_jax.pipeline import memory
+from pipelinerl_jax.pipeline import config_dict, memory
 from pipelinerl_jax.pipeline.components import model_config
 from pipelinerl_jax.plan import gpu_memory, gpu_run
 from pipelinerl_jax.plan.gpu_specs import gpu_spec
@@ -80,7 +79,7 @@ def test_smollm2_math_on_h100_uses_the_configs_shapes(smollm2_dir, capsys):
     # 16, plus the null page; 16 rows of 448 in 16 one-row micro-batches; f32, remat.
     c = config_cli.load_file(str(ROOT / "configs" / "smollm2_math.py"))
     config_cli.apply_overrides(c, config_cli.split_argv([hf_dir])[1])
-    cfg = config_lib.from_config_dict(c)
+    cfg = config_dict.from_config_dict(c)
     model_cfg = model_config(cfg)
     assert (cfg.sampler.num_slots, cfg.sampler.max_seq_len, cfg.batch.num_rows) == (16, 288, 16)
     assert "16 slots and 4624 KV tokens each" in lines["layout"]
@@ -115,7 +114,7 @@ def test_a_multi_device_split(smollm2_dir):
         "--config.model.compute_dtype=bfloat16",
     ]
     config_cli.apply_overrides(c, config_cli.split_argv(overrides)[1])
-    cfg = config_lib.from_config_dict(c)
+    cfg = config_dict.from_config_dict(c)
     report = gpu_run.gpu_report(
         cfg, model_config(cfg), gpu_spec("h200"), sampler_devices=6, trainer_devices=2
     )

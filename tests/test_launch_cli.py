@@ -18,7 +18,7 @@ from absl import logging as absl_logging
 import launch
 from pipelinerl_jax import config_cli
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = f"--config={ROOT / 'configs' / 'tiny.py'}"
@@ -47,7 +47,7 @@ def _config(*overrides, file="tiny.py"):
     assert rest == []
     c = config_cli.load_file(str(ROOT / "configs" / file))
     config_cli.apply_overrides(c, parsed)
-    return config_lib.from_config_dict(c)
+    return config_dict.from_config_dict(c)
 
 
 def test_list_and_dict_overrides_reach_the_run_config():

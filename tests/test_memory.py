@@ -17,8 +17,7 @@ from configs import default as default_config
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder, param_counts
 from pipelinerl_jax.models.config import ModelConfig
-from pipelinerl_jax.pipeline import config as config_lib
-from pipelinerl_jax.pipeline import memory
+from pipelinerl_jax.pipeline import config_dict, memory
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import pages as pg
 
@@ -34,7 +33,7 @@ def _run_config(**overrides):
         for part in path:
             section = section[part]
         section[name] = value
-    return config_lib.from_config_dict(c)
+    return config_dict.from_config_dict(c)
 
 
 def _model_config(cfg, **overrides) -> ModelConfig:
@@ -302,7 +301,7 @@ def test_real_config_estimate_is_within_10_percent_of_its_measured_peak():
     `python bench/real_learning.py`, seed 0, 2-core AMD EPYC, 2026-11-25)."""
     from configs import smollm2_math
 
-    cfg = config_lib.from_config_dict(smollm2_math.get_config())
+    cfg = config_dict.from_config_dict(smollm2_math.get_config())
     est = memory.estimate(cfg, dataclasses.replace(SMOLLM2_135M, remat=True))
     assert est.eval_sampler > 0 and est.sampler_params > est.params
     ratio = est.total / (6.83 * GiB)

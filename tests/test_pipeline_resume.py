@@ -154,7 +154,7 @@ def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
     from configs import tiny
     from pipelinerl_jax.data.datasets import PromptStream
     from pipelinerl_jax.pipeline.components import build_data
-    from pipelinerl_jax.pipeline.config import from_config_dict
+    from pipelinerl_jax.pipeline.config_dict import from_config_dict
 
     cfg = from_config_dict(tiny.get_config())
     stream = PromptStream(build_data(cfg)[1], seed=cfg.data.shuffle_seed + cfg.seed)

@@ -21,7 +21,7 @@ import pytest
 from configs import default as default_config
 from pipelinerl_jax.models import attention, decoder
 from pipelinerl_jax.pipeline import components as build_lib
-from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.pipeline import runner as run_lib
 
 
@@ -48,7 +48,7 @@ def tiny_config(**overrides):
         for p in path:
             node = node[p]
         node[last] = value
-    return config_lib.from_config_dict(c)
+    return config_dict.from_config_dict(c)
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from configs import default as default_config
-from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.pipeline import runner as run_lib
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -80,7 +80,7 @@ def test_word_problems_run_explains_its_zero_reward(model_dir, tmp_path):
     c.sampler.prefill_chunk = 128
     c.sampler.min_window_pages = 22  # the whole context: one decode shape, as real configs do
     c.reward.fn, c.reward.workers = "math", 1
-    cfg = config_lib.from_config_dict(c)
+    cfg = config_dict.from_config_dict(c)
     lines = []
     summary = run_lib.run(cfg, str(tmp_path), echo=lines.append)
     assert summary["steps"] == 5

@@ -12,6 +12,7 @@ import pytest
 from pipelinerl_jax import config_cli, presets
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {"demo": "default.py", "tiny": "tiny.py", "smollm2_math": "smollm2_math.py"}
@@ -19,7 +20,7 @@ FILES = {"demo": "default.py", "tiny": "tiny.py", "smollm2_math": "smollm2_math.
 
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_each_preset_is_its_config_file(name):
-    from_file = config_lib.from_config_dict(
+    from_file = config_dict.from_config_dict(
         config_cli.load_file(str(ROOT / "configs" / FILES[name]))
     )
     preset = getattr(presets, name)()
@@ -55,7 +56,7 @@ def test_overrides_match_the_command_line():
     c = config_cli.load_file(str(ROOT / "configs" / "tiny.py"))
     config_cli.apply_overrides(c, overrides)
     assert rest == [] and config_lib.as_dict(cfg) == config_lib.as_dict(
-        config_lib.from_config_dict(c)
+        config_dict.from_config_dict(c)
     )
     # What the overrides reached, and what they left alone.
     assert cfg.trainer.total_steps == steps  # derived from steps after the override

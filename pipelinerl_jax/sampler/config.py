@@ -46,9 +46,12 @@ class SamplerConfig:
     attention: str = "auto"  # decode attention: "auto" | "staged" | "paged" |
     #   "gather" (steps.EngineConfig says which is which)
 
+    def __post_init__(self):
+        self.validate()
+
     def validate(self) -> None:
-        """Raises a one-line ConfigError naming the first bad field (the run config calls it
-        before anything is built)."""
+        """Raises a one-line ConfigError naming the first bad field (at construction, so before
+        anything is built)."""
         if self.kv_policy not in KV_POLICIES:
             raise ConfigError(f"kv_policy={self.kv_policy!r}: use one of {KV_POLICIES}")
         if self.head_dtype not in (None, *HEAD_DTYPES):
