@@ -3,8 +3,9 @@
 The model below is a small Flax NNX decoder written here, knowing nothing of the package but
 the attend hook: its layers attend over their own keys when called plainly, and through the
 engine's `attend` when decoded. Greedy decoding through prefill + decode_chunk, under each
-decode strategy, gives exactly the tokens of recomputing the whole sequence every step with
-the plain model, and the engine's logprobs are the plain model's log-softmax at those tokens.
+decode strategy, gives exactly the tokens of recomputing the whole sequence with
+the plain model (each token its argmax in one teacher-forced forward), and the engine's
+logprobs are the plain model's log-softmax at those tokens.
 """
 
 import dataclasses
@@ -76,15 +77,16 @@ class TinyLM(nnx.Module):
         return self.head(x), carry
 
 
-def _greedy_by_recompute(model, prompt, n):
-    tokens, logprobs = list(prompt), []
-    for _ in range(n):
-        ids = jnp.asarray([tokens])
-        logits, _ = model(ids, jnp.arange(len(tokens))[None])
-        lp = jax.nn.log_softmax(logits[0, -1].astype(jnp.float32))
-        tokens.append(int(jnp.argmax(lp)))
-        logprobs.append(float(lp[tokens[-1]]))
-    return tokens[len(prompt) :], logprobs
+def _check_greedy(model, prompt, tokens, logprobs):
+    """Each decoded token is the plain model's argmax over its whole context, recomputed in one
+    causal forward (teacher forcing), with the same log-probability."""
+    context = list(prompt) + list(tokens)
+    logits, _ = model(jnp.asarray([context]), jnp.arange(len(context))[None])
+    lp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
+    for i, token in enumerate(tokens):
+        row = lp[len(prompt) - 1 + i]
+        assert int(jnp.argmax(row)) == token, (i, context)
+        np.testing.assert_allclose(float(row[token]), logprobs[i], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("attention", ["staged", "paged", "gather"])
@@ -125,9 +127,7 @@ def test_own_flax_model_decodes_over_the_paged_cache(attention):
     tokens, logprobs = np.asarray(state.out_tokens), np.asarray(state.out_logprobs)
     assert np.asarray(state.out_versions)[: len(prompts)].tolist() == [[3] * n_steps] * 3
     for b, prompt in enumerate(prompts):
-        want, want_lp = _greedy_by_recompute(model, prompt, n_steps)
-        assert tokens[b].tolist() == want, (b, attention)
-        np.testing.assert_allclose(logprobs[b], want_lp, rtol=1e-4, atol=1e-5)
+        _check_greedy(model, prompt, tokens[b].tolist(), logprobs[b])
 
 
 def test_own_model_with_tensor_parallel_axes_is_refused():
