@@ -118,10 +118,23 @@ def _default(f: dataclasses.Field) -> Any:
     return MISSING
 
 
+def _has_field(owner: Any, name: str) -> bool:
+    """Whether a task class or a reward table has a dataclass field `name` (not a ClassVar such
+    as a task's `name`, nor a property such as reasoning_gym's `num_problems`)."""
+    return any(f.name == name for f in dataclasses.fields(owner))
+
+
+def _owner_default(owner: Any, name: str) -> Any:
+    """A reward table's value of field `name` (tables are instances), or a task's default."""
+    if not isinstance(owner, type):
+        return getattr(owner, name)
+    return _default(next(f for f in dataclasses.fields(owner) if f.name == name))
+
+
 def _common_default(owners: dict[str, Any], name: str, what: str) -> tuple[Any, str]:
     """(default, "") when every owner defining `name` agrees, else (MISSING, "per task: a 1,
     b 2")."""
-    values = {o: getattr(obj, name) for o, obj in owners.items() if hasattr(obj, name)}
+    values = {o: _owner_default(obj, name) for o, obj in owners.items() if _has_field(obj, name)}
     if len({repr(v) for v in values.values()}) == 1:
         return next(iter(values.values())), ""
     return MISSING, f"per {what}: " + ", ".join(f"{o} {v!r}" for o, v in values.items())
@@ -186,11 +199,11 @@ def _dict_keys(path: str) -> list[Field]:
     for cls in classes:
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
         for f in dataclasses.fields(cls):
-            if f.name in seen or f.name == "name":
+            if f.name in seen or (what == "table" and f.name == "name"):  # the table's own
                 continue
             seen.add(f.name)
             default, per_owner = _common_default(owners, f.name, what)
-            which = [o for o, obj in owners.items() if hasattr(obj, f.name)]
+            which = [o for o, obj in owners.items() if _has_field(obj, f.name)]
             doc = docs[f.name]
             if path == "data.task_options" and len(which) < len(owners):
                 doc += f" (tasks: {', '.join(which)})"

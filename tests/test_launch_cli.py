@@ -124,6 +124,37 @@ def test_values_convert_to_the_field_type():
         (["--config.reward.table_options=0.3"], "expected a JSON object"),
         (["--config.batch_size=30"], "not divisible by config.group_size"),
         (["--config.data.task_options.difficulty=2"], "task reverse_digits has no such option"),
+        (
+            [
+                "--config.data.task=reasoning_gym",
+                '--config.data.task_options={"name": "chain_sun"}',
+                "--config.reward.fn=reasoning_gym",
+            ],
+            "task reasoning_gym: unknown dataset name='chain_sun'; did you mean chain_sum",
+        ),
+        (
+            [
+                "--config.data.task=reasoning_gym",
+                '--config.data.task_options={"name": "chain_sum"}',
+            ],
+            "scored by reward.fn=reasoning_gym, not reward.fn=task; set --config.reward.fn=",
+        ),
+        (
+            [
+                "--config.data.task=reasoning_gym",
+                '--config.data.task_options={"name": "chain_sum", "min_term": 2}',
+                "--config.reward.fn=reasoning_gym",
+            ],
+            "dataset chain_sum has no option 'min_term' (did you mean 'min_terms'?)",
+        ),
+        (
+            [
+                "--config.data.task=reasoning_gym",
+                '--config.data.task_options={"name": "chain_sum", "config": {"min_term": 2}}',
+                "--config.reward.fn=reasoning_gym",
+            ],
+            "dataset chain_sum has no option 'min_term' (did you mean 'min_terms'?)",
+        ),
         (["--config.batch.max_sequences=3"], "is set from batch_size; leave it out"),
         (["--config.max_lag"], "--config.max_lag needs a value"),
         (["--config.sampler.head_dtype=int8"], "sampler head_dtype='int8': use one of"),
@@ -224,6 +255,21 @@ def test_dry_run_prints_config_params_and_memory_and_exits_0(tmp_path, capsys):
     assert "nothing was loaded or compiled" in out
     assert "compiling" not in out + err
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_dry_run_of_a_reasoning_gym_task(capsys):
+    code, out, err = _launch(
+        TINY,
+        "--dry_run",
+        "--config.data.task=reasoning_gym",
+        '--config.data.task_options={"name": "chain_sum", "config": {"max_terms": 3}}',
+        "--config.reward.fn=reasoning_gym",
+        capsys=capsys,
+    )
+    assert code == 0, err
+    resolved = json.loads(out[: out.index("\ndevices: ")])
+    assert resolved["data"]["task_options"] == [["config", {"max_terms": 3}], ["name", "chain_sum"]]
+    assert resolved["reward"]["fn"] == "reasoning_gym"
 
 
 @pytest.mark.parametrize(

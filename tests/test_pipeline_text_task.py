@@ -1,7 +1,7 @@
 """A text task end to end: word problems through a model's own tokenizer and chat template,
 math-verify rewards in worker processes, answer statuses per step, samples.jsonl, the
 zero-reward warning, held-out evaluation (of the starting policy too), and compile counts that
-reach 0.
+reach 0; and a reasoning_gym task, its dataset's scorer in a reward worker.
 
 The model is a tiny random Llama with a byte-level BPE tokenizer (no merges: every byte is a
 token, so any question encodes) written inside the test; it never answers in \\boxed{}, which
@@ -17,6 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from configs import default as default_config
+from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.pipeline import runner as run_lib
 
@@ -115,3 +116,46 @@ def test_word_problems_run_explains_its_zero_reward(model_dir, tmp_path):
     assert train[0]["compile/count"] > 0
     assert [r["compile/count"] for r in train[-2:]] == [0, 0]
     assert all(r["memory/peak_rss_gib"] > 0.1 for r in train)
+
+
+def test_reasoning_gym_run_scores_in_a_reward_worker(model_dir, tmp_path):
+    """A reasoning_gym task end to end: its problems through the chat prompt, its scorer in a
+    reward worker process (every answer read, none an error), held-out problems evaluated."""
+    c = default_config.get_config()
+    c.steps, c.group_size, c.batch_size, c.max_lag, c.log_every = 3, 2, 4, 1, 1
+    c.eval_every, c.checkpoint_every = 3, 0
+    c.eval.num_problems = 2
+    c.model.hf_dir, c.model.init = str(model_dir), {}
+    c.data.task = "reasoning_gym"
+    c.data.task_options = dict(name="chain_sum", size=64, config=dict(max_terms=3))
+    c.data.prompt_template = "chat"
+    c.generation.max_prompt_tokens, c.generation.max_new_tokens = 256, 8
+    c.sampler.num_slots, c.sampler.max_seq_len, c.sampler.chunk_steps = 4, 272, 4
+    c.sampler.prefill_chunk = 128
+    c.sampler.min_window_pages = 17
+    c.reward.fn, c.reward.workers = "reasoning_gym", 1
+    cfg = config_dict.from_config_dict(c)
+    lines = []
+    summary = run_lib.run(cfg, str(tmp_path), echo=lines.append)
+    assert summary["steps"] == 3
+
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    # A random byte model writes no <answer> tags and no \boxed{}: every answer is read and
+    # found missing, none fails or times out in the worker (the entry reached it).
+    assert len(train) == 3
+    for r in train:
+        assert r["status/no_answer"] == 1.0 and r["status/error"] == 0.0, r
+        assert r["status/timeout"] == 0.0 and r["reward/mean"] == 0.0
+    assert not any(x.startswith("warning: reward function failed") for x in lines), lines
+
+    samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    task = make_task("reasoning_gym", **dict(cfg.data.task_options))
+    for s in samples:
+        assert s["uid"].startswith("reasoning_gym/chain_sum/train/")
+        problem = task.problem(int(s["uid"].rsplit("/", 1)[1]))
+        assert s["gold"] == problem.answer and problem.question in s["prompt"]
+
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [3]
+    assert list(evals[0]["per_source"]) == ["reasoning_gym/chain_sum"]

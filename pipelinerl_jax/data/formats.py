@@ -30,6 +30,8 @@ class Problem:
     source: str  # dataset or task name, for per-dataset metrics and reward dispatch
     epoch: int = 0  # set by the iterator: the pass over the data this draw belongs to
     index: int = -1  # set by the iterator: position in this shard's stream (0, 1, 2, ...)
+    meta: str = ""  # what the task's reward needs beyond the gold, as JSON text ("" for most;
+    #   reasoning_gym: the dataset, its config and the entry its scorer reads)
 
 
 def get_path(record: Any, path: str) -> Any:

@@ -10,6 +10,9 @@ Problem i of a task is generated from (task seed, i) alone, so a task is a rando
 source of `num_problems` problems: the same `PromptStream` that serves file datasets shuffles,
 shards, repeats and checkpoints it. Alternatives with the same vocabulary: `copy_digits`
 (easier) and `add_numbers` (harder; it plateaus early at this model size).
+
+Text tasks, for real models with their own tokenizer: `word_problems` (word_problems.py) and
+`reasoning_gym`, any reasoning-gym dataset (reasoning_gym_task.py).
 """
 
 import abc
@@ -19,6 +22,8 @@ from typing import ClassVar
 
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.procedural import ProceduralSource
+from pipelinerl_jax.data.reasoning_gym_task import TASK_NAME as REASONING_GYM
+from pipelinerl_jax.data.reasoning_gym_task import ReasoningGym
 from pipelinerl_jax.data.word_problems import WordProblems
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import partial_credit
@@ -202,21 +207,33 @@ class AddNumbers(DigitTask):
 
 
 _TOKENIZER = CharTokenizer()
-# WordProblems is a text task (text_task = True): the run uses the model's own tokenizer.
-TASKS: dict[str, type[DigitTask] | type[WordProblems]] = {
-    t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers, WordProblems)
+Task = DigitTask | WordProblems | ReasoningGym
+# WordProblems and ReasoningGym are text tasks (text_task = True): the run uses the model's own
+# tokenizer. ReasoningGym's `name` field is the reasoning-gym dataset, so it is keyed here.
+TASKS: dict[str, type[Task]] = {
+    **{t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers, WordProblems)},
+    REASONING_GYM: ReasoningGym,
 }
 
 
-def make_task(name: str, **kwargs) -> DigitTask | WordProblems:
-    """The task called `name`, e.g. make_task("reverse_digits", max_digits=5, seed=0)."""
+def make_task(name: str, /, **kwargs) -> Task:
+    """The task called `name`, e.g. make_task("reverse_digits", max_digits=5, seed=0).
+
+    A task with an `options_field` (reasoning_gym: "config") takes options it does not know
+    into that dict: make_task("reasoning_gym", name="chain_sum", min_terms=3) is
+    make_task("reasoning_gym", name="chain_sum", config={"min_terms": 3})."""
     if name not in TASKS:
         raise ConfigError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
-    fields = {f.name for f in dataclasses.fields(TASKS[name])}
+    cls = TASKS[name]
+    fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(kwargs) - fields)
-    if unknown:
+    into = getattr(cls, "options_field", None)
+    if unknown and into:
+        extra = {k: kwargs.pop(k) for k in unknown}
+        kwargs[into] = {**(kwargs.get(into) or {}), **extra}
+    elif unknown:
         raise ConfigError(f"task {name}: unknown option(s) {unknown}; valid: {sorted(fields)}")
-    return TASKS[name](**kwargs)
+    return cls(**kwargs)
 
 
 def held_out_problems(name: str, options: dict, n: int) -> list[Problem]:

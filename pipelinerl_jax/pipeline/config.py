@@ -103,7 +103,9 @@ class DataSpec:
             )
         options = {f.name for f in dataclasses.fields(TASKS[self.task])}
         unknown = sorted(set(dict(self.task_options)) - options)
-        if unknown:
+        # A task with an options_field (reasoning_gym) takes the dataset's own options flat:
+        # make_task folds them into that field and the dataset names a bad one.
+        if unknown and not getattr(TASKS[self.task], "options_field", None):
             raise ConfigError(
                 f"config.data.task_options.{unknown[0]}: task {self.task} has "
                 f"no such option{did_you_mean(unknown[0], options)}; valid: "
@@ -242,6 +244,13 @@ class RunConfig(RunSpec):
     def check_sections_fit(self) -> None:
         """The checks that need two sections (or a section and the run's own fields); each
         section has checked its own fields already."""
+        wanted = getattr(TASKS.get(self.data.task), "reward_fn", None)
+        if wanted and wanted != "math" and self.reward.fn == "task":
+            # The default reward would pay text partial credit against the gold answer.
+            raise ConfigError(
+                f"config.data.task={self.data.task} is scored by reward.fn={wanted}, not "
+                f"reward.fn=task; set --config.reward.fn={wanted}"
+            )
         sampler, length = self.sampler, self.max_prompt_tokens + self.max_new_tokens
         if length > sampler.max_seq_len:
             raise ConfigError(

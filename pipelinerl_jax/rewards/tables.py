@@ -187,6 +187,12 @@ def partial_credit(completion: str, answer: str) -> float:
 
 def task_reward(completion: str, problem) -> Verdict:
     """Reward of the built-in procedural tasks: partial credit against the gold answer."""
+    if getattr(problem, "source", "").startswith("reasoning_gym/"):  # partial credit misleads
+        return Verdict(
+            status="error",
+            detail="reward.fn=task cannot score a reasoning_gym problem; set "
+            "--config.reward.fn=reasoning_gym (its dataset's own scorer)",
+        )
     if not completion:
         return Verdict(status="no_answer")
     score = partial_credit(completion, problem.answer)
@@ -197,6 +203,7 @@ def task_reward(completion: str, problem) -> Verdict:
 BUILTIN_REWARDS = {
     "math": "pipelinerl_jax.rewards.math:math_reward",
     "task": "pipelinerl_jax.rewards.tables:task_reward",
+    "reasoning_gym": "pipelinerl_jax.rewards.reasoning_gym_scorer:reasoning_gym_reward",
 }
 
 
