@@ -245,7 +245,7 @@ class RunConfig(RunSpec):
         """The checks that need two sections (or a section and the run's own fields); each
         section has checked its own fields already."""
         wanted = getattr(TASKS.get(self.data.task), "reward_fn", None)
-        if wanted and wanted != "math" and self.reward.fn == "task":
+        if wanted and self.reward.fn == "task":
             # The default reward would pay text partial credit against the gold answer.
             raise ConfigError(
                 f"config.data.task={self.data.task} is scored by reward.fn={wanted}, not "
