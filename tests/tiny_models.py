@@ -5,29 +5,15 @@ jax 0.11 suite runs without torch: tests/conftest.py).
 """
 
 from pipelinerl_jax.models.config import ModelConfig
-
-TINY = dict(
-    model_type="llama",
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-5,
-    rope_theta=1e4,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    attention_bias=False,
-    qk_norm=False,
-)
+from pipelinerl_jax.models.tiny_model import tiny_config
 
 
 def model_config(**overrides) -> ModelConfig:
-    """A 2-layer GQA Llama (hidden 32, 4 query / 2 kv heads of 8), fields overridable."""
-    return ModelConfig(**{**TINY, **overrides})
+    """models.tiny_config's 2-layer GQA Llama (hidden 32, 4 query / 2 kv heads of 8), with the
+    eps and position limit these tests were written against; fields overridable."""
+    return tiny_config(
+        "llama", **{"rms_norm_eps": 1e-5, "max_position_embeddings": 64, **overrides}
+    )
 
 
 def hf_greedy(model, prompt, max_new_tokens: int, eos=None):
