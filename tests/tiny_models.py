@@ -11,9 +11,14 @@ from pipelinerl_jax.models.tiny_model import tiny_config
 def model_config(**overrides) -> ModelConfig:
     """models.tiny_config's 2-layer GQA Llama (hidden 32, 4 query / 2 kv heads of 8), with the
     eps and position limit these tests were written against; fields overridable."""
-    return tiny_config(
-        "llama", **{"rms_norm_eps": 1e-5, "max_position_embeddings": 64, **overrides}
-    )
+    fields = {
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 64,
+        "attention_bias": False,  # not the family's own switches: the tests set them
+        "qk_norm": False,
+        **overrides,
+    }
+    return tiny_config(fields.pop("model_type", "llama"), **fields)
 
 
 def hf_greedy(model, prompt, max_new_tokens: int, eos=None):
