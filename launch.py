@@ -23,7 +23,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
-from pipelinerl_jax import cli, config_cli
+from pipelinerl_jax import cli, config_cli, interrupts
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.plan.gpu_run import gpu_for_flag
 
@@ -96,6 +96,8 @@ def _multi_process(cfg):
         else:
             roles.run_sampler(cfg, spec)
     except BaseException as e:  # Ctrl-C included: the other processes must stop too
+        if isinstance(e, KeyboardInterrupt):
+            interrupts.received()
         failures.report(spec, e)
         raise
     import jax
@@ -126,7 +128,7 @@ def main(argv, overrides):
     # dispositions and masks are inherited through fork + exec, e.g. from test runners and
     # job wrappers). Done before JAX starts its threads, which inherit this thread's mask.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupts.install()
     from pipelinerl_jax.pipeline import config_dict
 
     try:
@@ -163,6 +165,7 @@ def main(argv, overrides):
             _exit_now(_multi_process(cfg))
         run(cfg, _WORKDIR.value)
     except KeyboardInterrupt:
+        interrupts.received()
         print("interrupted: sampler and trainer stopped, reward workers closed", file=sys.stderr)
         _exit_now(130)
     except PipelineError as e:  # a thread failed; its traceback is in the message

@@ -7,9 +7,10 @@ the policy version that produced it.
 Layers. Each imports only from the layers above it (tests/test_layers.py checks it), so a
 researcher can lift a layer and what is above it, and the application stays on top:
 
-  0 foundation  errors, cli (one-line errors, exit code 2), sharding, kernels (paged
-                attention: the Triton kernel and its jnp reference), models (families, the
-                decoder, Hugging Face and GGUF checkpoints)
+  0 foundation  errors, cli (one-line errors, exit code 2), interrupts (Ctrl-C never
+                lost), sharding, kernels (paged attention: the Triton kernel and its jnp
+                reference), models (families, the decoder, Hugging Face and GGUF
+                checkpoints)
   1 parts       rewards, data (prompt streams, tasks), envs (multi-turn environments and
                 tools), rl (batches, advantages, objectives, losses), sampler (paged KV
                 cache, continuous batching, decode chunks)

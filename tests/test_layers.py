@@ -22,7 +22,7 @@ PACKAGE = ROOT / "pipelinerl_jax"
 
 # Top-level names of pipelinerl_jax (a module or a subpackage), by layer, first to last.
 LAYERS = (
-    ("foundation", ("errors", "cli", "sharding", "kernels", "models")),
+    ("foundation", ("errors", "cli", "interrupts", "sharding", "kernels", "models")),
     ("parts", ("rewards", "data", "envs", "rl", "sampler")),
     ("train", ("train",)),
     ("run", ("pipeline", "distributed")),

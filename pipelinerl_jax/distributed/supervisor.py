@@ -24,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from pipelinerl_jax import interrupts
+
 _PR_SET_PDEATHSIG = 1
 # The last line of a Python traceback: "ValueError: ...", "jax.errors.JaxRuntimeError: ...".
 _PY_ERROR = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(: .*)?$")
@@ -156,6 +158,7 @@ def supervise(
                 return Outcome(0)
             time.sleep(poll_s)
     except KeyboardInterrupt:
+        interrupts.received()
         for r in running:
             r.signal_group(signal.SIGINT)
         _stop(running, grace_s)

@@ -31,6 +31,7 @@ import traceback
 import jax
 import numpy as np
 
+from pipelinerl_jax import interrupts
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.pipeline import memory
@@ -140,6 +141,7 @@ class Coordinator:
                 if self._errors:
                     self.stop.set()
         except KeyboardInterrupt:
+            interrupts.received()
             self.stop.set()
             self._wait(30)
             raise

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import jax
 
+from pipelinerl_jax import interrupts
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
@@ -203,6 +204,7 @@ def _train(
             if ckpt is not None:
                 ckpt.save(coord)
         except KeyboardInterrupt:
+            interrupts.received()
             interrupted(coord, ckpt, echo)
             raise
         finally:
