@@ -13,6 +13,7 @@ from __future__ import annotations
 import _thread
 import signal
 import threading
+import time
 
 RETRY_S = 1.0
 RETRIES = 10
@@ -24,7 +25,7 @@ _pending = False  # a SIGINT arrived and no handler has said it received it
 def _deliver_again(retry_s: float, retries: int) -> None:
     global _pending
     for _ in range(retries):
-        threading.Event().wait(retry_s)
+        time.sleep(retry_s)
         with _lock:
             if not _pending:
                 return

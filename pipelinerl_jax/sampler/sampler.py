@@ -82,8 +82,7 @@ class PagedSampler:
         mesh=None,
     ):
         cfg = config
-        model_cfg = decoder.config_of(graphdef)
-        cfg.validate()
+        model_cfg = decoder.config_of(graphdef)  # cfg checked itself when it was built
         self.config, self.model_cfg = cfg, model_cfg
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         cache_dtype = cfg.cache_dtype or model_cfg.compute_dtype
