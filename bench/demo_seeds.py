@@ -3,6 +3,7 @@
     python bench/demo_seeds.py                 # seeds 0-4, one run at a time (minutes each)
     python bench/demo_seeds.py --parallel=2    # two runs at a time (each gets one core)
     python bench/demo_seeds.py --quick         # 30 steps per seed: checks the script runs
+    python bench/demo_seeds.py --config=configs/guess.py --min_eval=0.9   # the multi-turn toy
 
 Each seed runs `launch.py --config.seed=S --workdir=<root>/seed_S` in its own process, exactly
 the `make run` config otherwise (override any field with --set=steps=400, repeatable). The
@@ -14,6 +15,10 @@ sequences that mixed policy versions (what makes it PipelineRL), and the machine
 during the run (other processes slow the run down and say nothing about the code). Results go
 to bench/results/demo_seeds.json (demo_seeds_quick.json with --quick); the exit status is 1
 when a seed misses the criterion (never with --quick, whose runs are too short to learn).
+
+With --config, each seed runs that config file (results: demo_seeds_<name>.json); with
+--min_eval, a seed must also end with held-out greedy success (the last evaluation's avg@k)
+of at least that much. Episode runs report the last evaluation's mean turns per episode too.
 """
 
 from __future__ import annotations
@@ -63,9 +68,18 @@ class LoadSampler:
         return {"load_mean": sum(s) / len(s), "load_max": max(s)}
 
 
-def run_seed(seed: int, workdir: Path, overrides: list[str], margin: float) -> dict:
-    """One default run in its own process; returns its row for the table."""
+def run_seed(
+    seed: int,
+    workdir: Path,
+    overrides: list[str],
+    margin: float,
+    config: str | None = None,
+    min_eval: float | None = None,
+) -> dict:
+    """One run in its own process; returns its row for the table."""
     flags = [f"--config.seed={seed}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
+    if config:
+        flags.insert(0, f"--config={config}")
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     log = workdir.parent / f"seed_{seed}.log"
     workdir.parent.mkdir(parents=True, exist_ok=True)
@@ -86,13 +100,21 @@ def run_seed(seed: int, workdir: Path, overrides: list[str], margin: float) -> d
     summary = next(r for r in reversed(records) if r["kind"] == "summary")
     first, last = summary["reward/first20"], summary["reward/last_tenth"]
     hist = {k: v for k, v in summary["lag/hist"].items() if v}
+    evals = [r for r in records if r["kind"] == "eval"]
+    last_eval = evals[-1] if evals else {}
+    passed = last - first >= margin
+    if min_eval is not None:
+        passed = passed and last_eval.get("avg@k", float("-inf")) >= min_eval
     return {
         "seed": seed,
         "steps": summary["steps"],
         "first20": first,
         "last_tenth": last,
         "gain": last - first,
-        "passed": bool(last - first >= margin),
+        "eval_first": evals[0]["avg@k"] if evals else None,
+        "eval_last": last_eval.get("avg@k"),
+        "eval_turns": last_eval.get("episode/turns_mean"),
+        "passed": bool(passed),
         "process_wall_s": wall,
         "run_wall_s": summary["wall_s"],
         "steps_per_s": summary.get("steady_steps_per_s"),
@@ -132,6 +154,13 @@ def main():
     parser.add_argument(
         "--workroot", default=None, help="keep the runs here (default: a temporary directory)"
     )
+    parser.add_argument("--config", default=None, help="a config file (default: the demo)")
+    parser.add_argument(
+        "--min_eval",
+        type=float,
+        default=None,
+        help="also require the last held-out evaluation's avg@k to reach this",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -149,7 +178,10 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
             rows = list(
                 pool.map(
-                    lambda s: run_seed(s, root / f"seed_{s}", overrides, args.margin), args.seeds
+                    lambda s: run_seed(
+                        s, root / f"seed_{s}", overrides, args.margin, args.config, args.min_eval
+                    ),
+                    args.seeds,
                 )
             )
     total = time.perf_counter() - t0
@@ -161,6 +193,9 @@ def main():
             "first20",
             "last_tenth",
             "gain",
+            "eval_first",
+            "eval_last",
+            "eval_turns",
             "passed",
             "process_wall_s",
             "steps_per_s",
@@ -171,16 +206,21 @@ def main():
         ],
     )
     passed = all(r["passed"] for r in rows)
+    criterion = f"reward/last_tenth - reward/first20 >= {args.margin}"
+    if args.min_eval is not None:
+        criterion += f" and last held-out avg@k >= {args.min_eval}"
     print(
         f"{'PASS' if passed else 'FAIL'}: {sum(r['passed'] for r in rows)}/{len(rows)} seeds "
-        f"gain >= {args.margin}; slowest run {max(r['process_wall_s'] for r in rows):.0f}s "
+        f"{criterion}; slowest run {max(r['process_wall_s'] for r in rows):.0f}s "
         f"(compilation included), {total:.0f}s in all, {args.parallel} at a time"
     )
+    name = "demo_seeds" + (f"_{Path(args.config).stem}" if args.config else "")
     write_result(
-        "demo_seeds_quick" if args.quick else "demo_seeds",
+        name + ("_quick" if args.quick else ""),
         {
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "criterion": f"reward/last_tenth - reward/first20 >= {args.margin} for every seed",
+            "config": args.config or "configs/default.py",
+            "criterion": criterion + " for every seed",
             "overrides": overrides,
             "parallel": args.parallel,
             "quick": args.quick,

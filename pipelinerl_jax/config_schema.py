@@ -41,7 +41,7 @@ _DERIVED_DEFAULTS = {
 }
 # Fields that hold a JSON list / a JSON object in the ConfigDict (tuples in the dataclasses).
 LIST_FIELDS = ("data.datasets", "data.few_shot", "eval.datasets")
-DICT_FIELDS = ("model.init", "data.task_options", "reward.table_options")
+DICT_FIELDS = ("model.init", "data.task_options", "reward.table_options", "env.options")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -128,6 +128,14 @@ def demo_config() -> ml_collections.ConfigDict:
     c.eval.datasets = []  # held-out files when training on data.datasets
     c.eval.at_start = False  # also evaluate the starting policy (step 0)
 
+    c.env = ml_collections.ConfigDict()
+    c.env.name = ""  # "": one answer per prompt; "guess", "calculator", "module:callable"
+    c.env.options = {}  # the environment's keyword arguments
+    c.env.max_turns = 0  # 0: the environment's own
+    c.env.turn_tokens = 0  # tokens per model turn (0: the episode's budget bounds it)
+    c.env.workers = 2  # processes answering turns, each with timeout_s per turn
+    c.env.timeout_s = 5.0
+
     c.devices = ml_collections.ConfigDict()
     c.devices.sampler = 0.5
     c.devices.trainer_tp = 1
@@ -151,6 +159,34 @@ def tiny_config() -> ml_collections.ConfigDict:
     c.model.init.update(
         hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16
     )
+    return c
+
+
+def guess_config() -> ml_collections.ConfigDict:
+    """The multi-turn toy (configs/guess.py): the demo's decoder, from random weights, learns
+    to find a secret number in [0, 15] within 6 turns from the "guess" environment's "<" /
+    ">" answers. Every prompt is the same, so only the feedback can tell it the number. A
+    guess is one base-16 character, so a turn is one token and an answer another."""
+    c = demo_config()
+    c.steps = 2500  # ~6 min on 2 idle cores
+    c.log_every = 100
+    c.eval_every = 500
+    c.eval.at_start = True  # the random policy's success opens the curve
+    c.loss.entropy_coef = 0.01  # 0.03 (the demo's) kept the policy near uniform here
+    c.model.init.update(vocab_size=24)  # the guess task's characters: 0-9, a-f, "+=:<>"
+    c.data.task = "guess_number"
+    c.data.task_options = dict(lo=0, hi=15)
+    c.env.name = "guess"
+    # The task's characters; a guess is one hex digit. `consistency` pays 0.1 for each guess
+    # the answers so far leave possible: with the success reward alone the policy was still
+    # near uniform after 1000 steps, with it it uses the answers within a few hundred.
+    c.env.options = dict(higher=">", lower="<", again="=", base=16, consistency=0.1)
+    c.env.max_turns = 6
+    c.env.turn_tokens = 1  # a guess: one character
+    c.env.workers = 0  # a comparison: answered in the sampler thread, no process hop
+    c.generation.max_prompt_tokens = 6  # <bos>0:15=
+    c.generation.max_new_tokens = 11  # 6 guesses, 5 answers between them
+    c.sampler.max_seq_len = 17
     return c
 
 
@@ -239,6 +275,28 @@ def smollm2_math_config() -> ml_collections.ConfigDict:
     return c
 
 
+def smollm2_calculator_config() -> ml_collections.ConfigDict:
+    """SmolLM2-135M-Instruct solves word problems with a calculator tool over several turns
+    (configs/smollm2_calculator.py): it writes `<calc>expression</calc>`, its turn ends there,
+    the "calculator" environment appends ` = value` inside its message, and it goes on to a
+    `\\boxed{}` answer. The prompt shows one worked example of the tool (envs/calculator.py)."""
+    c = smollm2_math_config()
+    c.steps = 40
+    c.eval_every = 20
+    c.data.few_shot = []  # the environment's first messages carry the example
+    c.data.system_prompt = ""
+    c.env.name = "calculator"
+    c.env.max_turns = 4
+    c.env.workers = 2
+    c.generation.max_prompt_tokens = 176  # the longest prompt (system + example) is 157
+    c.generation.max_new_tokens = 160  # the whole episode: turns and the tool's answers
+    c.sampler.max_seq_len = 336
+    c.sampler.prefill_chunk = 176
+    c.sampler.min_window_pages = 21  # = max_seq_len / page_size: one decode compile
+    c.batch.seq_len = 512
+    return c
+
+
 def run_config(c: ml_collections.ConfigDict, **overrides) -> config_lib.RunConfig:
     """`c` (left unchanged) with `overrides` applied (see the module docstring), validated."""
     c = copy.deepcopy(c)  # the caller's ConfigDict stays as it was
@@ -269,13 +327,25 @@ def tiny(**overrides) -> config_lib.RunConfig:
     return run_config(tiny_config(), **overrides)
 
 
+def guess(**overrides) -> config_lib.RunConfig:
+    """The multi-turn toy as a RunConfig (guess_config), with `overrides` applied."""
+    return run_config(guess_config(), **overrides)
+
+
 def smollm2_math(**overrides) -> config_lib.RunConfig:
     """The real-model config as a RunConfig (smollm2_math_config), with `overrides` applied."""
     return run_config(smollm2_math_config(), **overrides)
 
 
+def smollm2_calculator(**overrides) -> config_lib.RunConfig:
+    """The calculator-tool config as a RunConfig (smollm2_calculator_config)."""
+    return run_config(smollm2_calculator_config(), **overrides)
+
+
 PRESETS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
     "demo": demo_config,
     "tiny": tiny_config,
+    "guess": guess_config,
     "smollm2_math": smollm2_math_config,
+    "smollm2_calculator": smollm2_calculator_config,
 }

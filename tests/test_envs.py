@@ -85,12 +85,12 @@ def test_calculator_episode():
     assert env.first_messages(PROBLEM)[-1] == {"role": "user", "content": PROBLEM.question}
     turns = ["12 boxes of 37: <calc>12 * 37</calc>"]
     first = env.final(PROBLEM, turns)
-    assert first == Turn({"role": "tool", "content": "= 444"}, info={"tool_calls": 1})
+    assert first == Turn({"role": "text", "content": " = 444"}, info={"tool_calls": 1})
     turns.append("So the answer is \\boxed{444}.")
     last = env.final(PROBLEM, turns)
     assert last.done and last.reward == 1.0 and last.observation is None
     bad = env.final(PROBLEM, ["<calc>open('f')"])  # the stop string not kept in the text
-    assert bad.observation["content"].startswith("error: Call is not arithmetic")
+    assert bad.observation["content"].startswith(" error: Call is not arithmetic")
     assert bad.info == {"tool_calls": 1, "tool_errors": 1} and not bad.done
     wrong = env.final(PROBLEM, ["\\boxed{443}"])
     assert wrong.done and wrong.reward == 0.0
@@ -130,6 +130,29 @@ def test_a_task_is_a_one_turn_environment():
     env = SingleTurn("math")
     assert env.final(PROBLEM, ["\\boxed{444}"]) == Turn(None, 1.0, True, info={"status": "correct"})
     assert env.final(PROBLEM, ["no box"]).reward == 0.0
+
+
+def test_retry_pays_less_for_each_try_and_pickles():
+    import pickle
+
+    from pipelinerl_jax.envs.registry import make_env
+
+    env = pickle.loads(pickle.dumps(make_env("retry", {"reward_fn": "math", "discount": 0.5})))
+    first = env.final(PROBLEM, ["\\boxed{443}"])
+    assert first.observation == {"role": "user", "content": "That is not right. Try again."}
+    assert first.info == {"status": "wrong"} and not first.done
+    assert env.final(PROBLEM, ["\\boxed{443}", "\\boxed{444}"]).reward == 0.5
+    assert env.final(PROBLEM, ["x", "y", "\\boxed{444}"]).reward == 0.25
+    last = env.final(PROBLEM, ["x", "y", "z"])  # max_turns=3: the third wrong answer ends it
+    assert last.done and last.reward == 0.0 and last.observation is None
+    with pytest.raises(ConfigError, match="discount=2"):
+        make_env("retry", {"discount": 2})
+    with pytest.raises(ConfigError, match="unknown environment 'retr'"):
+        make_env("retr")
+    with pytest.raises(ConfigError, match="bad options"):
+        make_env("guess", {"colour": "red"})
+    with pytest.raises(ConfigError, match="returned a list, not a pipelinerl_jax.envs.Environment"):
+        make_env("pipelinerl_jax.envs.guess:problems", {"n": 1})
 
 
 @pytest.mark.parametrize(

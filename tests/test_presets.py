@@ -15,7 +15,13 @@ from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = {"demo": "default.py", "tiny": "tiny.py", "smollm2_math": "smollm2_math.py"}
+FILES = {
+    "demo": "default.py",
+    "tiny": "tiny.py",
+    "guess": "guess.py",
+    "smollm2_math": "smollm2_math.py",
+    "smollm2_calculator": "smollm2_calculator.py",
+}
 
 
 @pytest.mark.parametrize("name", sorted(FILES))

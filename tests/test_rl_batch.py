@@ -1,5 +1,7 @@
 """First-fit packing and the host-side TrainBatch layout (rl/batch.py, rl/config.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,39 @@ def test_build_batch_bad_samples():
         build_batch([_sample([1], [2], 1.0, 0)] * 3, cfg)
     with pytest.raises(ConfigError, match="NaN"):
         build_batch([ScoredSample([1], [2, 3], [-1.0, np.nan], [0, 0], 1.0, 0)], cfg)
+
+
+def test_episode_observations_are_context_only():
+    """An episode's completion interleaves model turns and observations (version -1): the
+    observation tokens are inputs and targets, but off the loss mask, with no logprob, version,
+    advantage or weight, and out of the token counts the weights normalise by."""
+    episode = ScoredSample(
+        prompt_tokens=[11, 12],
+        completion_tokens=[13, 14, 51, 52, 15, 16],  # turn, observation, turn
+        completion_logprobs=[-0.1, -0.2, 0.0, 0.0, -0.3, -0.4],
+        completion_versions=[2, 2, -1, -1, 3, 3],
+        reward=1.0,
+        group_id=0,
+    )
+    single = _sample([21], [22, 23], 0.0, 0)
+    cfg = BatchConfig(
+        seq_len=12, num_rows=1, max_sequences=2, max_sequence_len=8, weighting="token_mean"
+    )
+    batch, stats = build_batch([episode, single], cfg)
+    np.testing.assert_array_equal(batch.tokens[0, :8], [11, 12, 13, 14, 51, 52, 15, 16])
+    np.testing.assert_array_equal(batch.targets[0, :8], [12, 13, 14, 51, 52, 15, 16, 0])
+    # Position t scores targets[t]: 13, 14 (model), 51, 52 (observation), 15, 16 (model).
+    np.testing.assert_array_equal(batch.loss_mask[0, :8], [0, 1, 1, 0, 0, 1, 1, 0])
+    np.testing.assert_allclose(
+        batch.behaviour_logprobs[0, :8], [0, -0.1, -0.2, 0, 0, -0.3, -0.4, 0]
+    )
+    np.testing.assert_array_equal(batch.versions[0, :8], [0, 2, 2, 0, 0, 3, 3, 0])
+    np.testing.assert_array_equal(batch.sequence_index[0, :8], [2, 0, 0, 2, 2, 0, 0, 2])
+    # token_mean over 4 + 2 model tokens; advantages +-0.5 on model tokens only.
+    np.testing.assert_allclose(batch.token_weights[0, :8], np.array([0, 1, 1, 0, 0, 1, 1, 0]) / 6)
+    np.testing.assert_allclose(batch.advantages[0, :8], [0, 0.5, 0.5, 0, 0, 0.5, 0.5, 0])
+    np.testing.assert_array_equal(batch.completion_lengths, [4, 2])
+    assert stats["completion_tokens"] == 6 and stats["observation_tokens"] == 2
+    bad = dataclasses.replace(episode, completion_versions=[-1] * 6)
+    with pytest.raises(ConfigError, match="at least one model token"):
+        build_batch([bad], cfg)

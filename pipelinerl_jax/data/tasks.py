@@ -9,7 +9,9 @@ little (about 0.03) and every improvement is visible, unlike an all-or-nothing r
 Problem i of a task is generated from (task seed, i) alone, so a task is a random-access
 source of `num_problems` problems: the same `PromptStream` that serves file datasets shuffles,
 shards, repeats and checkpoints it. Alternatives with the same vocabulary: `copy_digits`
-(easier) and `add_numbers` (harder; it plateaus early at this model size).
+(easier) and `add_numbers` (harder; it plateaus early at this model size). `guess_number` is
+the multi-turn toy: the same question every time, a secret answer, and the "guess"
+environment's "<" / ">" feedback between the model's guesses.
 
 Text tasks, for real models with their own tokenizer: `word_problems` (word_problems.py) and
 `reasoning_gym`, any reasoning-gym dataset (reasoning_gym_task.py).
@@ -206,12 +208,47 @@ class AddNumbers(DigitTask):
         return self.max_digits + 1
 
 
+@dataclasses.dataclass(frozen=True)
+class GuessNumberTask(DigitTask):
+    """'0:15=' with a secret answer: the problems of a multi-turn game (envs/guess.py, env
+    "guess" answering ">" for higher and "<" for lower). Every question is the same; only the
+    secret differs, so one answer cannot fit them all and the model must use the feedback.
+    The vocabulary has the base-16 digits a-f too, so a guess can be one character. Scored
+    alone (no environment), an answer is partial credit against the secret."""
+
+    name: ClassVar[str] = "guess_number"
+    lo: int = 0
+    hi: int = 15
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 <= self.lo < self.hi < 10**self.max_digits:
+            raise ConfigError(
+                f"task {self.name}: need 0 <= lo ({self.lo}) < hi ({self.hi}) < "
+                f"10**max_digits ({10**self.max_digits})"
+            )
+
+    @property
+    def tokenizer(self) -> CharTokenizer:
+        return _GUESS_TOKENIZER
+
+    def make(self, rng):
+        return f"{self.lo}:{self.hi}=", str(rng.randint(self.lo, self.hi))
+
+    def _max_question_chars(self):
+        return len(f"{self.lo}:{self.hi}=")
+
+    def _max_answer_chars(self):
+        return len(str(self.hi))
+
+
 _TOKENIZER = CharTokenizer()
+_GUESS_TOKENIZER = CharTokenizer(TASK_CHARS + "<>abcdef")
 Task = DigitTask | WordProblems | ReasoningGym
 # WordProblems and ReasoningGym are text tasks (text_task = True): the run uses the model's own
 # tokenizer. ReasoningGym's `name` field is the reasoning-gym dataset, so it is keyed here.
 TASKS: dict[str, type[Task]] = {
-    **{t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers, WordProblems)},
+    **{t.name: t for t in (ReverseDigits, CopyDigits, AddNumbers, GuessNumberTask, WordProblems)},
     REASONING_GYM: ReasoningGym,
 }
 

@@ -1,7 +1,9 @@
 """Word problems with a calculator: the model may write `<calc>expression</calc>`, the turn
-ends there, and the environment answers with the value (or why it could not compute it); the
-model goes on and ends with its answer in \\boxed{}, scored by math-verify against the gold.
-Expressions are evaluated by arithmetic.py, never by `eval`.
+ends there, and the environment answers with the value (or why it could not compute it) as
+text inside the model's own message (`<calc>6*7</calc> = 42`), so a chat model that was never
+taught a tool role just reads on; the model goes on and ends with its answer in \\boxed{},
+scored by math-verify against the gold. Expressions are evaluated by arithmetic.py, never by
+`eval`.
 """
 
 from __future__ import annotations
@@ -34,14 +36,34 @@ def last_call(turn: str) -> str | None:
     return body.strip()
 
 
+# A worked example, shown as an earlier exchange: a small chat model follows a shown format
+# far more often than a described one.
+EXAMPLE = (
+    {"role": "user", "content": "A box holds 12 pens. How many pens are in 37 boxes?"},
+    {
+        "role": "assistant",
+        "content": (
+            f"Each box holds 12 pens, so 37 boxes hold {OPEN}37 * 12{CLOSE} = 444 pens.\n"
+            "The answer is \\boxed{444}."
+        ),
+    },
+)
+
+
 class Calculator(Environment):
     name = "calculator"
     max_turns = 4
     stop_strings = (CLOSE,)
 
+    def __init__(self, *, max_turns: int | None = None, example: bool = True):
+        super().__init__(max_turns=max_turns)
+        self.example = example
+
     def first_messages(self, problem: Problem) -> list[dict]:
+        shown = [dict(m) for m in EXAMPLE] if self.example else []
         return [
             {"role": "system", "content": SYSTEM},
+            *shown,
             {"role": "user", "content": problem.question},
         ]
 
@@ -51,9 +73,9 @@ class Calculator(Environment):
             verdict = verify_math(turns[-1], problem.answer)
             return Turn(None, reward=verdict.score, done=True, info={"status": verdict.status})
         try:
-            value = f"= {arithmetic.show(arithmetic.evaluate(expression))}"
+            value = f" = {arithmetic.show(arithmetic.evaluate(expression))}"
             info = {"tool_calls": 1}
         except arithmetic.ExpressionError as e:
-            value = f"error: {e}"
+            value = f" error: {e}"
             info = {"tool_calls": 1, "tool_errors": 1}
-        return Turn({"role": "tool", "content": value}, info=info)
+        return Turn({"role": "text", "content": value}, info=info)

@@ -1,7 +1,14 @@
 """Guess a number: the secret is the problem's answer, in [lo, hi] as the question says; each
-turn the model names a number and hears "higher", "lower" or "correct". Reward 1 for finding
-it within `max_turns` turns. A policy that halves the range finds a number in [0, 15] within
-5 turns (16 numbers: 4 turns name at most 15 of them); one that guesses at random rarely does.
+turn the model names a number and hears "higher", "lower" or nothing more (found). Reward 1
+for finding it within `max_turns` turns. Two optional shapings give a policy learning from
+scratch a denser signal: `consistency` for each guess inside the range the answers so far
+leave open (from `lo`..`hi`), and `closeness` / (1 + d) for a last guess that misses by d. A policy that halves the range finds a number in
+[0, 15] within 5 turns (16 numbers: 4 turns name at most 15 of them); one that guesses at
+random rarely does.
+
+The words are options, so a character-level model with a small vocabulary can play too: the
+`guess_number` preset names numbers in base 16, one character each ("0".."f"), and hears ">"
+or "<".
 """
 
 from __future__ import annotations
@@ -12,8 +19,9 @@ from collections.abc import Sequence
 
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.errors import ConfigError
 
-_NUMBER = re.compile(r"-?\d+")
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
 def problems(n: int, *, lo: int = 0, hi: int = 15, seed: int = 0) -> list[Problem]:
@@ -34,14 +42,59 @@ class GuessNumber(Environment):
     name = "guess"
     max_turns = 6
 
+    def __init__(
+        self,
+        *,
+        max_turns: int | None = None,
+        higher: str = "higher",
+        lower: str = "lower",
+        again: str = "a number, please",
+        role: str = "user",
+        closeness: float = 0.0,
+        consistency: float = 0.0,
+        lo: int = 0,
+        hi: int = 15,
+        base: int = 10,
+    ):
+        super().__init__(max_turns=max_turns)
+        if not 2 <= base <= len(_DIGITS):
+            raise ConfigError(f"guess: base={base} must be in [2, {len(_DIGITS)}]")
+        self.base = base
+        self._number = re.compile(f"[{_DIGITS[:base]}]+", re.IGNORECASE)
+        self.higher, self.lower, self.again, self.role = higher, lower, again, role
+        self.closeness, self.consistency = float(closeness), float(consistency)
+        self.lo, self.hi = lo, hi
+
     def first_messages(self, problem: Problem) -> list[dict]:
         return [{"role": "user", "content": problem.question}]
 
+    def _guess(self, turn: str) -> int | None:
+        found = self._number.findall(turn)
+        return int(found[-1], self.base) if found else None
+
+    def _open_range(self, earlier: Sequence[str], secret: int) -> tuple[int, int]:
+        """What the answers to `earlier` guesses leave possible."""
+        lo, hi = self.lo, self.hi
+        for guess in map(self._guess, earlier):
+            if guess is not None and guess < secret:
+                lo = max(lo, guess + 1)
+            elif guess is not None and guess > secret:
+                hi = min(hi, guess - 1)
+        return lo, hi
+
     def respond(self, problem: Problem, turns: Sequence[str]) -> Turn:
-        found = _NUMBER.findall(turns[-1])
-        if not found:
-            return Turn({"role": "user", "content": "a number, please"}, info={"unparsable": 1})
-        guess, secret = int(found[-1]), int(problem.answer)
+        guess, secret = self._guess(turns[-1]), int(problem.answer)
+        if guess is None:
+            return Turn({"role": self.role, "content": self.again}, info={"unparsable": 1})
+        reward = 0.0
+        if self.consistency:
+            lo, hi = self._open_range(turns[:-1], secret)
+            reward += self.consistency * (lo <= guess <= hi)
         if guess == secret:
-            return Turn(None, reward=1.0, done=True, info={"found_at": len(turns)})
-        return Turn({"role": "user", "content": "higher" if guess < secret else "lower"})
+            return Turn(None, reward=reward + 1.0, done=True, info={"status": "correct"})
+        feedback = self.higher if guess < secret else self.lower
+        if len(turns) >= self.max_turns:
+            reward += self.closeness / (1 + abs(guess - secret))
+        return Turn(
+            {"role": self.role, "content": feedback}, reward=reward, info={"status": "wrong"}
+        )

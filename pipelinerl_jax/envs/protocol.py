@@ -4,8 +4,9 @@ An environment is stateless: `respond(problem, turns)` answers the model's lates
 all of the episode's model turns so far (text, as sampled: never re-tokenized by the
 environment), so any worker process can answer any episode, and an episode in flight
 survives a restart by replaying its turns. It returns a `Turn`: the next observation (a chat
-message the pipeline appends through the tokenizer's chat template, or None when the episode
-is over), this turn's reward contribution, and whether the episode is done.
+message the pipeline appends through the tokenizer's chat template, raw text appended inside
+the model's own message, or None when the episode is over; codec.py), this turn's reward
+contribution, and whether the episode is done. The episode's reward is the sum.
 
 A model turn ends at one of `stop_strings` (e.g. the end of a tool call), at EOS, or at the
 token budget. `max_turns` bounds the episode: the turn that reaches it is the last, whatever
@@ -23,7 +24,7 @@ from typing import Any
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.errors import ConfigError
 
-ROLES = ("user", "tool")
+ROLES = ("user", "tool", "text")  # text: raw, inside the model's message (codec.py)
 STATUSES = ("ok", "error", "timeout")
 
 
@@ -31,7 +32,7 @@ STATUSES = ("ok", "error", "timeout")
 class Turn:
     """The environment's answer to one model turn."""
 
-    observation: dict | None  # {"role": "user" | "tool", "content": str}, None when done
+    observation: dict | None  # {"role": "user" | "tool" | "text", "content": str}; None: done
     reward: float = 0.0  # this turn's contribution to the episode's reward
     done: bool = False
     status: str = "ok"  # "error" / "timeout": the environment failed; the episode ends
@@ -66,7 +67,8 @@ def as_turn(value: Any) -> Turn:
         and set(obs) == {"role", "content"}
     ):
         raise ValueError(
-            f"respond() observation {obs!r} is not {{'role': 'user' | 'tool', 'content': str}}"
+            f"respond() observation {obs!r} is not {{'role': {' | '.join(map(repr, ROLES))}, "
+            "'content': str}"
         )
     return value
 

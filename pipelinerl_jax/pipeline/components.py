@@ -35,6 +35,7 @@ from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.procedural import ProceduralSource
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.data.tasks import CharTokenizer, held_out_problems, make_task
+from pipelinerl_jax.envs.codec import EpisodeCodec
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import config_json, decoder
 from pipelinerl_jax.models.config import ModelConfig
@@ -43,7 +44,8 @@ from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline.admission import Admission
-from pipelinerl_jax.pipeline.eval_lib import evaluate_problems
+from pipelinerl_jax.pipeline.episodes import make_driver
+from pipelinerl_jax.pipeline.eval_lib import evaluate_episodes, evaluate_problems
 from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler.protocol import Sampler
 from pipelinerl_jax.sampler.sampler import PagedSampler
@@ -260,6 +262,10 @@ def build(
     else:  # the samplers are elsewhere: held-out evaluation shares this process's devices
         sampler_devices, trainer_devices = list(devices), list(trainer_devices)
     tokenizer, source, encode = build_data(cfg, load_source=prompts is None)
+    env = cfg.env.make()
+    if env is not None:  # episodes start from the environment's first messages
+        codec = EpisodeCodec(tokenizer)
+        encode = lambda problem: codec.prompt(env.first_messages(problem))
     if prompts is None:
         stream = PromptStream(source, seed=cfg.data.shuffle_seed + cfg.seed)
     else:
@@ -277,10 +283,18 @@ def build(
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + cfg.seed)
     s_mesh = sampler_mesh(sampler_devices, cfg)
 
+    detokenize = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+
     def make_sampler(params: nnx.State, version: int = 0) -> PagedSampler:
         # Same graphdef, engine config and mesh: every sampler shares the compiled functions.
         return PagedSampler(
-            graphdef, params, sampler_cfg, version=version, eos_token_ids=eos, mesh=s_mesh
+            graphdef,
+            params,
+            sampler_cfg,
+            version=version,
+            eos_token_ids=eos,
+            mesh=s_mesh,
+            detokenize=detokenize,  # the text that stop strings (an environment's) match
         )
 
     if sampler is None:
@@ -310,7 +324,7 @@ def build(
 
 
 def build_evaluator(
-    cfg: config_lib.RunConfig, c: Components, reward_pool: RewardPool
+    cfg: config_lib.RunConfig, c: Components, reward_pool: RewardPool, env_pool=None
 ) -> Evaluator | None:
     """evaluate(params, version) -> metrics on held-out problems, or None when disabled.
 
@@ -318,7 +332,8 @@ def build_evaluator(
     shared) with the trainer's latest params, in the trainer thread between two steps: eval
     samples are never trained and never touch the main sampler, so the lag accounting is
     unaffected. That sampler is built for each evaluation and dropped after it, so its param
-    copy and KV pool (~0.8 GB for SmolLM2-135M in f32) are not held between evaluations."""
+    copy and KV pool (~0.8 GB for SmolLM2-135M in f32) are not held between evaluations.
+    With an environment (cfg.env), held-out problems are played as episodes on `env_pool`."""
     if not cfg.eval_every:
         return None
     if c.make_sampler is None:
@@ -347,8 +362,12 @@ def build_evaluator(
     )
 
     def evaluate(params: nnx.State, version: int) -> dict:
+        sampler = c.make_sampler(c.local_params(params), version)
+        if cfg.env.name:
+            driver = make_driver(cfg.env, c.tokenizer, env_pool, max_new_tokens=cfg.max_new_tokens)
+            return evaluate_episodes(sampler, driver, problems, cfg.eval.k, sampling)
         return evaluate_problems(
-            c.make_sampler(c.local_params(params), version),
+            sampler,
             c.tokenizer,
             problems,
             reward_pool,

@@ -2,7 +2,7 @@
 
 Library code only ever sees a `RunConfig`: the run's own fields (`RunSpec`: mode, sizes,
 steps, sampling) and one section per part (model, data, reward, devices, sampler, trainer,
-batch, eval). Each section checks its own fields in `__post_init__` (SamplerConfig,
+batch, eval, env). Each section checks its own fields in `__post_init__` (SamplerConfig,
 TrainerConfig, LossConfig and BatchConfig in their own modules likewise), and `RunConfig`
 checks how the sections fit together, so every check that can fail does so at construction,
 before any compilation, with a one-line `ConfigError` naming the field and the fix.
@@ -19,6 +19,7 @@ import difflib
 from typing import Any
 
 from pipelinerl_jax.data.tasks import TASKS
+from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.rewards.tables import get_reward_table
@@ -129,6 +130,40 @@ class RewardSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Multi-turn episodes: the environment that answers each model turn (pipeline/episodes.py).
+    Without one, every attempt is one answer scored by the reward section."""
+
+    name: str = ""  # "": one answer per attempt; a name in envs.ENVIRONMENTS ("guess",
+    #   "calculator", "single_turn") or "module.path:callable" returning an Environment
+    options: tuple = ()  # a dict of the environment's keyword arguments
+    max_turns: int = 0  # model turns per episode, at most (0: the environment's own)
+    turn_tokens: int = 0  # tokens per model turn, at most (0: what is left of
+    #   generation.max_new_tokens, which bounds the whole episode after its prompt)
+    workers: int = 2  # processes answering turns (0: in the sampler thread, no time limit)
+    timeout_s: float = 5.0  # seconds per turn before it counts as a timeout (ends the episode)
+
+    def __post_init__(self):
+        if min(self.max_turns, self.turn_tokens, self.workers) < 0 or not self.timeout_s > 0:
+            raise ConfigError(
+                f"config.env: max_turns={self.max_turns}, turn_tokens={self.turn_tokens} and "
+                f"workers={self.workers} must be >= 0 and timeout_s={self.timeout_s} > 0"
+            )
+        if self.name:
+            self.make()  # a bad name or option fails here, in one line
+        elif self.options or self.max_turns or self.turn_tokens:
+            raise ConfigError(
+                "config.env.options, max_turns and turn_tokens need env.name (an environment)"
+            )
+
+    def make(self):
+        """The environment (envs.protocol.Environment), or None without one."""
+        if not self.name:
+            return None
+        return make_env(self.name, dict(self.options), max_turns=self.max_turns)
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceSpec:
     """How local devices split into the sampler mesh and the trainer mesh."""
 
@@ -227,6 +262,7 @@ class RunConfig(RunSpec):
     trainer: TrainerConfig
     batch: BatchConfig
     eval: EvalSpec = EvalSpec()
+    env: EnvSpec = EnvSpec()
     log_every: int = 10  # a console line every N steps (0: none); metrics.jsonl
     #   gets every step
     eval_every: int = 0  # held-out evaluation every N steps and at the end (0: never)

@@ -20,6 +20,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline.config import (
     DataSpec,
     DeviceSpec,
+    EnvSpec,
     EvalSpec,
     ModelSpec,
     RewardSpec,
@@ -43,6 +44,7 @@ SECTIONS = {
     "loss": LossConfig,
     "batch": BatchConfig,
     "eval": EvalSpec,
+    "env": EnvSpec,
     "devices": DeviceSpec,
 }
 # Defaults of the RunSpec fields a file may leave out (the dataclass has none for them);
@@ -101,6 +103,7 @@ def from_config_dict(cfg) -> RunConfig:
     devices = _build(DeviceSpec, _section(cfg, "devices"), "devices")
     reward = _build(RewardSpec, _section(cfg, "reward"), "reward")
     eval_spec = _build(EvalSpec, _section(cfg, "eval"), "eval")
+    env = _build(EnvSpec, _section(cfg, "env"), "env")
     return RunConfig(
         **own,
         model=model,
@@ -111,6 +114,7 @@ def from_config_dict(cfg) -> RunConfig:
         trainer=trainer,
         batch=batch,
         eval=eval_spec,
+        env=env,
     )
 
 
@@ -260,4 +264,5 @@ _CONVERT = {
     "data": (("task_options", _items), ("few_shot", _few_shot), ("datasets", _dataset_specs)),
     "reward": (("table_options", _items),),
     "eval": (("datasets", _dataset_specs),),
+    "env": (("options", _items),),
 }

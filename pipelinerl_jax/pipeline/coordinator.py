@@ -5,6 +5,9 @@ Sampler thread, at every chunk boundary:
   2. start new groups while admission's lag budget allows (admission.py);
   3. run one decode chunk; collect finished attempts; a full group goes to the reward pool,
      whose callback posts it, scored, on the ReadyBoard.
+With an environment (episodes.py), a finished attempt is one turn: it goes to the
+environment, and its answer resumes the episode at a later chunk boundary; a group is
+complete, and scored by its environment, when all of its episodes have ended.
 Trainer thread, per optimizer step s:
   1. wait for the groups of step s (start order), build the packed batch;
   2. dispatch train_step, then publish the new params to the sampler (async copy);
@@ -36,6 +39,7 @@ from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline import metrics as metrics_lib
+from pipelinerl_jax.pipeline.episodes import Episode, episode_metrics
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
 from pipelinerl_jax.rl.batch import build_batch
 from pipelinerl_jax.sampler.protocol import Sampler
@@ -70,6 +74,7 @@ class Coordinator:
         evaluator=None,
         compile_watch=None,
         diagnostics=None,
+        episodes=None,
     ):
         self.cfg = cfg
         self.sampler, self.trainer, self.state = sampler, trainer, state
@@ -81,6 +86,7 @@ class Coordinator:
         self.evaluator = evaluator
         self.compile_watch = compile_watch  # compile_watch.CompileWatch: compilations per step
         self.diagnostics = diagnostics  # diagnostics.RewardDiagnostics: statuses, samples
+        self.episodes = episodes  # episodes.EpisodeDriver: attempts are multi-turn episodes
         self.board = ReadyBoard()
         self.stop = threading.Event()
         self._errors: list[tuple[str, BaseException, str]] = []
@@ -215,7 +221,19 @@ class Coordinator:
                     )
                 self.open_groups[group.index] = group
                 self.pending[group.index] = group
-            self.sampler.submit(group.prompt_ids, n=g, params=self.sampling, request_id=group.index)
+            if self.episodes is not None:
+                self.episodes.submit(
+                    self.sampler,
+                    group.problem,
+                    group.prompt_ids,
+                    n=g,
+                    params=self.sampling,
+                    request_id=group.index,
+                )
+            else:
+                self.sampler.submit(
+                    group.prompt_ids, n=g, params=self.sampling, request_id=group.index
+                )
 
     def _draw(self, index: int) -> Problem | None:
         """The prompt of group `index` (under the draw lock), or None once a finite stream has
@@ -242,12 +260,18 @@ class Coordinator:
         return problem
 
     def _sampler_loop(self) -> None:
+        episodes = self.episodes
         while not self.stop.is_set():
             self._take_weights()
+            if episodes is not None:
+                for episode in episodes.advance(self.sampler):
+                    self._collect_episode(episode)
             self._start_groups()
             if not self.sampler.has_work():
-                # Lag budget spent: nothing may start until the trainer publishes.
-                self._take_weights(wait_s=0.05)
+                if episodes is not None and episodes.with_env:
+                    episodes.wait(0.05)  # every open episode waits for its environment
+                else:  # lag budget spent: nothing may start until the trainer publishes
+                    self._take_weights(wait_s=0.05)
                 continue
             t0 = time.perf_counter()
             finished = self.sampler.step()
@@ -257,11 +281,32 @@ class Coordinator:
                 self.swap_latency_s.append(t1 - self._pending_swap_t)
                 self._pending_swap_t = None
             for sample in finished:
-                self._collect(sample)
+                if episodes is None:
+                    self._collect(sample)
+                    continue
+                self._check_started(sample)
+                episode = episodes.on_sample(sample)
+                if episode is not None:
+                    self._collect_episode(episode)
+
+    def _check_started(self, sample) -> None:
+        """A request the sampler refused outright (its prompt) is a configuration error."""
+        if sample.finish_reason == "error" and len(sample.token_ids) == 0:
+            raise RuntimeError(f"sampler rejected group {sample.request_id}: {sample.error}")
+
+    def _collect_episode(self, episode: Episode) -> None:
+        group = self.open_groups[episode.sample.request_id]
+        group.episodes.append(episode)
+        self.samples_generated += 1
+        if len(group.episodes) < self.cfg.group_size:
+            return
+        del self.open_groups[group.index]
+        group.episodes.sort(key=lambda e: e.sample.attempt)
+        group.samples = [e.sample for e in group.episodes]
+        self._score(group, [e.verdict() for e in group.episodes])
 
     def _collect(self, sample) -> None:
-        if sample.finish_reason == "error":
-            raise RuntimeError(f"sampler rejected group {sample.request_id}: {sample.error}")
+        self._check_started(sample)
         group = self.open_groups[sample.request_id]
         group.samples.append(sample)
         self.samples_generated += 1
@@ -291,11 +336,11 @@ class Coordinator:
         group.rewards = [
             self.reward_table.compute(
                 v,
-                num_tokens=len(s.token_ids),
+                num_tokens=sum(v >= 0 for v in s.versions),  # model tokens
                 max_tokens=self.cfg.max_new_tokens,
-                finished=s.finish_reason == "stop",
+                finished=f,
             ).reward
-            for v, s in zip(verdicts, group.samples)
+            for v, s, f in zip(verdicts, group.samples, group.finished())
         ]
         self.board.put(group)
 
@@ -435,6 +480,7 @@ class Coordinator:
             record["compile/count"], record["compile/seconds"] = self.compile_watch.take()
         if self.diagnostics is not None:
             record.update(self.diagnostics.record(step, groups, self.detokenize))
+        record.update(episode_metrics([e for g in groups for e in g.episodes]))
         return record
 
     def _log(self, step, device_metrics, record) -> None:

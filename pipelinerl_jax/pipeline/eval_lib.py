@@ -28,6 +28,7 @@ import numpy as np
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline.episodes import EpisodeDriver, episode_metrics, run_episodes
 from pipelinerl_jax.rewards.tables import (
     BUILTIN_REWARDS,
     STATUSES,
@@ -182,6 +183,39 @@ def evaluate_problems(
         }
         for src in sources
     }
+    if return_samples:
+        results["samples"] = rows
+    return results
+
+
+def evaluate_episodes(
+    sampler,
+    driver: EpisodeDriver,
+    problems: Sequence[Problem],
+    k: int,
+    sampling_params,
+    *,
+    return_samples: bool = False,
+) -> dict:
+    """evaluate_problems for multi-turn episodes: k episodes per problem with `driver`'s
+    environment, each scored by its reward; plus the episode metrics (episodes.py)."""
+    if k < 1:
+        raise ValueError(f"k={k} attempts per problem must be >= 1")
+    if sampler.has_work():
+        raise RuntimeError("evaluate_episodes needs an idle sampler (see evaluate_problems)")
+    episodes = run_episodes(sampler, driver, problems, n=k, params=sampling_params)
+    rows = []
+    for e in episodes:
+        i = e.sample.request_id
+        failed = e.ending in ("error", "timeout")
+        text = driver.turn_text(e.sample.token_ids)
+        rows.append(
+            _row(i, problems[i], e.sample.attempt, e.sample, e.verdict(), None, completion=text)
+        )
+        rows[-1]["score"] = 0.0 if failed else e.reward
+        rows[-1]["turns"] = e.turns
+    results = _summary(rows, k)
+    results.update(episode_metrics(episodes))
     if return_samples:
         results["samples"] = rows
     return results

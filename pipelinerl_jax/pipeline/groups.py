@@ -35,6 +35,9 @@ class Group:
     samples: list = dataclasses.field(default_factory=list)  # protocol.Sample, by arrival
     verdicts: list = dataclasses.field(default_factory=list)  # rewards.tables.Verdict
     rewards: list[float] = dataclasses.field(default_factory=list)
+    episodes: list = dataclasses.field(default_factory=list)  # episodes.Episode, by attempt
+    #   (multi-turn runs; a checkpoint keeps their samples, rewards and `finished` only)
+    restored_finished: list[bool] | None = None  # finished(), as a checkpoint saved it
     started_at: float = dataclasses.field(default_factory=time.perf_counter)
 
     def to_json(self, with_samples: bool) -> dict:
@@ -44,6 +47,7 @@ class Group:
             out["samples"] = [dataclasses.asdict(s) for s in self.samples]
             out["rewards"] = list(self.rewards)
             out["statuses"] = [v.status for v in self.verdicts]
+            out["finished"] = self.finished()
         return out
 
     @classmethod
@@ -55,7 +59,17 @@ class Group:
             group.samples = [Sample(**s) for s in d["samples"]]
             group.rewards = [float(r) for r in d["rewards"]]
             group.verdicts = [Verdict(status=st) for st in d["statuses"]]
+            group.restored_finished = d.get("finished")
         return group
+
+    def finished(self) -> list[bool]:
+        """Per attempt: it ended as it should (EOS; an episode: its environment ended it),
+        not at the token budget."""
+        if self.episodes:
+            return [e.ending == "ok" for e in self.episodes]
+        if self.restored_finished is not None:
+            return list(self.restored_finished)
+        return [s.finish_reason == "stop" for s in self.samples]
 
     def train_samples(self) -> list[ScoredSample]:
         """The group as the trainer's batch builder wants it."""
@@ -67,9 +81,9 @@ class Group:
                 completion_versions=s.versions,
                 reward=r,
                 group_id=self.index,
-                finished=s.finish_reason == "stop",
+                finished=f,
             )
-            for s, r in zip(self.samples, self.rewards)
+            for s, r, f in zip(self.samples, self.rewards, self.finished())
         ]
 
 

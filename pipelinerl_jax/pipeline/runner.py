@@ -18,6 +18,7 @@ checkpoint schedule, resumed from the newest checkpoint if there is one, and run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ import jax
 
 from pipelinerl_jax import interrupts
 from pipelinerl_jax.data import prompts as prompts_lib
+from pipelinerl_jax.envs.runner import EnvironmentPool
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.pipeline import config as config_lib
@@ -41,6 +43,7 @@ from pipelinerl_jax.pipeline.compile_watch import CompileWatch, enable_persisten
 from pipelinerl_jax.pipeline.components import Components, build, build_evaluator, check_memory
 from pipelinerl_jax.pipeline.coordinator import Coordinator
 from pipelinerl_jax.pipeline.diagnostics import RewardDiagnostics
+from pipelinerl_jax.pipeline.episodes import make_driver
 from pipelinerl_jax.pipeline.groups import completion_text
 from pipelinerl_jax.pipeline.metrics import MetricsWriter
 from pipelinerl_jax.pipeline.progress import Progress
@@ -167,9 +170,22 @@ def _train(
             "checkpoints hold everything but its position, and this run cannot be resumed"
         )
     resumed = None
-    with RewardPool(
-        cfg.reward.fn, num_workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
-    ) as pool:
+    env_pool = (
+        EnvironmentPool(num_workers=cfg.env.workers, timeout_s=cfg.env.timeout_s)
+        if cfg.env.name
+        else contextlib.nullcontext()
+    )
+    with (
+        RewardPool(
+            cfg.reward.fn, num_workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s
+        ) as pool,
+        env_pool,
+    ):
+        episodes = None
+        if cfg.env.name:
+            episodes = make_driver(
+                cfg.env, c.tokenizer, env_pool, max_new_tokens=cfg.max_new_tokens
+            )
         coord = Coordinator(
             cfg,
             sampler=c.sampler,
@@ -187,11 +203,12 @@ def _train(
             ),
             admission=c.admission,
             writer=writer,
-            evaluator=build_evaluator(cfg, c, pool),
+            evaluator=build_evaluator(cfg, c, pool, env_pool if cfg.env.name else None),
             compile_watch=watch,
             diagnostics=RewardDiagnostics(
                 workdir, echo=echo, log_every=cfg.log_every, seed=cfg.seed
             ),
+            episodes=episodes,
         )
         if ckpt is not None:
             resumed = resume(coord, ckpt.checkpointer, cfg, c, echo)

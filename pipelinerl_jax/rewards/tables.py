@@ -151,29 +151,26 @@ def get_reward_table(name: str, **overrides) -> RewardTable:
     return dataclasses.replace(REWARD_TABLES[name], **overrides)
 
 
-def resolve_callable(spec: str) -> Callable:
+def resolve_callable(spec: str, what: str = "reward function") -> Callable:
     """The callable a "module.path:attr" string names; a one-line ConfigError otherwise."""
     if not isinstance(spec, str) or spec.count(":") != 1:
         raise ConfigError(
-            f"reward function {spec!r} must be 'module.path:callable' (e.g. 'my_rewards:score')"
+            f"{what} {spec!r} must be 'module.path:callable' (e.g. 'my_module:thing')"
         )
     module_name, attr = spec.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(
-            f"reward function {spec!r}: cannot import module {module_name!r} "
-            f"({e}); is it on PYTHONPATH?"
+            f"{what} {spec!r}: cannot import module {module_name!r} ({e}); is it on PYTHONPATH?"
         ) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(
-                f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
-            )
+            raise ConfigError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ConfigError(f"reward function {spec!r} is a {type(obj).__name__}, not callable")
+        raise ConfigError(f"{what} {spec!r} is a {type(obj).__name__}, not callable")
     return obj
 
 

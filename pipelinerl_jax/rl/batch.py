@@ -7,6 +7,11 @@ indexed by the position whose logits are scored: position t holds input tokens[t
 targets[t] (the next token of the same sample), so the loss mask covers the positions from the
 last prompt token to the second-to-last completion token.
 
+Episodes (several turns with an environment): the completion holds every model turn and the
+environment's observations between them, as sampled. Observation tokens carry version -1; they
+are context only: off the loss mask, out of the token counts the weights normalise by, and out
+of the lag statistics (which read versions under the mask).
+
 Packing is first-fit in sample order into `num_rows` rows. The row count is fixed by the
 config so the train step compiles once; a sample longer than a row is a configuration error
 (never a silent truncation). Letters (pipelinerl_jax/__init__.py): R rows, T row length, B sequences
@@ -46,7 +51,8 @@ class ScoredSample:
     prompt_tokens: Sequence[int]  # [P] prompt token ids
     completion_tokens: Sequence[int]  # [C] generated token ids (EOS included if emitted)
     completion_logprobs: Sequence[float]  # [C] behaviour logprob mu of each generated token
-    completion_versions: Sequence[int]  # [C] policy version that generated each token
+    completion_versions: Sequence[int]  # [C] policy version that generated each token; -1:
+    #   an observation token of an episode (the environment's, not trained on)
     reward: float
     group_id: int  # samples of the same prompt share a group id
     finished: bool = True  # False: stopped at max_new_tokens without EOS
@@ -183,6 +189,11 @@ def build_batch(samples: Sequence[ScoredSample], cfg: BatchConfig) -> tuple[Trai
             )
         if c == 0 or len(s.prompt_tokens) == 0:
             raise ConfigError(f"sample {i}: empty prompt or completion; every sample needs both")
+        if min(s.completion_versions) < -1 or max(s.completion_versions) < 0:
+            raise ConfigError(
+                f"sample {i}: completion versions must be >= 0 (model tokens) or -1 "
+                "(observations), with at least one model token"
+            )
         if len(s.prompt_tokens) + c > cfg.max_sequence_len:
             raise ConfigError(
                 f"sample {i} has {len(s.prompt_tokens) + c} tokens, more than batch.max_sequence_len="
@@ -197,7 +208,8 @@ def build_batch(samples: Sequence[ScoredSample], cfg: BatchConfig) -> tuple[Trai
         keep &= ~flat
     kept = [i for i in range(len(samples)) if keep[i]]
     finished = np.array([samples[i].finished for i in kept], bool)
-    lengths = np.array([len(samples[i].completion_tokens) for i in kept], np.int64)
+    model_tokens = [np.asarray(s.completion_versions) >= 0 for s in samples]  # [C] each
+    lengths = np.array([model_tokens[i].sum() for i in kept], np.int64)
     weight_N = sequence_token_weights(
         lengths,
         groups[kept],
@@ -253,14 +265,19 @@ def build_batch(samples: Sequence[ScoredSample], cfg: BatchConfig) -> tuple[Trai
             scored = slice(
                 off + p - 1, off + p + c - 1
             )  # positions whose target is a completion token
-            out["loss_mask"][row, scored] = 1.0
-            out["behaviour_logprobs"][row, scored] = np.asarray(s.completion_logprobs, np.float32)
-            out["versions"][row, scored] = np.asarray(s.completion_versions, np.int32)
-            out["advantages"][row, scored] = adv_N[i]
-            out["token_weights"][row, scored] = weight_N[k]
-            out["sequence_index"][row, scored] = k
+            model_C = model_tokens[i]
+            out["loss_mask"][row, scored] = model_C
+            out["behaviour_logprobs"][row, scored] = np.where(
+                model_C, np.asarray(s.completion_logprobs, np.float32), 0.0
+            )
+            out["versions"][row, scored] = np.where(
+                model_C, np.asarray(s.completion_versions, np.int32), 0
+            )
+            out["advantages"][row, scored] = adv_N[i] * model_C
+            out["token_weights"][row, scored] = weight_N[k] * model_C
+            out["sequence_index"][row, scored] = np.where(model_C, k, B)
             seq["rewards"][k], seq["sequence_advantages"][k] = s.reward, adv_N[i]
-            seq["group_ids"][k], seq["completion_lengths"][k] = s.group_id, c
+            seq["group_ids"][k], seq["completion_lengths"][k] = s.group_id, model_C.sum()
             seq["sequence_mask"][k] = 1.0
             off += p + c
     if not np.all(np.isfinite(out["behaviour_logprobs"])):
@@ -278,7 +295,8 @@ def build_batch(samples: Sequence[ScoredSample], cfg: BatchConfig) -> tuple[Trai
         "filtered_samples": int((~keep).sum()),
         "overlong_samples": int((~finished).sum()),
         "trained_samples": len(kept),
-        "completion_tokens": int(lengths.sum()),
+        "completion_tokens": int(lengths.sum()),  # model tokens (observations are not)
+        "observation_tokens": int(sum((~model_tokens[i]).sum() for i in kept)),
         "rows_used": rows_used,
         "packed_tokens": laid_out,
         "unshared_tokens": unshared,

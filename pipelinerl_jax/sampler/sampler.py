@@ -80,7 +80,9 @@ class PagedSampler:
         version: int = 0,
         eos_token_ids=(),
         mesh=None,
+        detokenize=None,
     ):
+        self.detokenize = detokenize
         cfg = config
         model_cfg = decoder.config_of(graphdef)  # cfg checked itself when it was built
         self.config, self.model_cfg = cfg, model_cfg
@@ -133,6 +135,7 @@ class PagedSampler:
             pages_per_slot=pages_per_slot,
             max_stop_tokens=cfg.max_stop_tokens,
             num_shards=shards,
+            detokenize=detokenize,
         )
         self.state = init_state(
             num_layers=model_cfg.num_layers,
@@ -276,6 +279,11 @@ class PagedSampler:
             return (
                 f"prompt of {len(prompt)} tokens exceeds what the KV pool can ever hold "
                 f"({self.scheduler.capacity_tokens()} tokens): raise num_pages"
+            )
+        if params.stop_strings and self.detokenize is None:
+            return (
+                "stop_strings need text: build the sampler with "
+                "PagedSampler(..., detokenize=lambda ids: tokenizer.decode(ids))"
             )
         if len(stop_ids) > cfg.max_stop_tokens:
             return (

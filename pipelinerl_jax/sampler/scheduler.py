@@ -48,6 +48,7 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()  # besides the sampler's EOS ids
+    stop_strings: tuple[str, ...] = ()  # end a turn at any of these texts
     seed: int | None = None  # None: derived from (sampler seed, request id, attempt)
 
     def error(self) -> str | None:
@@ -60,6 +61,8 @@ class SamplingParams:
             return f"top_p={self.top_p} must be in (0, 1]"
         if self.max_new_tokens < 1:
             return f"max_new_tokens={self.max_new_tokens} must be >= 1"
+        if not all(isinstance(s, str) and s for s in self.stop_strings):
+            return f"stop_strings={self.stop_strings!r} must be non-empty strings"
         return None
 
 
@@ -86,6 +89,7 @@ class Sequence:
     keep: bool = False  # an episode: park between turns, keeping the pages (module docstring)
     shard: int | None = None  # the data shard its pages are in
     cached: int = 0  # parked or resumed: K/V positions its pages already hold
+    turn_start: int = 0  # index in `tokens` where the current turn began (stop strings)
 
     @property
     def all_tokens(self) -> list[int]:
@@ -118,6 +122,7 @@ class Scheduler:
         pages_per_slot: int,
         max_stop_tokens: int,
         num_shards: int = 1,
+        detokenize=None,
     ):
         if num_slots % num_shards or num_pages % num_shards:
             raise ValueError(
@@ -130,6 +135,7 @@ class Scheduler:
         self.allocators = [PageAllocator(self.pages_per_shard) for _ in range(num_shards)]
         self.pages_per_slot = pages_per_slot
         self.max_stop_tokens = max_stop_tokens
+        self.detokenize = detokenize  # token ids -> text, for stop strings
         self.slots: list[Sequence | None] = [None] * num_slots
         self.waiting: collections.deque[list[Sequence]] = collections.deque()
         self.parked: dict[tuple[int, int], Sequence] = {}  # (request, attempt) -> sequence
@@ -352,6 +358,7 @@ class Scheduler:
         seq.logprobs.extend([0.0] * len(tokens))
         seq.versions.extend([-1] * len(tokens))
         seq.limit, seq.finish_reason = limit, None
+        seq.turn_start = len(seq.tokens)
         self.waiting.appendleft([seq])
         return seq
 
@@ -419,11 +426,16 @@ class Scheduler:
             seq.tokens.extend(int(t) for t in tokens_BxC[slot, :n])
             seq.logprobs.extend(float(x) for x in logprobs_BxC[slot, :n])
             seq.versions.extend(int(v) for v in versions_BxC[slot, :n])
+            cut = self._stop_string_cut(seq, n) if n and seq.params.stop_strings else None
+            if cut is not None:  # past the cut the device decoded on; its K/V is never read
+                del seq.tokens[cut:], seq.logprobs[cut:], seq.versions[cut:]
             self.mirror["lengths"][slot] = seq.length
             self.mirror["last_token"][slot] = seq.all_tokens[-1]
-            if not active_B[slot]:
+            if cut is not None or not active_B[slot]:
                 seq.finish_reason = (
-                    "stop" if seq.tokens and seq.tokens[-1] in seq.stop_ids else "length"
+                    "stop"
+                    if cut is not None or (seq.tokens and seq.tokens[-1] in seq.stop_ids)
+                    else "length"
                 )
                 if seq.keep:
                     self._park(seq)
@@ -431,6 +443,18 @@ class Scheduler:
                     self._release(seq)
                 finished.append(seq)
         return finished
+
+    def _stop_string_cut(self, seq: Sequence, n: int) -> int | None:
+        """Where the turn ends if one of its stop strings is in its text now: the length of
+        `seq.tokens` up to the first of the chunk's `n` new tokens that completes one."""
+        turn = seq.tokens[seq.turn_start :]
+        stops = seq.params.stop_strings
+        if not any(s in self.detokenize(turn) for s in stops):
+            return None
+        for j in range(max(1, len(turn) - n + 1), len(turn) + 1):
+            if any(s in self.detokenize(turn[:j]) for s in stops):
+                return seq.turn_start + j
+        return None  # unreachable: the whole turn contains one
 
     def check(self) -> None:
         """Invariants for tests: refcounts equal the number of live holders of each page."""
