@@ -192,9 +192,8 @@ def serve(
         # In order: a request waits for the version its group was admitted at.
         while waiting and waiting[0]["min_version"] <= next_version:
             r = waiting.popleft()
-            sampling = dict(r["sampling"], stop_token_ids=tuple(r["sampling"]["stop_token_ids"]))
             sampler.submit(
-                r["prompt"], n=r["n"], params=SamplingParams(**sampling), request_id=r["id"]
+                r["prompt"], n=r["n"], params=params_from_json(r["sampling"]), request_id=r["id"]
             )
         if not sampler.has_work():
             time.sleep(idle_s)
@@ -203,3 +202,9 @@ def serve(
             results.send(dataclasses.asdict(sample))
             finished += 1
         channel.set_value(VERSION.format(index), sampler.version, client)
+
+
+def params_from_json(sampling: dict) -> SamplingParams:
+    """SamplingParams back from `dataclasses.asdict` sent as JSON (which makes tuples lists)."""
+    tuples = {k: tuple(v) for k, v in sampling.items() if isinstance(v, list)}
+    return SamplingParams(**dict(sampling, **tuples))

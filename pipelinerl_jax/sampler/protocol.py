@@ -41,6 +41,7 @@ class Sample:
     attempt: int  # 0 .. n-1 within its request
     prompt_ids: list[int]
     token_ids: list[int]  # the completion, the final stop token included if one was sampled
+    #   (with stop strings: up to the token that completed one, nothing after it)
     logprobs: list[float]  # behaviour logprob of each completion token, f32 values
     versions: list[int]  # policy version that produced each completion token
     start_version: int | None  # version when the attempt was first admitted
@@ -80,7 +81,9 @@ class Sampler(Protocol):
         given; the Coordinator passes its group index). Never blocks on generation. A request
         the sampler cannot serve (empty prompt, token outside the vocabulary, too long) comes
         back from a later `step()` as `n` samples with finish_reason "error", not as an
-        exception; n outside [1, num_slots] may raise ConfigError."""
+        exception; n outside [1, num_slots] may raise ConfigError. `params.stop_strings` end
+        an attempt at the first token whose text completes one; a sampler that cannot read
+        text (PagedSampler built without `detokenize`) returns such requests as errors."""
         ...
 
     def has_work(self) -> bool:

@@ -16,6 +16,9 @@ the pool runs out), admit waiting groups (prefill + page copies), run one jitted
 of `chunk_steps` steps, and retire finished sequences. Bad requests do not raise: they come back
 as samples with finish_reason "error" and a one-line message, and the rest proceed.
 
+Stop strings (`SamplingParams.stop_strings`) need `detokenize` (token ids -> text): the
+scheduler matches them on the host after each chunk (scheduler.py).
+
 A preempted sequence keeps its tokens, logprobs and versions; when resumed, its prompt and
 generated tokens are re-prefilled with the params current at that time (its K/V is
 recomputed whatever the kv policy). Only `set_params` and `prepare` may be called from
@@ -44,6 +47,7 @@ from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.engine import get_engine
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
+from pipelinerl_jax.sampler.requests import observation_error, request_error
 from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
 from pipelinerl_jax.sampler.steps import EngineConfig, pick_window
@@ -82,7 +86,8 @@ class PagedSampler:
         mesh=None,
         detokenize=None,
     ):
-        self.detokenize = detokenize
+        """detokenize: token ids -> text (e.g. `lambda ids: tokenizer.decode(ids,
+        skip_special_tokens=False)`), needed by requests with stop strings."""
         cfg = config
         model_cfg = decoder.config_of(graphdef)  # cfg checked itself when it was built
         self.config, self.model_cfg = cfg, model_cfg
@@ -190,7 +195,15 @@ class PagedSampler:
         self._next_request = max(self._next_request, rid + 1)
         prompt = [int(t) for t in prompt_ids]
         stop_ids = tuple(dict.fromkeys(self.eos_token_ids + tuple(params.stop_token_ids)))
-        error = self._request_error(prompt, params, stop_ids)
+        error = request_error(
+            prompt,
+            params,
+            stop_ids,
+            config=self.config,
+            vocab_size=self.model_cfg.vocab_size,
+            capacity_tokens=self.scheduler.capacity_tokens(),
+            can_detokenize=self.scheduler.detokenize is not None,
+        )
         seqs = []
         for attempt in range(n):
             seed = (
@@ -227,27 +240,18 @@ class PagedSampler:
         """The next turn of a parked episode: `observation_ids` (the environment's answer,
         already tokenized) are appended and decoding goes on for up to `max_new_tokens`, on
         the KV pages the episode kept: only the new tokens are prefilled. Observation tokens
-        come back with version -1 and logprob 0. A bad observation (unknown episode, token
-        out of the vocabulary, no room left) ends the episode: the next step() returns it as
-        an error sample."""
+        come back with version -1 and logprob 0; stop strings match the new turn's text only.
+        A bad observation (unknown episode, token out of the vocabulary, no room left) ends
+        the episode: the next step() returns it as an error sample."""
         key = (int(request_id), int(attempt))
         seq = self.scheduler.parked.get(key)
         if seq is None:
             raise KeyError(f"episode {key} is not parked (finished, released, or never submitted)")
         tokens = [int(t) for t in observation_ids]
         cap = min(self.config.max_seq_len, self.scheduler.capacity_tokens() + 1)
-        error = None
-        if not tokens:
-            error = "empty observation: give at least one token"
-        elif any(not 0 <= t < self.model_cfg.vocab_size for t in tokens):
-            error = f"observation token outside the vocabulary [0, {self.model_cfg.vocab_size})"
-        elif max_new_tokens < 1:
-            error = f"max_new_tokens={max_new_tokens} must be >= 1"
-        elif seq.length + len(tokens) >= cap:
-            error = (
-                f"episode of {seq.length + len(tokens)} tokens leaves no room under "
-                f"max_seq_len/the KV pool ({cap} tokens)"
-            )
+        error = observation_error(
+            seq.length, tokens, max_new_tokens, vocab_size=self.model_cfg.vocab_size, cap=cap
+        )
         if error:
             self.scheduler.drop(key)
             self._errors.append(self._to_sample(seq, error=error))
@@ -262,35 +266,6 @@ class PagedSampler:
     @property
     def num_parked(self) -> int:
         return len(self.scheduler.parked)
-
-    def _request_error(self, prompt, params, stop_ids) -> str | None:
-        cfg = self.config
-        if not prompt:
-            return "empty prompt: give at least one token"
-        bad = [t for t in prompt if not 0 <= t < self.model_cfg.vocab_size]
-        if bad:
-            return f"token id {bad[0]} outside the vocabulary [0, {self.model_cfg.vocab_size})"
-        if len(prompt) >= cfg.max_seq_len:
-            return (
-                f"prompt of {len(prompt)} tokens leaves no room under max_seq_len="
-                f"{cfg.max_seq_len}: shorten it or raise max_seq_len"
-            )
-        if len(prompt) > self.scheduler.capacity_tokens():
-            return (
-                f"prompt of {len(prompt)} tokens exceeds what the KV pool can ever hold "
-                f"({self.scheduler.capacity_tokens()} tokens): raise num_pages"
-            )
-        if params.stop_strings and self.detokenize is None:
-            return (
-                "stop_strings need text: build the sampler with "
-                "PagedSampler(..., detokenize=lambda ids: tokenizer.decode(ids))"
-            )
-        if len(stop_ids) > cfg.max_stop_tokens:
-            return (
-                f"{len(stop_ids)} stop/EOS ids exceed max_stop_tokens="
-                f"{cfg.max_stop_tokens}: raise it"
-            )
-        return params.error()
 
     def has_work(self) -> bool:
         return bool(self._errors) or self.scheduler.has_work()

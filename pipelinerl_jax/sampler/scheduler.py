@@ -19,6 +19,13 @@ that holds them. Parked pages are the first to go when the pool runs out (`_evic
 an evicted sequence is resumed by re-prefilling all its tokens, as a preempted one is.
 Observation tokens carry version -1 and logprob 0: no policy produced them.
 
+Stop strings (`SamplingParams.stop_strings`, text the environment names, e.g. "</calc>"): after
+each chunk `record` decodes the current turn's tokens once (`detokenize`); when the text holds
+a stop string, the turn ends at the first token that completes one and the tokens decoded
+after it are dropped (`stop_string_cut`). Their K/V sit past the kept length, where nothing
+reads them: a resumed episode's prefill and decode overwrite those positions, and `_park`
+frees the pages past what its cache needs.
+
 Page ids are global indices into the pool [L, P, ...]; with D data shards the pool's pages
 are split in D equal ranges and a slot of shard d only gets pages of range d (its local page 0
 is that shard's null page). Slot mirrors (numpy) are what the driver uploads.
@@ -48,7 +55,7 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()  # besides the sampler's EOS ids
-    stop_strings: tuple[str, ...] = ()  # end a turn at any of these texts
+    stop_strings: tuple[str, ...] = ()  # end a turn where its text holds one (module docstring)
     seed: int | None = None  # None: derived from (sampler seed, request id, attempt)
 
     def error(self) -> str | None:
@@ -61,8 +68,13 @@ class SamplingParams:
             return f"top_p={self.top_p} must be in (0, 1]"
         if self.max_new_tokens < 1:
             return f"max_new_tokens={self.max_new_tokens} must be >= 1"
-        if not all(isinstance(s, str) and s for s in self.stop_strings):
-            return f"stop_strings={self.stop_strings!r} must be non-empty strings"
+        if isinstance(self.stop_strings, str) or any(
+            not isinstance(s, str) or not s for s in self.stop_strings
+        ):
+            return (
+                f"stop_strings={self.stop_strings!r} must be a tuple of non-empty strings: "
+                "drop the empty ones"
+            )
         return None
 
 
@@ -89,7 +101,7 @@ class Sequence:
     keep: bool = False  # an episode: park between turns, keeping the pages (module docstring)
     shard: int | None = None  # the data shard its pages are in
     cached: int = 0  # parked or resumed: K/V positions its pages already hold
-    turn_start: int = 0  # index in `tokens` where the current turn began (stop strings)
+    turn_start: int = 0  # index in `tokens` where the current turn's generated tokens begin
 
     @property
     def all_tokens(self) -> list[int]:
@@ -135,7 +147,7 @@ class Scheduler:
         self.allocators = [PageAllocator(self.pages_per_shard) for _ in range(num_shards)]
         self.pages_per_slot = pages_per_slot
         self.max_stop_tokens = max_stop_tokens
-        self.detokenize = detokenize  # token ids -> text, for stop strings
+        self.detokenize = detokenize  # list[int] -> str, for stop strings (None: no text)
         self.slots: list[Sequence | None] = [None] * num_slots
         self.waiting: collections.deque[list[Sequence]] = collections.deque()
         self.parked: dict[tuple[int, int], Sequence] = {}  # (request, attempt) -> sequence
@@ -347,8 +359,17 @@ class Scheduler:
         self.mirror["block_tables"][slot] = self._null(slot)
         seq.slot = None
         seq.cached = seq.length - 1
+        self._trim(seq, pages_for(seq.cached, self.page_size))
         self.parked[(seq.request_id, seq.attempt)] = seq
         self.dirty = True
+
+    def _trim(self, seq: Sequence, keep: int) -> None:
+        """Frees the pages of `seq` past its first `keep` (reserved for a chunk's steps that
+        were not taken, or that decoded tokens a stop string dropped)."""
+        if len(seq.pages) > keep:
+            base = seq.shard * self.pages_per_shard
+            self.allocators[seq.shard].free([p - base for p in seq.pages[keep:]])
+            del seq.pages[keep:]
 
     def resume(self, key: tuple[int, int], tokens: list[int], limit: int) -> Sequence:
         """Appends an observation to a parked episode and queues it first (KeyError if `key`
@@ -426,8 +447,8 @@ class Scheduler:
             seq.tokens.extend(int(t) for t in tokens_BxC[slot, :n])
             seq.logprobs.extend(float(x) for x in logprobs_BxC[slot, :n])
             seq.versions.extend(int(v) for v in versions_BxC[slot, :n])
-            cut = self._stop_string_cut(seq, n) if n and seq.params.stop_strings else None
-            if cut is not None:  # past the cut the device decoded on; its K/V is never read
+            cut = self._stop_string_cut(seq, n)
+            if cut is not None:  # even where the device stopped it later in the chunk
                 del seq.tokens[cut:], seq.logprobs[cut:], seq.versions[cut:]
             self.mirror["lengths"][slot] = seq.length
             self.mirror["last_token"][slot] = seq.all_tokens[-1]
@@ -445,16 +466,14 @@ class Scheduler:
         return finished
 
     def _stop_string_cut(self, seq: Sequence, n: int) -> int | None:
-        """Where the turn ends if one of its stop strings is in its text now: the length of
-        `seq.tokens` up to the first of the chunk's `n` new tokens that completes one."""
-        turn = seq.tokens[seq.turn_start :]
+        """Where `seq`'s tokens end if its current turn's text now holds a stop string (the
+        last `n` tokens are this chunk's), else None."""
         stops = seq.params.stop_strings
-        if not any(s in self.detokenize(turn) for s in stops):
+        if not stops or n == 0 or self.detokenize is None:
             return None
-        for j in range(max(1, len(turn) - n + 1), len(turn) + 1):
-            if any(s in self.detokenize(turn[:j]) for s in stops):
-                return seq.turn_start + j
-        return None  # unreachable: the whole turn contains one
+        turn = seq.tokens[seq.turn_start :]
+        keep = stop_string_cut(self.detokenize, turn, len(turn) - n, stops)
+        return None if keep is None else seq.turn_start + keep
 
     def check(self) -> None:
         """Invariants for tests: refcounts equal the number of live holders of each page."""
@@ -473,3 +492,23 @@ class Scheduler:
                         f"shard {shard} page {page}: refcount {alloc.refcount(page)} != "
                         f"holders {holders.get(page, 0)}"
                     )
+
+
+def stop_string_cut(detokenize, turn: list[int], checked: int, stops) -> int | None:
+    """How many tokens of `turn` to keep: the fewest whose text holds one of `stops`, or None
+    if the whole turn's text holds none. The first `checked` tokens are known to hold none (an
+    earlier chunk's check). One decode when nothing is found; a bisection over the new
+    tokens, a few decodes more, when something is (exact while a longer prefix's text extends
+    a shorter one's, as with BPE decoders)."""
+
+    def holds(k: int) -> bool:
+        text = detokenize(turn[:k])
+        return any(s in text for s in stops)
+
+    if not holds(len(turn)):
+        return None
+    lo, hi = checked, len(turn)  # holds(lo) is False, holds(hi) is True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+    return hi
