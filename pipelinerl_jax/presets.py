@@ -276,20 +276,22 @@ def smollm2_math_config() -> ml_collections.ConfigDict:
 
 
 def smollm2_calculator_config() -> ml_collections.ConfigDict:
-    """SmolLM2-135M-Instruct solves word problems with a calculator tool over several turns
-    (configs/smollm2_calculator.py): it writes `<calc>expression</calc>`, its turn ends there,
-    the "calculator" environment appends ` = value` inside its message, and it goes on to a
-    `\\boxed{}` answer. The prompt shows one worked example of the tool (envs/calculator.py)."""
+    """SmolLM2-135M-Instruct solves word problems with a calculator over several turns
+    (configs/smollm2_calculator.py). The "equations" environment completes the model's own
+    equations: its turn ends at "=", the calculator appends the value of the arithmetic
+    before it inside the model's message, and the model goes on to a `\\boxed{}` answer.
+    (The `<calc>` tag syntax of the "calculator" environment is never written by a model
+    this small, however it is shown: envs/equations.py.)"""
     c = smollm2_math_config()
-    c.steps = 40
-    c.eval_every = 20
-    c.data.few_shot = []  # the environment's first messages carry the example
+    c.steps = 30  # ~30 min on 2 cores: an episode's turns each wait for a chunk boundary
+    c.eval_every = 15
+    c.data.few_shot = []  # the environment's first messages carry the worked example
     c.data.system_prompt = ""
-    c.env.name = "calculator"
-    c.env.max_turns = 4
+    c.env.name = "equations"
+    c.env.max_turns = 8  # an answer has 1-3 equations; 8 leaves room for rewriting them
     c.env.workers = 2
-    c.generation.max_prompt_tokens = 176  # the longest prompt (system + example) is 157
-    c.generation.max_new_tokens = 160  # the whole episode: turns and the tool's answers
+    c.generation.max_prompt_tokens = 176  # the longest prompt (system + example) is ~160
+    c.generation.max_new_tokens = 160  # the whole episode: turns and the calculator's values
     c.sampler.max_seq_len = 336
     c.sampler.prefill_chunk = 176
     c.sampler.min_window_pages = 21  # = max_seq_len / page_size: one decode compile

@@ -99,6 +99,31 @@ def test_calculator_episode():
     assert capped.done and capped.observation is None
 
 
+def test_equations_completes_the_models_arithmetic():
+    from pipelinerl_jax.envs.equations import Equations, trailing_expression
+
+    assert trailing_expression("so 37 boxes hold 37 * 12 ") == "37 * 12"
+    assert trailing_expression("a total of 3 + 5 pens and 2 * (4 - 1) ") == "2 * (4 - 1)"
+    assert trailing_expression("line one 3 * 3\nx ") is None  # only the last line counts
+    assert trailing_expression("the price ") is None and trailing_expression("42 ") is None
+    env = Equations()
+    assert env.stop_strings == ("=",) and env.first_messages(PROBLEM)[-1]["content"] == (
+        PROBLEM.question
+    )
+    turns = ["12 boxes of 37 pens hold 12 * 37 ="]
+    assert env.final(PROBLEM, turns) == Turn(
+        {"role": "text", "content": " 444"}, info={"tool_calls": 1}
+    )
+    assert env.final(PROBLEM, ["x ="]) == Turn(
+        {"role": "text", "content": " "}, info={"no_calls": 1}
+    )
+    turns.append(" 444 pens. The answer is \\boxed{444}.")
+    last = env.final(PROBLEM, turns)
+    assert last.done and last.reward == 1.0 and last.info == {"status": "correct"}
+    bad = env.final(PROBLEM, ["so 10 / 0 ="])  # not computable: the model goes on
+    assert bad == Turn({"role": "text", "content": " "}, info={"no_calls": 1})
+
+
 def test_guess_binary_search_finds_every_secret_within_5_turns():
     env = guess.GuessNumber()
     lengths = []
@@ -116,6 +141,13 @@ def test_guess_binary_search_finds_every_secret_within_5_turns():
         assert turn.reward == 1.0 and len(turns) <= 5, (problem.answer, turns)
         lengths.append(len(turns))
     assert sum(lengths) / len(lengths) < 4  # 3.4 on average over 16 secrets
+    # The shapings: consistent guesses earn `consistency`, a last miss earns closeness/(1+d).
+    shaped = guess.GuessNumber(max_turns=3, consistency=0.1, closeness=0.5, base=16)
+    secret = Problem(uid="s", question="", answer="9", source="guess")
+    assert shaped.final(secret, ["8"]).reward == pytest.approx(0.1)  # higher: 9..15 open
+    assert shaped.final(secret, ["8", "3"]).reward == 0.0  # 3 was ruled out
+    assert shaped.final(secret, ["8", "c", "a"]).reward == pytest.approx(0.1 + 0.5 / 2)
+    assert shaped.final(secret, ["8", "9"]).reward == pytest.approx(1.1)
     secret = guess.problems(1, seed=1)[0]
     wrong = str((int(secret.answer) + 1) % 16)
     out = env.final(secret, [wrong] * 6)

@@ -264,3 +264,68 @@ def test_make_driver_templates_the_first_messages():
     driver = make_driver(spec, TOK, pool=None, max_new_tokens=8)
     problem = Problem(uid="g", question="0:15=", answer="7", source="guess_number")
     assert driver.prompt_ids(problem) == TOK.encode("0:15=")
+
+
+def test_trainer_logprobs_equal_the_samplers_over_a_real_episode():
+    """Episodes from the PagedSampler (tiny model, one version), packed with the shared
+    prompt as the trainer packs them: the trainer's forward over the packed rows gives every
+    model token the sampler's behaviour logprob, to 1e-5."""
+    import jax
+
+    from pipelinerl_jax import models
+    from pipelinerl_jax.envs.guess import GuessNumber
+    from pipelinerl_jax.models import attention, decoder
+    from pipelinerl_jax.rl.logprobs import full_logprobs
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler
+
+    _, graphdef, params = models.tiny("llama", seed=4, vocab_size=TOK.vocab_size)
+    config = SamplerConfig(num_slots=8, max_seq_len=48, page_size=8, chunk_steps=3)
+    sampler = PagedSampler(graphdef, params, config, eos_token_ids=(EOS,), detokenize=TOK.decode)
+    env = GuessNumber(higher=">", lower="<", again="=", base=16, max_turns=4)
+    with EnvironmentPool(num_workers=0) as pool:
+        driver = EpisodeDriver(
+            env,
+            pool,
+            EpisodeCodec(TOK),
+            lambda ids: completion_text(TOK, ids, (EOS,)),
+            max_new_tokens=30,
+            turn_tokens=2,
+        )
+        problems = [
+            Problem(uid=f"g{i}", question="0:15=", answer=str(i), source="g") for i in (3, 11)
+        ]
+        episodes = run_episodes(
+            sampler,
+            driver,
+            problems,
+            n=4,
+            params=SamplingParams(temperature=1.0, max_new_tokens=30),
+        )
+    assert max(e.turns for e in episodes) >= 3
+    assert sum(e.observation_tokens > 0 for e in episodes) >= len(episodes) // 2
+    samples = [
+        ScoredSample(
+            e.sample.prompt_ids,
+            e.sample.token_ids,
+            e.sample.logprobs,
+            e.sample.versions,
+            reward=e.reward,
+            group_id=e.sample.request_id,
+        )
+        for e in episodes
+    ]
+    cfg = BatchConfig(
+        seq_len=96, num_rows=8, max_sequences=8, max_sequence_len=40, share_prompts=True
+    )
+    batch, _ = build_batch(samples, cfg)
+    attend = attention.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
+    hidden, _ = decoder.forward_hidden(
+        graphdef, params, batch.tokens, batch.positions, attend=attend
+    )
+    lp, _ = full_logprobs(hidden, decoder.lm_head_weight(params), batch.targets)
+    mask = np.asarray(batch.loss_mask) > 0
+    assert mask.sum() == sum(e.model_tokens for e in episodes)
+    np.testing.assert_allclose(
+        np.asarray(jax.device_get(lp))[mask], np.asarray(batch.behaviour_logprobs)[mask], atol=1e-5
+    )

@@ -146,3 +146,23 @@ def test_the_guess_preset_trains_and_evaluates_episodes(tmp_path):
         assert np.isfinite(r["loss"])
     assert all(1 <= r["episode/turns_mean"] <= 6 for r in evals)
     assert summary["eval/last"]["num_problems"] == 8
+
+
+def test_episodes_across_processes_are_refused_in_one_line():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "launch.py", "--config=configs/guess.py", "--spawn_local=2"],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "multi-turn episodes run in one process" in lines[0]

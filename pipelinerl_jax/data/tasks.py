@@ -217,8 +217,8 @@ class GuessNumberTask(DigitTask):
     alone (no environment), an answer is partial credit against the secret."""
 
     name: ClassVar[str] = "guess_number"
-    lo: int = 0
-    hi: int = 15
+    lo: int = 0  # the smallest secret
+    hi: int = 15  # the largest secret
 
     def __post_init__(self):
         super().__post_init__()

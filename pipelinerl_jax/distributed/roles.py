@@ -40,6 +40,13 @@ FIRST_WEIGHTS_TIMEOUT_S = 600  # a sampler waits this long for the trainer's fir
 
 def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
     """The ProcessSpec for the launch flags and the config's devices.trainer_processes."""
+    if cfg.env.name:
+        # A remote sampler serves whole attempts; resuming a parked episode across
+        # processes (its KV pages stay with its sampler) is not built.
+        raise ConfigError(
+            f"config.env.name={cfg.env.name!r}: multi-turn episodes run in one process; "
+            "drop --num_processes / --spawn_local, or the env section"
+        )
     return runtime.ProcessSpec(
         coordinator, num_processes, process_id, cfg.devices.trainer_processes
     )

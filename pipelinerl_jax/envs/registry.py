@@ -7,6 +7,7 @@ config's options are its keyword arguments, and `max_turns` (when set) is one of
 from __future__ import annotations
 
 from pipelinerl_jax.envs.calculator import Calculator
+from pipelinerl_jax.envs.equations import Equations
 from pipelinerl_jax.envs.guess import GuessNumber
 from pipelinerl_jax.envs.protocol import Environment
 from pipelinerl_jax.envs.retry import Retry
@@ -14,7 +15,7 @@ from pipelinerl_jax.envs.single_turn import SingleTurn
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import resolve_callable
 
-ENVIRONMENTS = {cls.name: cls for cls in (Calculator, GuessNumber, Retry, SingleTurn)}
+ENVIRONMENTS = {cls.name: cls for cls in (Calculator, Equations, GuessNumber, Retry, SingleTurn)}
 
 
 def make_env(name: str, options: dict | None = None, *, max_turns: int = 0) -> Environment:
