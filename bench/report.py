@@ -277,6 +277,52 @@ def _demo(d):
     ]
 
 
+def _guess_seeds(d):
+    rows = d["rows"]
+    evals = [(r["eval_first"], r["eval_last"]) for r in rows]
+    walls = [r["process_wall_s"] for r in rows]
+    turns = [r["eval_turns"] for r in rows if r.get("eval_turns") is not None]
+    return [
+        (
+            f"multi-turn toy (configs/guess.py, find 0-15 in <= 6 turns from '<'/'>'): held-out "
+            f"greedy success before -> after, {len(rows)} seeds",
+            "; ".join(f"{a:.2f} -> {b:.2f}" for a, b in evals)
+            + f"; {min(turns):.1f}-{max(turns):.1f} turns; {max(walls) / 60:.1f} min per run at most",
+            d["criterion"].replace(" for every seed", ""),
+            "pass" if d["passed"] else "FAIL",
+        )
+    ]
+
+
+def _real_calculator(d):
+    return [
+        (
+            f"{REAL} with a calculator (configs/smollm2_calculator.py, equations environment, "
+            f"{d['steps']} steps, {(d.get('wall_s') or d['process_wall_s']) / 60:.0f} min): "
+            "held-out greedy accuracy and calculator calls per episode, before -> after",
+            f"{d['accuracy_before']:.2f} -> {d['accuracy_after']:.2f}; calls "
+            f"{d['calls_before']:.2f} -> {d['calls_after']:.2f}",
+            "the starting model",
+            f"{d['accuracy_after'] - d['accuracy_before']:+.2f} accuracy",
+        )
+    ]
+
+
+def _episodes(d):
+    pipe, conv = d["rows"]
+    latency = f", {d['latency_s']:g} s per environment turn" if d.get("latency_s") else ""
+    return [
+        (
+            f"multi-turn episodes (configs/guess.py, {pipe['steps']} steps{latency}): pipeline "
+            "vs conventional mode, samples/s and reward per sample (last tenth)",
+            f"{pipe['samples_per_s']:.0f}/s, {pipe['reward_last_tenth']:.2f}; episodes span "
+            f"<= {pipe['version_span_max']} versions",
+            f"{conv['samples_per_s']:.0f}/s, {conv['reward_last_tenth']:.2f}",
+            f"{d['ratio_samples_per_s']:.2f}x",
+        )
+    ]
+
+
 def _plan(d):
     out = []
     for r in d["table"]:
@@ -541,9 +587,17 @@ SECTIONS = (
     ("gemm", "python bench/bench_gemm.py", "torch", _gemm),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode", _pipeline),
     ("demo_seeds", "python bench/demo_seeds.py", "criterion", _demo),
+    (
+        "demo_seeds_guess",
+        "python bench/demo_seeds.py --config=configs/guess.py",
+        "criterion",
+        _guess_seeds,
+    ),
+    ("bench_episodes", "python bench/bench_episodes.py", "conventional mode", _episodes),
     ("plan_validation", "python bench/bench_plan_validation.py", "planner", _plan),
     ("real_profile", "python bench/real_profile.py", "serial prediction", _real_profile),
     ("real_learning", "python bench/real_learning.py", "goals", _real_learning),
+    ("real_calculator", "python bench/real_calculator.py", "the starting model", _real_calculator),
     ("real_prompts", "python bench/real_prompts.py", "paper's prompt", _real_prompts),
     (
         "train_step_real",
@@ -589,7 +643,9 @@ def table() -> str:
 # machine kind that has the result, as in the full table.
 HEADLINE = (
     ("demo_seeds", _demo, (0,)),
+    ("demo_seeds_guess", _guess_seeds, (0,)),
     ("real_learning", _real_learning, (0,)),
+    ("real_calculator", _real_calculator, (0,)),
     ("vs_trl", _vs_trl, (0,)),
     ("train_step_real", _train_real, (0,)),
     ("decode_real", _decode_real_range, None),

@@ -202,8 +202,10 @@ class Coordinator:
 
     def _start_groups(self) -> None:
         g = self.cfg.group_size
-        # Keep one group queued beyond the slots so a freed slot is refilled at once.
-        while len(self.open_groups) * g < self.sampler.num_slots + g:
+        # Keep one group queued beyond the slots so a freed slot is refilled at once. An
+        # episode waiting for its environment holds no slot, so it does not count.
+        waiting = self.episodes.with_env if self.episodes is not None else 0
+        while len(self.open_groups) * g - waiting < self.sampler.num_slots + g:
             with self._draw_lock:
                 if self.requeue:  # prompts in flight at the checkpoint: regenerated first
                     group = self.requeue.pop(0)
