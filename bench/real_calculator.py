@@ -5,6 +5,8 @@ the "equations" environment (configs/smollm2_calculator.py), a multi-turn run.
     python bench/real_calculator.py              # seed 0, the preset's 30 steps (~30-40 min)
     python bench/real_calculator.py --steps=4    # a shorter look
     python bench/real_calculator.py --from_workdir=runs/real_calculator/seed_0   # summarise
+    python bench/real_calculator.py --name=real_calculator_large \
+        --set='data.task_options={"difficulty": 1, "max_value": 1000}'   # numbers to 1000
 
 The run evaluates the starting policy (step 0), halfway and at the end on 40 held-out
 problems, greedy, as episodes with the calculator. Reported: held-out accuracy and tool use
@@ -76,13 +78,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="default: the preset's")
     p.add_argument("--root", default=str(ROOT / "runs" / "real_calculator"))
     p.add_argument("--from_workdir", default=None, help="summarise this finished run instead")
+    p.add_argument("--name", default="real_calculator", help="the result file's name")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
+    )
     args = p.parse_args()
     load_before = common.warn_if_busy()
     t0 = time.perf_counter()
     if args.from_workdir:
         workdir = Path(args.from_workdir)
     else:
-        workdir = Path(args.root) / f"seed_{args.seed}"
+        workdir = Path(args.root) / args.name / f"seed_{args.seed}"
         cmd = [
             sys.executable,
             str(ROOT / "launch.py"),
@@ -90,6 +96,7 @@ def main() -> None:
             f"--workdir={workdir}",
             f"--config.seed={args.seed}",
             "--config.eval.at_start=true",
+            *(f"--config.{o}" for o in args.set),
         ]
         if args.steps:
             cmd += [
@@ -108,10 +115,11 @@ def main() -> None:
         f"{result['calls_after']:.2f} ({wall:.0f} s)"
     )
     common.write_result(
-        "real_calculator",
+        args.name,
         {
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "config": "configs/smollm2_calculator.py",
+            "overrides": args.set,
             "seed": args.seed,
             "process_wall_s": wall,
             "load_before": load_before,

@@ -295,10 +295,12 @@ def _guess_seeds(d):
 
 
 def _real_calculator(d):
+    task = "numbers to 1000" if "max_value" in " ".join(d.get("overrides", [])) else "numbers to 10"
     return [
         (
-            f"{REAL} with a calculator (configs/smollm2_calculator.py, equations environment, "
-            f"{d['steps']} steps, {(d.get('wall_s') or d['process_wall_s']) / 60:.0f} min): "
+            "SmolLM2-135M with a calculator (configs/smollm2_calculator.py, equations environment, "
+            f"one-operation word problems, {task}, {d['steps']} steps, "
+            f"{(d.get('wall_s') or d['process_wall_s']) / 60:.0f} min): "
             "held-out greedy accuracy and calculator calls per episode, before -> after",
             f"{d['accuracy_before']:.2f} -> {d['accuracy_after']:.2f}; calls "
             f"{d['calls_before']:.2f} -> {d['calls_after']:.2f}",
@@ -598,6 +600,12 @@ SECTIONS = (
     ("real_profile", "python bench/real_profile.py", "serial prediction", _real_profile),
     ("real_learning", "python bench/real_learning.py", "goals", _real_learning),
     ("real_calculator", "python bench/real_calculator.py", "the starting model", _real_calculator),
+    (
+        "real_calculator_large",
+        "python bench/real_calculator.py --name=real_calculator_large",
+        "the starting model",
+        _real_calculator,
+    ),
     ("real_prompts", "python bench/real_prompts.py", "paper's prompt", _real_prompts),
     (
         "train_step_real",
@@ -646,6 +654,7 @@ HEADLINE = (
     ("demo_seeds_guess", _guess_seeds, (0,)),
     ("real_learning", _real_learning, (0,)),
     ("real_calculator", _real_calculator, (0,)),
+    ("real_calculator_large", _real_calculator, (0,)),
     ("vs_trl", _vs_trl, (0,)),
     ("train_step_real", _train_real, (0,)),
     ("decode_real", _decode_real_range, None),

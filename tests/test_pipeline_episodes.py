@@ -166,3 +166,18 @@ def test_episodes_across_processes_are_refused_in_one_line():
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "multi-turn episodes run in one process" in lines[0]
+
+
+def test_a_sampler_without_episodes_is_refused():
+    from pipelinerl_jax.errors import ConfigError
+    from pipelinerl_jax.pipeline.coordinator import Coordinator
+
+    class OneTurnSampler:  # the seven protocol members, but no resume/release
+        version = 0
+
+    parts = dict.fromkeys(
+        "trainer state stream encode_prompt detokenize reward_pool reward_table publisher "
+        "admission writer".split()
+    )
+    with pytest.raises(ConfigError, match="needs a sampler that runs episodes"):
+        Coordinator(presets.guess(), sampler=OneTurnSampler(), episodes=object(), **parts)

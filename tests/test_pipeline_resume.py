@@ -7,8 +7,8 @@ publishes them, so losses differ from run to run. What it guarantees is the data
 groups in start order, so step s trains the stream's problems s*g .. s*g + g - 1 as an
 uninterrupted run does, every prompt of the stream's first steps x g is trained exactly once,
 and the groups in flight or scored-but-untrained at the checkpoint are carried over
-(regenerated, or trained as saved). The same holds for multi-turn episodes killed between two
-turns: their groups are regenerated from the prompt, never trained twice or lost.
+(regenerated, or trained as saved). test_pipeline_resume_episodes.py checks the same of
+multi-turn episodes killed between two turns.
 """
 
 import json
@@ -19,13 +19,9 @@ import signal
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
-import pytest
-
-from pipelinerl_jax.envs.guess import GuessNumber
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = [
@@ -152,38 +148,14 @@ def kill_at_mixed_checkpoint(proc, workdir, min_step: int) -> int:
         time.sleep(0.02)
 
 
-EPISODE_FLAGS = [
-    "--config=configs/guess.py",
-    "--config.max_lag=3",
-    "--config.steps=10",
-    "--config.group_size=4",
-    "--config.batch_size=16",
-    "--config.sampler.num_slots=16",
-    "--config.eval_every=0",
-    "--config.log_every=1",
-    "--config.checkpoint_every=2",
-    "--config.checkpoint_keep=8",
-    "--config.env.name=tests.test_pipeline_resume:SlowGuess",
-    "--config.env.workers=2",
-]
+def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
+    check_kill_9_then_resume(tmp_path, PIPELINE_FLAGS, "configs/tiny.py")
 
 
-class SlowGuess(GuessNumber):
-    """The guess environment, 0.2 s late on every turn of half the problems: checkpoints find
-    episodes parked between turns, waiting for their environment."""
-
-    def respond(self, problem, turns):
-        if zlib.crc32(problem.uid.encode()) % 2 == 0:
-            time.sleep(0.2)
-        return super().respond(problem, turns)
-
-
-@pytest.mark.parametrize("episodes", [False, True], ids=["one_turn", "episodes"])
-def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path, episodes):
+def check_kill_9_then_resume(tmp_path, flags, config_file):
+    """Kills a pipeline run of `flags` (10 steps of 4 groups) right after a checkpoint with
+    both kinds of pending groups, resumes it, and checks every prompt trained once, in order."""
     killed = tmp_path / "killed"
-    flags, config_file = (
-        (EPISODE_FLAGS, "configs/guess.py") if episodes else (PIPELINE_FLAGS, "configs/tiny.py")
-    )
     # Steps train groups in start order, and groups start in stream order: step s trains the
     # stream's problems 4s .. 4s + 3, whatever the timing (an uninterrupted run does too).
     from pipelinerl_jax import config_cli

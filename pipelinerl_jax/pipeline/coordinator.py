@@ -37,6 +37,7 @@ import numpy as np
 from pipelinerl_jax import interrupts
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.data.formats import Problem
+from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline import metrics as metrics_lib
 from pipelinerl_jax.pipeline.episodes import Episode, episode_metrics
@@ -87,6 +88,11 @@ class Coordinator:
         self.compile_watch = compile_watch  # compile_watch.CompileWatch: compilations per step
         self.diagnostics = diagnostics  # diagnostics.RewardDiagnostics: statuses, samples
         self.episodes = episodes  # episodes.EpisodeDriver: attempts are multi-turn episodes
+        if episodes is not None and not all(hasattr(sampler, m) for m in ("resume", "release")):
+            raise ConfigError(
+                f"config.env needs a sampler that runs episodes (submit(episode=True), resume, "
+                f"release); {type(sampler).__name__} does not: use PagedSampler"
+            )
         self.board = ReadyBoard()
         self.stop = threading.Event()
         self._errors: list[tuple[str, BaseException, str]] = []
