@@ -120,6 +120,11 @@ def _driver(env, pool, max_new_tokens=40):
     return EpisodeDriver(env, pool, EpisodeCodec(TOK), turn_text, max_new_tokens=max_new_tokens)
 
 
+def _scored(episode, *, reward: float, group_id: int) -> ScoredSample:
+    s = episode.sample
+    return ScoredSample(s.prompt_ids, s.token_ids, s.logprobs, s.versions, reward, group_id)
+
+
 def test_an_episode_is_its_turns_and_observations_in_order():
     env = Echo(turns_needed=3)
     sampler = ScriptedSampler(seed=1)
@@ -169,17 +174,7 @@ def test_the_train_batch_masks_observations_and_keeps_positions_continuous():
             n=2,
             params=SamplingParams(max_new_tokens=40),
         )
-    samples = [
-        ScoredSample(
-            e.sample.prompt_ids,
-            e.sample.token_ids,
-            e.sample.logprobs,
-            e.sample.versions,
-            reward=float(i),
-            group_id=0,
-        )
-        for i, e in enumerate(episodes)
-    ]
+    samples = [_scored(e, reward=float(i), group_id=0) for i, e in enumerate(episodes)]
     cfg = BatchConfig(seq_len=64, num_rows=2, max_sequences=2, max_sequence_len=50)
     batch, stats = build_batch(samples, cfg)
     for i, s in enumerate(samples):
@@ -304,17 +299,7 @@ def test_trainer_logprobs_equal_the_samplers_over_a_real_episode():
         )
     assert max(e.turns for e in episodes) >= 3
     assert sum(e.observation_tokens > 0 for e in episodes) >= len(episodes) // 2
-    samples = [
-        ScoredSample(
-            e.sample.prompt_ids,
-            e.sample.token_ids,
-            e.sample.logprobs,
-            e.sample.versions,
-            reward=e.reward,
-            group_id=e.sample.request_id,
-        )
-        for e in episodes
-    ]
+    samples = [_scored(e, reward=e.reward, group_id=e.sample.request_id) for e in episodes]
     cfg = BatchConfig(
         seq_len=96, num_rows=8, max_sequences=8, max_sequence_len=40, share_prompts=True
     )

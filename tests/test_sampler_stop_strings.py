@@ -17,7 +17,6 @@ import dataclasses
 import json
 import string
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -29,6 +28,7 @@ from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.pages import pages_for
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams, stop_string_cut
+from tests.test_sampler_episodes import _check_greedy
 
 VOCAB = 96
 _letters = np.random.default_rng(0)
@@ -78,21 +78,6 @@ def _greedy_next(model, context) -> int:
         graphdef, params, jnp.asarray([context]), jnp.arange(len(context))[None]
     )
     return int(jnp.argmax(logits[0, -1]))
-
-
-def _check_greedy(model, context, new_tokens, new_logprobs):
-    """The tokens decoded after `context` are the greedy ones, as one teacher-forced forward
-    over the whole sequence computes them, with the same logprobs."""
-    _, graphdef, params = model
-    tokens = list(context) + list(new_tokens)
-    logits = decoder.jit_forward(
-        graphdef, params, jnp.asarray([tokens]), jnp.arange(len(tokens))[None]
-    )
-    lp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
-    rows = lp[len(context) - 1 : len(tokens) - 1]
-    assert [int(t) for t in jnp.argmax(rows, axis=-1)] == list(new_tokens)
-    picked = np.asarray(rows)[np.arange(len(new_tokens)), new_tokens]
-    np.testing.assert_allclose(new_logprobs, picked, rtol=1e-5, atol=1e-5)
 
 
 def _all_pages_free(sampler) -> bool:

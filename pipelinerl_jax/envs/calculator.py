@@ -54,15 +54,17 @@ class Calculator(Environment):
     name = "calculator"
     max_turns = 4
     stop_strings = (CLOSE,)
+    system: str = SYSTEM  # the system prompt: how to call the tool
+    shown: tuple = EXAMPLE  # the worked example's exchange, shown before the problem
 
     def __init__(self, *, max_turns: int | None = None, example: bool = True):
         super().__init__(max_turns=max_turns)
         self.example = example
 
     def first_messages(self, problem: Problem) -> list[dict]:
-        shown = [dict(m) for m in EXAMPLE] if self.example else []
+        shown = [dict(m) for m in self.shown] if self.example else []
         return [
-            {"role": "system", "content": SYSTEM},
+            {"role": "system", "content": self.system},
             *shown,
             {"role": "user", "content": problem.question},
         ]

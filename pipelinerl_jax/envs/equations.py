@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.envs import arithmetic
-from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.envs.calculator import Calculator
+from pipelinerl_jax.envs.protocol import Turn
 from pipelinerl_jax.rewards.math import verify_math
 
 SYSTEM = (
@@ -53,22 +54,14 @@ def trailing_expression(text: str) -> str | None:
     return None
 
 
-class Equations(Environment):
+class Equations(Calculator):
+    """The calculator's prompt layout and scoring; its own call syntax: "=" ends the turn."""
+
     name = "equations"
     max_turns = 8
     stop_strings = ("=",)
-
-    def __init__(self, *, max_turns: int | None = None, example: bool = True):
-        super().__init__(max_turns=max_turns)
-        self.example = example
-
-    def first_messages(self, problem: Problem) -> list[dict]:
-        shown = [dict(m) for m in EXAMPLE] if self.example else []
-        return [
-            {"role": "system", "content": SYSTEM},
-            *shown,
-            {"role": "user", "content": problem.question},
-        ]
+    system = SYSTEM
+    shown = EXAMPLE
 
     def respond(self, problem: Problem, turns: Sequence[str]) -> Turn:
         turn = turns[-1]
