@@ -121,9 +121,10 @@ def kill_after_checkpoint(proc, workdir, kill_after: int) -> None:
     proc.wait()
 
 
-def kill_at_mixed_checkpoint(proc, workdir, min_step: int) -> int:
+def kill_at_mixed_checkpoint(proc, workdir, min_step: int, need_scored: bool = True) -> int:
     """SIGKILLs the run right after the first checkpoint at or after `min_step` that carries
-    both scored-but-untrained groups and groups still in flight; returns its step."""
+    both scored-but-untrained groups and groups still in flight (only the latter without
+    `need_scored`); returns its step."""
     deadline, seen = time.time() + 300, set()
     ckpts = Path(workdir) / "checkpoints"
     while True:
@@ -141,7 +142,8 @@ def kill_at_mixed_checkpoint(proc, workdir, min_step: int) -> int:
         for step in (s for s in steps if s >= min_step and s not in seen):
             seen.add(step)
             pending = json.loads((ckpts / str(step) / "extra" / "metadata").read_text())["pending"]
-            if any("samples" in g for g in pending) and any("samples" not in g for g in pending):
+            scored = any("samples" in g for g in pending) or not need_scored
+            if scored and any("samples" not in g for g in pending):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return step
@@ -152,9 +154,10 @@ def test_pipeline_kill_9_then_resume_trains_every_prompt_once(tmp_path):
     check_kill_9_then_resume(tmp_path, PIPELINE_FLAGS, "configs/tiny.py")
 
 
-def check_kill_9_then_resume(tmp_path, flags, config_file):
+def check_kill_9_then_resume(tmp_path, flags, config_file, need_scored: bool = True):
     """Kills a pipeline run of `flags` (10 steps of 4 groups) right after a checkpoint with
-    both kinds of pending groups, resumes it, and checks every prompt trained once, in order."""
+    both kinds of pending groups (in-flight ones only without `need_scored`), resumes it, and
+    checks every prompt trained once, in order."""
     killed = tmp_path / "killed"
     # Steps train groups in start order, and groups start in stream order: step s trains the
     # stream's problems 4s .. 4s + 3, whatever the timing (an uninterrupted run does too).
@@ -168,7 +171,9 @@ def check_kill_9_then_resume(tmp_path, flags, config_file):
     ref_prompts = {s: [next(stream).uid for _ in range(4)] for s in range(10)}
 
     min_step = random.Random(KILL_SEED + 1).choice([2, 4])
-    killed_at = kill_at_mixed_checkpoint(launch(killed, wait=False, flags=flags), killed, min_step)
+    killed_at = kill_at_mixed_checkpoint(
+        launch(killed, wait=False, flags=flags), killed, min_step, need_scored
+    )
     context = (
         f"killed after the checkpoint at step {killed_at} (the first with both kinds of "
         f"pending groups from step {min_step}, drawn by random.Random({KILL_SEED + 1}))"
@@ -192,7 +197,7 @@ def check_kill_9_then_resume(tmp_path, flags, config_file):
     scored = [g for g in pending if "samples" in g]
     in_flight = [g for g in pending if "samples" not in g]
     assert step == killed_at, context
-    assert scored and in_flight, (context, len(scored), len(in_flight))
+    assert (scored or not need_scored) and in_flight, (context, len(scored), len(in_flight))
 
     by_step = {r["step"]: r["prompts"] for r in train_records(killed)}  # last record per step
     assert sorted(by_step) == list(range(10)), context

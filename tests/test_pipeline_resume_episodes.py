@@ -39,4 +39,6 @@ class SlowGuess(GuessNumber):
 
 
 def test_episodes_killed_between_turns_resume_and_train_every_prompt_once(tmp_path):
-    check_kill_9_then_resume(tmp_path, EPISODE_FLAGS, "configs/guess.py")
+    # Killed at the first checkpoint with groups whose episodes are still running (between
+    # turns): whether scored groups wait beside them depends on timing alone.
+    check_kill_9_then_resume(tmp_path, EPISODE_FLAGS, "configs/guess.py", need_scored=False)
