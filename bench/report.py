@@ -737,8 +737,88 @@ def _by_layout(records: list[dict]) -> dict:
     return out
 
 
+def _gpu_runs() -> list[dict]:
+    """Every bench/gpu_check*.json (bench/gpu_check.py on a lent GPU), oldest first."""
+    runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("gpu_check*.json"))]
+    return sorted((r for r in runs if r.get("mode") == "gpu"), key=lambda r: r["date"])
+
+
+def gpu_measured() -> str:
+    """What bench/gpu_check.py measured on a GPU: the kernel test, decode against transformers,
+    the train step's MFU and the pipeline run. A later run's row replaces an earlier one's."""
+    runs = _gpu_runs()
+    if not runs:
+        return "Measured on a GPU: not yet (`bash bench/gpu_check.sh` on a lent GPU machine)."
+    kernel, decode, train, pipeline, cards = None, {}, {}, None, []
+    for r in runs:
+        st, env = r["stages"], r["stages"].get("env", {})
+        card = f"{env.get('device_kind', '?')}, {r['date'][:10]}"
+        cards.append(card)
+        if st.get("kernel_test", {}).get("status") in ("ok", "failed"):
+            kernel = (st["kernel_test"], card)
+        for row in st.get("decode", {}).get("rows", []):
+            decode[(row["model"], row["batch"])] = (row, card)
+        for row in st.get("train", {}).get("rows", []):
+            train[(row["model"], row["rows"], row["seq_len"])] = (row, card)
+        if st.get("pipeline", {}).get("status") == "ok":
+            pipeline = (st["pipeline"], card)
+    lines = [
+        f"Measured on a GPU (`bash bench/gpu_check.sh`; {'; '.join(dict.fromkeys(cards))}):",
+        "",
+    ]
+    if kernel:
+        k, card = kernel
+        errs = ", ".join(
+            f"{name} {c['max_err']:.1e}{'' if c['passed'] else ' FAIL'}"
+            for name, c in k["configs"].items()
+        )
+        lines += [
+            f"- Triton paged-attention kernel against the jnp reference ({card}): "
+            f"{'passed' if k['passed'] else 'FAILED'}; max error {errs}.",
+        ]
+    if pipeline:
+        p, card = pipeline
+        s = p["summary"]
+        lines.append(
+            f"- Demo pipeline run ({card}): {p['steps_done']} steps in {p['wall_s']:.0f} s, "
+            f"{s['steady_samples_per_s']:.0f} samples/s after warm-up, {p['swaps']} in-flight "
+            f"swaps (sampler pause {p['swap_pause_ms_mean']:.2f} ms each), max lag "
+            f"{p['lag_max']} (bound {p['lag_bound']}), reward {p['reward_start']:.3f} -> "
+            f"{p['reward_end']:.3f}."
+        )
+    if decode:
+        lines += [
+            "",
+            "| decode (bf16, 64-token prompts, 128 new) | batch | ours tok/s | transformers "
+            "tok/s | ratio | of roofline |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for (model, batch), (row, _card) in sorted(decode.items()):
+            lines.append(
+                f"| {model} | {batch} | {row['ours_tok_s']:.0f} | {row['hf_tok_s']:.0f} | "
+                f"{row['ratio']:.1f}x | {row['ours_frac_of_predicted']:.2f} |"
+            )
+    if train:
+        lines += [
+            "",
+            "| train step (bf16 compute, f32 master) | rows x seq | tok/s | MFU | of roofline |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for (model, rows, seq), (row, _card) in sorted(train.items()):
+            lines.append(
+                f"| {model} | {rows} x {seq} | {row['tok_s']:.0f} | {row['mfu']:.3f} | "
+                f"{row['frac_of_predicted']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def gpu_summary() -> str:
-    """One row per model: the README's view of bench/results/h100_compile.json."""
+    """One row per model: the README's view of bench/results/h100_compile.json, then what
+    bench/gpu_check.py measured on a GPU."""
+    return f"{_compiled_summary()}\n\n{gpu_measured()}"
+
+
+def _compiled_summary() -> str:
     d, _ = _compile_result()
     if d is None:
         return "GPU programs: not compiled yet (`make compile-h100`)."
