@@ -38,6 +38,7 @@ Dimension letters, one meaning across the project. Arrays carry their shape in t
   W  pages a decode step reads (window)                 X  stop tokens per slot
   C  chunks: steps of a decode chunk, or pieces a long axis is cut into (Vc, Nc: their sizes)
   A  micro-batches (gradient accumulation steps)
+  J  LoRA rank (the adapters' inner dimension, models/lora.py)
 
 An `x` with no letter on one side stands for any leading or trailing axes: `hidden_xE` is
 [..., E], `x_Cx` is [C, ...]. A name with no letters is a scalar or says its shape beside it.

@@ -36,6 +36,7 @@ RULES: tuple[tuple[str, str | None], ...] = (
     ("head_dim", None),
     ("mlp", TP),
     ("norm", None),
+    ("lora_rank", None),  # LoRA adapters' rank (models/lora.py): small, never split
     ("batch", FSDP),  # activations / batches: data-parallel over the fsdp axis
 )
 

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.models import rope
+from pipelinerl_jax.models import lora, rope
 from pipelinerl_jax.models.mixed_matmul import mixed_matmul
 
 # attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache) -> (out_BxTxHxD, new_layer_cache)
@@ -212,8 +212,13 @@ def decoder_block(
     eps, d = cfg.rms_norm_eps, cfg.head_dim
     norm = family.norm
 
+    scale = cfg.lora.scale if cfg.lora else 0.0
+
+    def proj(h, name, n_in=1):  # x·W, plus the LoRA term when lp holds an adapter for it
+        return lora.adapted(layout, h, lp, name, n_in, scale)
+
     def heads(name, h):
-        return layout.split_heads(layout.project(h, lp[name], 1), batch_shape, d)
+        return layout.split_heads(proj(h, name), batch_shape, d)
 
     h = norm(x, lp["attn_norm"], eps, layout.feature_axis)
     # Named for the "matmuls" remat policy to keep (models/remat.py): the matmul outputs, before
@@ -231,13 +236,13 @@ def decoder_block(
     q_BxTxHxD = rope.apply(q_BxTxHxD, cos, sin)
     k_BxTxKxD = rope.apply(k_BxTxKxD, cos, sin)
     attn_BxTxHxD, layer_cache = attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache)
-    x = x + reduce(layout.project(layout.merge_heads(attn_BxTxHxD), lp["o_proj"], 2))
+    x = x + reduce(proj(layout.merge_heads(attn_BxTxHxD), "o_proj", 2))
     x = keep(x, "residual_mid")
     h = norm(x, lp["mlp_norm"], eps, layout.feature_axis)
-    gate = keep(layout.project(h, lp["gate_proj"], 1), "mlp_gate")
-    up = keep(layout.project(h, lp["up_proj"], 1), "mlp_up")
+    gate = keep(proj(h, "gate_proj"), "mlp_gate")
+    up = keep(proj(h, "up_proj"), "mlp_up")
     gated = family.activation(gate) * up
-    return x + reduce(layout.project(gated, lp["down_proj"], 1)), layer_cache
+    return x + reduce(proj(gated, "down_proj")), layer_cache
 
 
 def embed(cfg, family, embed_VxE, tokens, dtype):

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import rope
+from pipelinerl_jax.models.lora import LoraConfig, lora_config
 from pipelinerl_jax.models.remat import REMAT_POLICIES
 
 _DTYPES = ("float32", "bfloat16")
@@ -52,8 +53,12 @@ class ModelConfig:
     remat_policy: str = "attention"  # what a rematerialised layer keeps: a REMAT_POLICIES name
     bos_token_id: int | None = None  # from the HF config; None: none
     eos_token_id: int | tuple[int, ...] | None = None  # one id or several (HF config)
+    lora: LoraConfig | None = None  # LoRA adapters in the param table (models/lora.py)
 
     def __post_init__(self):
+        # A dict (config), or the sorted pairs a JSON round trip leaves (train/json_items.py).
+        lora = dict(self.lora) if isinstance(self.lora, tuple) else self.lora
+        object.__setattr__(self, "lora", lora_config(lora))
         for name in ("param_dtype", "compute_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipelinerl_jax.models import attention, block, registry, remat, rope
+from pipelinerl_jax.models import attention, block, lora, registry, remat, rope
 from pipelinerl_jax.models import params as param_table
 from pipelinerl_jax.models.block import AttentionFn
 from pipelinerl_jax.models.config import ModelConfig
@@ -43,9 +43,15 @@ def family_of(cfg: ModelConfig):
     return registry.family_of(cfg.model_type)
 
 
-def param_specs(cfg: ModelConfig) -> tuple[param_table.ParamSpec, ...]:
-    """The family's parameter table for this config."""
+def base_param_specs(cfg: ModelConfig) -> tuple[param_table.ParamSpec, ...]:
+    """The family's parameter table for this config: what a Hugging Face checkpoint holds."""
     return family_of(cfg).param_table(cfg)
+
+
+def param_specs(cfg: ModelConfig) -> tuple[param_table.ParamSpec, ...]:
+    """The family's table, then the LoRA adapter rows when cfg.lora is set (models/lora.py)."""
+    base = base_param_specs(cfg)
+    return base + (param_table.lora_params(cfg.lora, base) if cfg.lora else ())
 
 
 class Decoder(nnx.Module):
@@ -65,10 +71,15 @@ class Decoder(nnx.Module):
         for s, size in zip(normal, sizes):
             values[s.key] = flat[start : start + size].reshape(shapes[s.key])
             start += size
+        # Adapters draw from a key of their own, so the base is the same with or without them.
+        lora_rng = rngs.params() if cfg.lora else None
         layers = {}
         for s in specs:
             if s.init == "normal":
                 value = values[s.key].astype(dtype)
+            elif s.init == "lora_a":
+                lora_rng, key = jax.random.split(lora_rng)
+                value = lora.init_a(key, shapes[s.key], s.n_in).astype(dtype)
             else:
                 value = jnp.full(shapes[s.key], 1.0 if s.init == "ones" else 0.0, dtype)
             if s.per_layer:
@@ -141,7 +152,7 @@ def forward_hidden(
 
     def body(x, layer_and_cache):
         lp, layer_cache = layer_and_cache
-        lp = jax.tree.map(lambda w: w.astype(dtype), lp)
+        lp = jax.tree.map(lambda w: w.astype(dtype), dict(lp))
         return block.decoder_block(
             cfg, family, layout, x, lp, tokens_BxT.shape, cos, sin, attend, layer_cache, keep=keep
         )

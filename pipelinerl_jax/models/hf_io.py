@@ -54,7 +54,7 @@ def _tensor_specs(cfg: ModelConfig) -> list[tuple[str, str, tuple[int, ...], int
     the family's table (models/params.py)."""
     return [
         (s.key, s.hf, params_lib.shape_of(s, cfg, per_layer=True), s.n_in)
-        for s in decoder.param_specs(cfg)
+        for s in decoder.base_param_specs(cfg)
     ]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pipelinerl_jax.models import lora as lora_lib
 from pipelinerl_jax.models.config import ModelConfig
 
 
@@ -30,7 +31,7 @@ class ParamSpec:
     axes: tuple[str, ...]  # logical axis names, one per stored dim
     hf: str  # Hugging Face tensor name; "{i}" stands for the layer index
     n_in: int = 0  # leading input dims of a matmul weight (after "layers"); 0: not one
-    init: str = "normal"  # "normal" (std 0.02) | "ones" | "zeros"
+    init: str = "normal"  # "normal" (std 0.02) | "ones" | "zeros" | "lora_a" (lora.init_a)
 
     @property
     def name(self) -> str:
@@ -58,6 +59,7 @@ def axis_sizes(cfg: ModelConfig) -> dict[str, int]:
         "kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
         "mlp": cfg.intermediate_size,
+        "lora_rank": cfg.lora.rank if cfg.lora else 0,
     }
 
 
@@ -119,6 +121,35 @@ def decoder_params(cfg: ModelConfig, *, norm_init: str = "ones") -> tuple[ParamS
     if not cfg.tie_word_embeddings:
         specs.append(ParamSpec("lm_head", ("embed", "vocab"), "lm_head.weight", 1))
     return tuple(specs)
+
+
+def lora_params(lora: lora_lib.LoraConfig, base_specs) -> tuple[ParamSpec, ...]:
+    """The adapter rows (models/lora.py) for a family's table, two per target projection: A
+    with the projection's input axes then the rank, B with the rank then its output axes. Their
+    HF names are PEFT's (with the "base_model.model." prefix a PEFT file adds left out)."""
+    by_name = {s.name: s for s in base_specs if s.per_layer}
+    rows = []
+    for target in lora.targets:
+        base = by_name[target]
+        ins, outs = base.layer_axes[: base.n_in], base.layer_axes[base.n_in :]
+        module = base.hf.removesuffix(".weight")
+        rows += [
+            ParamSpec(
+                f"layers/{target}{lora_lib.SUFFIX_A}",
+                ("layers", *ins, lora_lib.RANK_AXIS),
+                f"{module}.lora_A.weight",
+                base.n_in,
+                init="lora_a",
+            ),
+            ParamSpec(
+                f"layers/{target}{lora_lib.SUFFIX_B}",
+                ("layers", lora_lib.RANK_AXIS, *outs),
+                f"{module}.lora_B.weight",
+                1,
+                init="zeros",
+            ),
+        ]
+    return tuple(rows)
 
 
 def tp_dim(spec: ParamSpec, tp_axes: frozenset[str], *, output_major: bool) -> int | None:
