@@ -27,6 +27,7 @@ from typing import Any
 from pipelinerl_jax.data.tasks import TASKS
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models.lora import LoraConfig
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.rewards.tables import REWARD_TABLES, RewardTable
@@ -41,7 +42,13 @@ _DERIVED_DEFAULTS = {
 }
 # Fields that hold a JSON list / a JSON object in the ConfigDict (tuples in the dataclasses).
 LIST_FIELDS = ("data.datasets", "data.few_shot", "eval.datasets")
-DICT_FIELDS = ("model.init", "data.task_options", "reward.table_options", "env.options")
+DICT_FIELDS = (
+    "model.init",
+    "model.lora",
+    "data.task_options",
+    "reward.table_options",
+    "env.options",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,14 +190,16 @@ def _section_fields(section: str, cls) -> list[Field]:
 
 
 def _dict_keys(path: str) -> list[Field]:
-    """The keys of model.init, data.task_options and reward.table_options, as fields."""
+    """The keys of model.init, model.lora, data.task_options and reward.table_options, as
+    fields."""
 
-    if path == "model.init":
-        hints, docs = typing.get_type_hints(ModelConfig), field_docs(ModelConfig)
+    if path in ("model.init", "model.lora"):
+        cls = ModelConfig if path == "model.init" else LoraConfig
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
         return [
             Field(f"{path}.{f.name}", hints[f.name], _default(f), docs[f.name])
-            for f in dataclasses.fields(ModelConfig)
-            if f.name in config_lib.INIT_FIELDS
+            for f in dataclasses.fields(cls)
+            if path == "model.lora" or f.name in config_lib.INIT_FIELDS
         ]
     owners = TASKS if path == "data.task_options" else REWARD_TABLES
     what = "task" if path == "data.task_options" else "table"

@@ -31,9 +31,9 @@ from absl import flags
 
 from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, decoder, gguf_io, param_counts
+from pipelinerl_jax.models import config_json, decoder, gguf_io, lora, param_counts
 from pipelinerl_jax.models.config import ModelConfig
-from pipelinerl_jax.models.hf_io import read_config, save_hf
+from pipelinerl_jax.models.hf_io import load_hf, read_config, save_hf
 from pipelinerl_jax.train.checkpoint import CHECKPOINT_DIR, CorruptCheckpointError, RunCheckpointer
 from pipelinerl_jax.train.json_items import model_config_from_json
 
@@ -131,7 +131,12 @@ def load_model(workdir: str | os.PathLike, step: int | None = None):
                     )
                 cfg = model_config_from_run(run_config)
             graphdef, abstract_params = decoder.abstract_init(cfg)
-            return s, cfg, graphdef, ckpt.restore_params(s, abstract_params)
+            if cfg.lora is None:
+                return s, cfg, graphdef, ckpt.restore_params(s, abstract_params)
+            # LoRA: the checkpoint holds the adapters; the base comes from where the run took it.
+            adapters = ckpt.restore_params(s, lora.split(abstract_params)[0])
+            base = _lora_base(workdir, cfg, ckpt.read_json(s, "extra").get("lora_base"), s)
+            return s, cfg, graphdef, lora.merge(decoder.arrays(adapters), base)
         except CorruptCheckpointError as e:
             if step is not None:
                 raise ConfigError(
@@ -139,6 +144,37 @@ def load_model(workdir: str | os.PathLike, step: int | None = None):
                 ) from None
             log.warning("checkpoint step %d is unreadable (%s); trying the previous one", s, e)
     raise ConfigError(f"none of the checkpoints {steps} in {ckpt.directory} is readable")
+
+
+def _lora_base(workdir, cfg: ModelConfig, saved: dict | None, step: int) -> dict:
+    """The frozen base a LoRA run trained its adapters on: model.hf_dir's weights, or the fresh
+    init of its seed; refused (one line) when its fingerprint is not the checkpoint's."""
+    import jax
+
+    run_config = read_run_config(workdir)
+    if run_config is None:
+        raise ConfigError(
+            f"{workdir}: a LoRA checkpoint needs the run's config.json to find its base model"
+        )
+    base_cfg = dataclasses.replace(cfg, lora=None)
+    hf_dir = (run_config.get("model") or {}).get("hf_dir")
+    if hf_dir:
+        _, _, base = load_hf(
+            hf_dir,
+            param_dtype=cfg.param_dtype,
+            compute_dtype=cfg.compute_dtype,
+            check_tokenizer=False,
+        )
+    else:
+        _, base = decoder.init(base_cfg, jax.random.key(int(run_config.get("seed", 0))))
+    base = decoder.arrays(base)
+    if saved is not None and lora.fingerprint(base) != saved["sha256"]:
+        where = f"model.hf_dir={hf_dir}" if hf_dir else "the fresh init of the run's seed"
+        raise ConfigError(
+            f"checkpoint step {step}: its LoRA adapters were trained on other base weights than "
+            f"{where} holds now; restore that base model to export or evaluate this run"
+        )
+    return base
 
 
 def default_tokenizer_dir(workdir) -> str | None:

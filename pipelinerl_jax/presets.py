@@ -49,6 +49,8 @@ def demo_config() -> ml_collections.ConfigDict:
     c.model.hf_dir = ""  # a Hugging Face directory to start from instead of init
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
+    # LoRA: rank > 0 trains adapters on a frozen base instead (docs/lora.md); 0: full fine-tuning
+    c.model.lora = dict(rank=0, alpha=32.0, targets=("q", "k", "v", "o", "gate", "up", "down"))
     c.model.init = dict(
         model_type="llama",
         vocab_size=16,

@@ -234,7 +234,9 @@ class Broken(Environment):
 def test_failing_environments_end_their_episode_with_a_status(workers):
     cases = ["raise", "garbage"] + (["hang"] if workers else [])
     problems = [Problem(uid=h, question="1:2=", answer=h, source="t") for h in cases]
-    with EnvironmentPool(num_workers=workers, timeout_s=2.0) as pool:
+    # A fresh worker's first turn imports the environment's module: on a loaded 2-core
+    # machine that took over 2 s, so the timeout leaves room for it.
+    with EnvironmentPool(num_workers=workers, timeout_s=6.0) as pool:
         episodes = run_episodes(
             ScriptedSampler(seed=4),
             _driver(Broken(max_turns=3), pool),

@@ -72,14 +72,13 @@ class Decoder(nnx.Module):
             values[s.key] = flat[start : start + size].reshape(shapes[s.key])
             start += size
         # Adapters draw from a key of their own, so the base is the same with or without them.
-        lora_rng = rngs.params() if cfg.lora else None
+        adapters = init_adapters(cfg, rngs.params())["layers"] if cfg.lora else {}
         layers = {}
         for s in specs:
             if s.init == "normal":
                 value = values[s.key].astype(dtype)
-            elif s.init == "lora_a":
-                lora_rng, key = jax.random.split(lora_rng)
-                value = lora.init_a(key, shapes[s.key], s.n_in).astype(dtype)
+            elif lora.is_adapter(s.key):
+                value = adapters[s.name]
             else:
                 value = jnp.full(shapes[s.key], 1.0 if s.init == "ones" else 0.0, dtype)
             if s.per_layer:
@@ -87,6 +86,21 @@ class Decoder(nnx.Module):
             else:
                 setattr(self, s.key, _param(value, s.axes))
         self.layers = nnx.Dict(layers)
+
+
+def init_adapters(cfg: ModelConfig, rng: jax.Array) -> dict:
+    """Fresh LoRA adapters {"layers": {name: [L, ...]}} in the param dtype: every A drawn as
+    PEFT draws it (lora.init_a), every B zero, so the adapted model is the base model."""
+    dtype = jnp.dtype(cfg.param_dtype)
+    out = {}
+    for s in param_table.lora_params(cfg.lora, base_param_specs(cfg)):
+        shape = param_table.shape_of(s, cfg)
+        if s.init == "lora_a":
+            rng, key = jax.random.split(rng)
+            out[s.name] = lora.init_a(key, shape, s.n_in).astype(dtype)
+        else:
+            out[s.name] = jnp.zeros(shape, dtype)
+    return {"layers": out}
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array) -> nnx.State:

@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, decoder
+from pipelinerl_jax.models import config_json, decoder, lora
 from pipelinerl_jax.models import params as params_lib
 from pipelinerl_jax.models import tokenizer as tok_lib
 from pipelinerl_jax.models.config import ModelConfig
@@ -178,11 +178,14 @@ def load_hf(
     remat_policy: str = "attention",
     config_overrides: dict | None = None,
     check_tokenizer: bool = True,
+    rng: jax.Array | None = None,
 ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
     """Loads a Hugging Face Llama/Qwen2/Qwen3/Mistral directory -> (cfg, graphdef, params).
 
     `shardings`: None (default device), one Sharding for every leaf, or the pytree from
     `pipelinerl_jax.sharding.param_shardings`; each leaf goes straight onto its sharding.
+    With `config_overrides={"lora": {...}}` the params also hold fresh LoRA adapters (A drawn
+    from `rng`, default key 0; B zero), so the loaded model is still exactly the checkpoint's.
     """
     model_dir = Path(model_dir)
     hf_config = read_config(model_dir)
@@ -218,7 +221,8 @@ def load_hf(
         )
 
     dtype = _NP_DTYPES[param_dtype]
-    target = _leaf_shardings(shardings, [key for key, *_ in specs])
+    keys = [s.key for s in decoder.param_specs(cfg)]  # the adapters' too
+    target = _leaf_shardings(shardings, keys)
     loaded: dict = {"layers": {}}
     for key, name, shape, n_in in specs:
         expected = hf_shape(key, shape, n_in)
@@ -235,14 +239,23 @@ def load_hf(
             node = node[part]
         node[last] = leaf
         del host
+    if cfg.lora is not None:
+        rng = jax.random.key(0) if rng is None else rng
+        adapters = decoder.init_adapters(cfg, rng)["layers"]
+        for key, value in adapters.items():
+            where = target.get(f"layers/{key}")
+            loaded["layers"][key] = value if where is None else jax.device_put(value, where)
     graphdef, params = decoder.abstract_init(cfg)
     nnx.replace_by_pure_dict(params, loaded)
     return cfg, graphdef, params
 
 
 def hf_tensors(cfg: ModelConfig, params) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, numpy array in HF layout) for every tensor, in checkpoint order."""
+    """(HF name, numpy array in HF layout) for every tensor, in checkpoint order. LoRA
+    adapters (cfg.lora) are folded into their weights: the checkpoint is the merged model."""
     pure = decoder.arrays(params)
+    if cfg.lora is not None:
+        pure = lora.merged_weights(pure, cfg.lora)
     for key, name, shape, n_in in _tensor_specs(cfg):
         expected = hf_shape(key, shape, n_in)
         node = pure

@@ -28,10 +28,12 @@ I input features, O output features.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pipelinerl_jax.errors import ConfigError
 
@@ -45,9 +47,9 @@ RANK_AXIS = "lora_rank"  # the logical axis of the rank (never sharded: sharding
 class LoraConfig:
     """Adapters on `targets` of every layer, of `rank`, scaled by alpha / rank (PEFT's)."""
 
-    rank: int = 16
-    alpha: float = 32.0
-    targets: tuple[str, ...] = TARGETS
+    rank: int = 16  # J: the adapters' inner dimension
+    alpha: float = 32.0  # the LoRA term is scaled by alpha / rank (PEFT's lora_alpha)
+    targets: tuple[str, ...] = TARGETS  # projections to adapt: q, k, v, o, gate, up, down
 
     def __post_init__(self):
         if isinstance(self.targets, str) or not isinstance(self.targets, (tuple, list)):
@@ -85,7 +87,8 @@ def _full_name(target) -> str:
 
 
 def lora_config(value) -> LoraConfig | None:
-    """A LoraConfig from a config value: None/{} (no adapters), a dict, or a LoraConfig."""
+    """A LoraConfig from a config value: None, {} or rank 0 (no adapters), a dict, or a
+    LoraConfig."""
     if value is None or isinstance(value, LoraConfig):
         return value
     if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
@@ -95,7 +98,7 @@ def lora_config(value) -> LoraConfig | None:
             f"model.lora={value!r}: give a dict such as "
             '{"rank": 16, "alpha": 32, "targets": ["q", "k", "v", "o", "gate", "up", "down"]}'
         )
-    if not value:
+    if not value or value.get("rank") == 0:
         return None
     unknown = sorted(set(value) - {"rank", "alpha", "targets"})
     if unknown:
@@ -166,3 +169,18 @@ def merged_weights(params: dict, lora: LoraConfig) -> dict:
             w.dtype
         )
     return {**base, "layers": layers}
+
+
+def fingerprint(base) -> str:
+    """sha256 of the frozen base's arrays (names, shapes, dtypes and bytes, in name order): what
+    a LoRA checkpoint records, so a resume on other base weights is refused."""
+    digest = hashlib.sha256()
+    # nnx.Variables as their arrays, so a State and its pure dict give one fingerprint.
+    has_value = lambda v: hasattr(v, "get_value")  # noqa: E731
+    base = jax.tree.map(lambda v: v.get_value() if has_value(v) else v, base, is_leaf=has_value)
+    flat = jax.tree_util.tree_flatten_with_path(base)[0]
+    for path, x in sorted(flat, key=lambda item: jax.tree_util.keystr(item[0])):
+        host = np.ascontiguousarray(jax.device_get(x))
+        digest.update(f"{jax.tree_util.keystr(path)}{host.shape}{host.dtype}".encode())
+        digest.update(host.view(np.uint8).reshape(-1).data)
+    return digest.hexdigest()

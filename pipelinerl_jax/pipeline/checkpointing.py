@@ -19,6 +19,8 @@ from pathlib import Path
 import jax
 
 from pipelinerl_jax.data import prompts as prompts_lib
+from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.models import lora
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline.run_plot import PLOT_FILE, plot_run
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
@@ -35,6 +37,9 @@ class Checkpoints:
 
     def save(self, coord) -> None:
         extra = {"config": config_lib.as_dict(self.cfg), **coord.snapshot()}
+        base = lora_base(coord.trainer)
+        if base is not None:
+            extra["lora_base"] = base
         self.checkpointer.save(coord.step, coord.state, extra)
         self.last_saved = coord.step
 
@@ -141,6 +146,29 @@ def preflight(cfg, workdir, stream=None) -> int | None:
         ckpt.close()
 
 
+def lora_base(trainer) -> dict | None:
+    """What a LoRA checkpoint records of the frozen base its adapters were trained on (the
+    fingerprint is computed once per trainer), or None without LoRA."""
+    if getattr(trainer, "lora", None) is None or trainer.frozen is None:
+        return None
+    if getattr(trainer, "_base_fingerprint", None) is None:
+        trainer._base_fingerprint = lora.fingerprint(trainer.frozen)
+    return {"sha256": trainer._base_fingerprint}
+
+
+def check_lora_base(saved: dict | None, trainer, step: int) -> None:
+    """Refuses (one line) to resume adapters onto base weights other than those they were
+    trained on: the same hf_dir path with other contents, say."""
+    now = lora_base(trainer)
+    if saved is None or now is None or saved["sha256"] == now["sha256"]:
+        return
+    raise ConfigError(
+        f"checkpoint step {step}: its LoRA adapters were trained on other base weights "
+        f"(sha256 {saved['sha256'][:12]}..., now {now['sha256'][:12]}...); restore the base "
+        "model the run started from (model.hf_dir) or start a new --workdir"
+    )
+
+
 def resume(coord, ckpt, cfg, c, echo) -> int | None:
     """Continues the workdir's run from its newest good checkpoint; returns its step (None:
     there is none, the run starts fresh)."""
@@ -161,6 +189,7 @@ def resume(coord, ckpt, cfg, c, echo) -> int | None:
     if restored is None:
         return None
     step, state, extra = restored
+    check_lora_base(extra.get("lora_base"), c.trainer, step)
     for change in check_compatible(extra["config"], config_lib.as_dict(cfg)):
         echo(f"resume: config change allowed: {change}")
     coord.restore(extra)  # first: it refuses a stream it cannot reposition

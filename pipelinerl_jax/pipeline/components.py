@@ -158,15 +158,20 @@ def prompt_encoder(tokenizer: AnyTokenizer, prompt_cfg: PromptConfig) -> PromptE
 
 def model_config(cfg: config_lib.RunConfig) -> ModelConfig:
     """The policy's ModelConfig, read without loading any weights."""
-    dtypes = dict(
+    if cfg.model.hf_dir:
+        return config_json.from_hf(read_config(cfg.model.hf_dir), **_choices(cfg))
+    return ModelConfig(**{**dict(cfg.model.init), **_choices(cfg)})
+
+
+def _choices(cfg: config_lib.RunConfig) -> dict:
+    """The ModelConfig fields the run's model section decides, whatever the weights."""
+    return dict(
         param_dtype=cfg.model.param_dtype,
         compute_dtype=cfg.model.compute_dtype,
         remat=cfg.model.remat,
         remat_policy=cfg.model.remat_policy,
+        lora=dict(cfg.model.lora) or None,
     )
-    if cfg.model.hf_dir:
-        return config_json.from_hf(read_config(cfg.model.hf_dir), **dtypes)
-    return ModelConfig(**{**dict(cfg.model.init), **dtypes})
 
 
 def check_memory(cfg: config_lib.RunConfig, echo: Callable[[str], object]) -> None:
@@ -182,22 +187,18 @@ def build_model(
 ) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) from a Hugging Face directory or a fresh init."""
     if cfg.model.hf_dir:
+        choices = _choices(cfg)
         _, graphdef, params = load_hf(
             cfg.model.hf_dir,
-            param_dtype=cfg.model.param_dtype,
-            compute_dtype=cfg.model.compute_dtype,
-            remat=cfg.model.remat,
-            remat_policy=cfg.model.remat_policy,
+            param_dtype=choices.pop("param_dtype"),
+            compute_dtype=choices.pop("compute_dtype"),
+            remat=choices.pop("remat"),
+            remat_policy=choices.pop("remat_policy"),
+            config_overrides=choices,  # lora: adapters drawn from `rng` beside the weights
+            rng=rng,
         )
         return graphdef, params
-    fields = dict(cfg.model.init)
-    fields.update(
-        param_dtype=cfg.model.param_dtype,
-        compute_dtype=cfg.model.compute_dtype,
-        remat=cfg.model.remat,
-        remat_policy=cfg.model.remat_policy,
-    )
-    model_cfg = ModelConfig(**fields)
+    model_cfg = ModelConfig(**{**dict(cfg.model.init), **_choices(cfg)})
     vocab = getattr(tokenizer, "vocab_size", None)
     if vocab is not None and vocab > model_cfg.vocab_size:
         raise ConfigError(
@@ -300,6 +301,9 @@ def build(
     if sampler is None:
         sampler = make_sampler(params)
         sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
+    # The state's params are what the trainer trains: with LoRA the adapters, which the
+    # evaluator's fresh sampler needs joined to the base.
+    local_params = trainer.full_params
 
     admission = Admission(
         groups_per_step=cfg.groups_per_step,
@@ -320,6 +324,7 @@ def build(
         shared_devices=not set(sampler_devices).isdisjoint(trainer_devices),
         graphdef=graphdef,
         make_sampler=make_sampler,
+        local_params=local_params,
     )
 
 

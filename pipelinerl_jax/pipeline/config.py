@@ -22,6 +22,7 @@ from pipelinerl_jax.data.tasks import TASKS
 from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models.lora import lora_config
 from pipelinerl_jax.rewards.tables import get_reward_table
 from pipelinerl_jax.rl.config import BatchConfig
 from pipelinerl_jax.sampler.config import SamplerConfig
@@ -35,6 +36,7 @@ INIT_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {
     "compute_dtype",
     "remat",
     "remat_policy",
+    "lora",
 }
 
 
@@ -56,8 +58,11 @@ class ModelSpec:
     remat_policy: str = "attention"  # with remat, what each layer keeps: "attention" (least
     #   memory) or "matmuls" (no matmul recomputed: faster, more memory; docs/real_model.md#memory)
     init: tuple = ()  # a dict of ModelConfig fields: a fresh, random model
+    lora: tuple = ()  # a dict {rank, alpha, targets}: train LoRA adapters on a frozen base
+    #   (models/lora.py; docs/lora.md); empty: full fine-tuning
 
     def __post_init__(self):
+        lora_config(dict(self.lora))  # a bad rank, alpha or target: one line now
         if self.remat_policy != "attention" and not self.remat:
             raise ConfigError(
                 f"config.model.remat_policy={self.remat_policy!r} applies only to a "

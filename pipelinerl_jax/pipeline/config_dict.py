@@ -260,7 +260,7 @@ def _dataset_specs(items) -> tuple:
 # (a field left out converts from None to its default). They are set by the conversion, so a
 # section's list of valid fields leaves them out.
 _CONVERT = {
-    "model": (("init", _items),),
+    "model": (("init", _items), ("lora", _items)),
     "data": (("task_options", _items), ("few_shot", _few_shot), ("datasets", _dataset_specs)),
     "reward": (("table_options", _items),),
     "eval": (("datasets", _dataset_specs),),

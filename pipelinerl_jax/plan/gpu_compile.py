@@ -52,7 +52,7 @@ from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.sampler import engine as eng
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import steps
-from pipelinerl_jax.sampler.sampler import input_shardings
+from pipelinerl_jax.sampler.param_view import input_shardings
 from pipelinerl_jax.train.config import TrainerConfig
 from pipelinerl_jax.train.trainer import Trainer, TrainState, trainer_mesh
 
@@ -351,7 +351,9 @@ def compile_train_step(
             micro_batches=micro_batches,
             head_dtype=cfg.compute_dtype,
         )
-        return trainer._step.lower(_train_state(trainer), _train_batch(trainer, rows, seq_len))
+        return trainer._step.lower(
+            _train_state(trainer), _train_batch(trainer, rows, seq_len), None
+        )
 
     return _compile(lower, gpu, record)
 

@@ -112,6 +112,14 @@ class Engine:
         )
         self.copy_pages = jax.jit(self._copy_pages, donate_argnames=("state",))
         self.prepare_params = jax.jit(prepare, out_shardings=self.param_shardings)
+        if cfg.lora is not None:
+            # LoRA: the base's view is made once, each version's adapters alone (param_view.py).
+            base_sh, adapter_sh = fwd.split_view(self.param_shardings)
+            self.prepare_base = jax.jit(prepare, out_shardings=base_sh)
+            self.prepare_adapters = jax.jit(
+                functools.partial(fwd.decode_adapters, cfg, layout=self.strategy.layout),
+                out_shardings=adapter_sh,
+            )
 
     def _shard_map(self, fn, in_specs, out_specs):
         # check_vma off: every value is per-shard (no collectives), and the checker would

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as Ps
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import block, decoder, rope
+from pipelinerl_jax.models import block, decoder, lora, rope
 from pipelinerl_jax.models import params as param_table
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
@@ -76,6 +76,31 @@ def decode_params(
         "final_norm": p["final_norm"],
         "head_VxE": decoder.lm_head_weight(params).astype(head_dtype).T,
     }
+
+
+def decode_adapters(cfg: ModelConfig, adapters, layout: str = "feature_major") -> tuple:
+    """LoRA adapters (models/lora.split's subtree, stacked [L, ...]) -> one dict per layer, laid
+    out and cast as `decode_params` lays out the layer they join (`with_adapters`)."""
+    p = decoder.arrays(adapters)
+    n_in = block.matmul_inputs(decoder.param_specs(cfg))
+    lay, dtype = _layout(layout), jnp.dtype(cfg.compute_dtype)
+    return tuple(
+        lay.prepare({name: w[i] for name, w in p["layers"].items()}, n_in, dtype)
+        for i in range(cfg.num_layers)
+    )
+
+
+def with_adapters(view: dict, adapter_layers: tuple) -> dict:
+    """A base model's `decode_params` view with each layer's adapters joined to it (no copy)."""
+    layers = tuple({**b, **a} for b, a in zip(view["layers"], adapter_layers))
+    return {**view, "layers": layers}
+
+
+def split_view(view: dict) -> tuple[dict, tuple]:
+    """The inverse of `with_adapters`: (the base view, the adapter layers)."""
+    base = tuple({k: v for k, v in lp.items() if not lora.is_adapter(k)} for lp in view["layers"])
+    adapters = tuple({k: v for k, v in lp.items() if lora.is_adapter(k)} for lp in view["layers"])
+    return {**view, "layers": base}, adapters
 
 
 def publish_dtypes(cfg: ModelConfig, params, head_dtype: str = "float32") -> dict | None:

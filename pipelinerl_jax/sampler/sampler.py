@@ -39,13 +39,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as Ps
 
-from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.engine import get_engine
+from pipelinerl_jax.sampler.param_view import ParamView
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
 from pipelinerl_jax.sampler.requests import observation_error, request_error
 from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
@@ -60,15 +59,6 @@ def _mix32(*values: int) -> int:
         h = (h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
         h ^= h >> 31
     return h & 0xFFFFFFFF
-
-
-def input_shardings(params, mesh, tp_axis: str | None):
-    """Where model params go on the sampler mesh before conversion: replicated, or split over
-    the tp axis by the project's logical-axis rules (never whole on one device)."""
-    if tp_axis is None:
-        return jax.tree.map(lambda _: NamedSharding(mesh, Ps()), params)
-    rules = tuple((name, tp_axis if axis == shd.TP else None) for name, axis in shd.RULES)
-    return shd.param_shardings(params, mesh, rules)
 
 
 class PagedSampler:
@@ -156,12 +146,8 @@ class PagedSampler:
             seed=cfg.seed,
             shardings=self.engine.shardings,
         )
-        self._signature = _signature(params)
-        self.input_shardings = self._input_shardings(params)
-        # A publish moves params already cast to what decoding reads (forward.publish_dtypes).
-        narrow = fwd.publish_dtypes(model_cfg, params, self.engine.ecfg.head_dtype)
-        self._narrow = jax.jit(lambda p: fwd.narrow_for_decode(p, narrow)) if narrow else None
-        self.params = self._convert(params)
+        self._view = ParamView(self.engine, model_cfg, params)
+        self.params = self._view.convert(params, copy=False)
         self.version = int(version)
         self._staged = None
         self._lock = threading.Lock()
@@ -284,31 +270,15 @@ class PagedSampler:
 
     # --- params ---------------------------------------------------------------------------
 
-    def _input_shardings(self, params):
-        return input_shardings(params, self.engine.mesh, self.engine.tp_axis)
-
     def prepare(self, params):
         """The engine's per-layer view of model `params` on the sampler mesh, on a private
         copy (dispatched, not waited for): the same shapes and shardings for every version, so
-        a swap never recompiles. Any thread may call it; the pipeline's publisher does, in the
-        trainer thread, so the sampler's chunk boundary only swaps a reference."""
-        # may_alias=False: where sampler and trainer share a device the placement would
-        # otherwise be the trainer's own buffers, which its next step donates.
-        return self._convert(params, copy=True)
-
-    def _convert(self, params, *, copy: bool = False):
-        """prepare(), letting the placement reuse `params`' buffers unless `copy`: the
-        sampler's own start-up and set_params(prepared=False) keep the one buffer."""
-        if _signature(params) != self._signature:
-            raise ConfigError(
-                "new params' shapes/dtypes differ from the sampler's; load them "
-                "with the same config and param_dtype (a swap must not "
-                "recompile)"
-            )
-        if self._narrow is not None:
-            params = self._narrow(params)  # on the params' own devices, before the copy
-        placed = jax.device_put(params, self.input_shardings, may_alias=False if copy else None)
-        return self.engine.prepare_params(placed)
+        a swap never recompiles. With LoRA, `params` may be the adapters alone (param_view.py).
+        Any thread may call it; the pipeline's publisher does, in the trainer thread, so the
+        sampler's chunk boundary only swaps a reference."""
+        # copy: where sampler and trainer share a device the placement would otherwise be the
+        # trainer's own buffers, which its next step donates.
+        return self._view.convert(params, copy=True)
 
     def set_params(self, params, version: int, *, prepared: bool = False) -> None:
         """Stages new params (thread-safe); the next step() swaps them in.
@@ -324,7 +294,7 @@ class PagedSampler:
                 )
             placed = params
         else:
-            placed = self._convert(params)
+            placed = self._view.convert(params, copy=False)
         with self._lock:
             self._staged = (placed, int(version))
 
@@ -527,12 +497,6 @@ class PagedSampler:
             error=error,
             preemptions=seq.preemptions,
         )
-
-
-def _signature(params):
-    """Tree structure, shapes and dtypes of model params (what a compiled chunk depends on)."""
-    arrays = decoder.arrays(params)
-    return jax.tree.structure(arrays), [(x.shape, x.dtype) for x in jax.tree.leaves(arrays)]
 
 
 def _pow2_at_least(n: int) -> int:

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import attention, decoder
+from pipelinerl_jax.models import attention, decoder, lora
 from pipelinerl_jax.rl import lag, losses
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.rl.config import LossConfig, linear_schedule
@@ -225,6 +225,7 @@ def _learning_rate(opt_state) -> jax.Array | None:
 def _train_step(
     state: TrainState,
     batch: TrainBatch,
+    frozen,
     *,
     graphdef,
     cfg: TrainerConfig,
@@ -250,8 +251,17 @@ def _train_step(
         )
     else:
         objective = functools.partial(_custom_loss, loss_fn)
-    grad_fn = jax.grad(objective, has_aux=True)
     ref = state.ref_params if lc.uses_reference else None
+    if frozen is not None:
+        # LoRA: state.params are the adapters, the only thing differentiated; the frozen base
+        # joins them inside the loss. The KL reference is the base itself (no adapters), so it
+        # costs no copy.
+        full_objective = objective
+        objective = lambda adapters, ref, batch: full_objective(  # noqa: E731
+            lora.merge(adapters, frozen), ref, batch
+        )
+        ref = frozen if lc.uses_reference else None
+    grad_fn = jax.grad(objective, has_aux=True)
     m = cfg.micro_batches
     if m == 1:
         grads, stats = grad_fn(state.params, ref, batch)
@@ -360,6 +370,14 @@ class Trainer:
         self.rules = tuple(sharding.RULES if rules is None else rules)
         sharding.check_mesh(mesh, self.rules)
         self.cfg, self.graphdef, self.mesh = cfg, graphdef, mesh
+        # LoRA (model.lora): the state's params are the adapters; the base stays frozen beside
+        # the state (`self.frozen`), never donated, so a sampler on the same device can read it.
+        self.lora = decoder.config_of(graphdef).lora
+        self.frozen = None
+        self.frozen_shardings = None
+        if self.lora is not None:
+            abstract_params, abstract_frozen = lora.split(abstract_params)
+            self.frozen_shardings = sharding.param_shardings(abstract_frozen, mesh, self.rules)
         self.loss_fn = loss_fn  # None: the built-in rl_loss
         self.tx = make_optimizer(cfg) if optimizer is None else optimizer
         self.batch_axis = sharding.batch_axis(self.rules)
@@ -374,7 +392,7 @@ class Trainer:
             transform_non_params=lambda _: repl,
         )
         self._batch_shardings = self.batch_shardings()
-        ref_sh = self.param_shardings if cfg.loss.uses_reference else None
+        ref_sh = self.param_shardings if cfg.loss.uses_reference and not self.lora else None
         self.state_shardings = TrainState(
             step=repl,
             version=repl,
@@ -395,7 +413,7 @@ class Trainer:
                 batch_axis=self.batch_axis,
                 default_tx=optimizer is None,
             ),
-            in_shardings=(self.state_shardings, self._batch_shardings),
+            in_shardings=(self.state_shardings, self._batch_shardings, self.frozen_shardings),
             out_shardings=(self.state_shardings, repl),
             donate_argnums=0,
         )
@@ -427,15 +445,27 @@ class Trainer:
         return jax.device_put(batch, self._batch_shardings)
 
     def init_state(self, params, ref_params=None) -> TrainState:
-        """Sharded copies of the params, f32 moments; the reference defaults to the params."""
+        """Sharded copies of the params, f32 moments; the reference defaults to the params.
+
+        With LoRA, `params` is the whole model: its adapters are copied into the state, and its
+        base is placed (not copied where it already is) as `self.frozen`, which every step reads
+        and none donates. The KL reference is then the base, and `ref_params` must be None."""
         # Copies: the step donates the state, and callers (the sampler) keep using their params.
         copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings)
+        if self.lora is not None:
+            if ref_params is not None:
+                raise ConfigError(
+                    "Trainer.init_state: with model.lora the KL reference is the frozen base; "
+                    "pass no ref_params"
+                )
+            params, frozen = lora.split(params)
+            self.frozen = jax.device_put(frozen, self.frozen_shardings)
         params = copy(params)
         opt_state = jax.jit(lambda p: self.tx.init(_f32(p)), out_shardings=self.opt_shardings)(
             params
         )
         ref = None
-        if self.cfg.loss.uses_reference:
+        if self.cfg.loss.uses_reference and self.lora is None:
             ref = copy(params if ref_params is None else ref_params)
         # Distinct buffers: the step donates every leaf of the state.
         zero = lambda: jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(self.mesh))
@@ -454,7 +484,14 @@ class Trainer:
         if isinstance(batch.tokens, np.ndarray):
             batch = self.put_batch(batch)
         self.check_rows(batch.tokens.shape[0])
-        return self._step(state, batch)
+        if self.lora is not None and self.frozen is None:
+            raise ConfigError("Trainer.train_step with model.lora: call init_state first")
+        return self._step(state, batch, self.frozen)
+
+    def full_params(self, params):
+        """The whole model's params for the state's `params`: the adapters joined to the frozen
+        base under LoRA, else `params` itself (what an evaluation or an export reads)."""
+        return params if self.lora is None else lora.merge(params, self.frozen)
 
     def check(self, metrics: dict) -> None:
         """check_skips with this trainer's max_consecutive_skips (call on fetched metrics)."""
