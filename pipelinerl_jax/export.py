@@ -31,7 +31,7 @@ from absl import flags
 
 from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, decoder, gguf_io, lora, param_counts
+from pipelinerl_jax.models import config_json, decoder, gguf_io, lora, param_counts, peft_io
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.hf_io import load_hf, read_config, save_hf
 from pipelinerl_jax.train.checkpoint import CHECKPOINT_DIR, CorruptCheckpointError, RunCheckpointer
@@ -66,6 +66,12 @@ def define_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_float("max_shard_gb", 4.0, "Largest safetensors shard (GiB).", flag_values=fv)
+    flags.DEFINE_string(
+        "peft_out",
+        None,
+        "A LoRA run's adapters in PEFT's format go here; default: <out>/adapter.",
+        flag_values=fv,
+    )
 
 
 # --- a run's model, for export and evaluation ------------------------------------------------
@@ -194,20 +200,32 @@ def export(
     tokenizer_dir=None,
     dtype: str | None = None,
     max_shard_bytes: int = 4 * 2**30,
+    peft_out=None,
 ) -> dict:
-    """Writes the checkpoint's params as a Hugging Face directory; returns what it did."""
+    """Writes the checkpoint's params as a Hugging Face directory; returns what it did. A LoRA
+    run's directory holds the merged model, and its adapters are written in PEFT's format to
+    `peft_out` (default <out>/adapter), loadable onto the base with peft."""
     import jax
     import jax.numpy as jnp
 
     if tokenizer_dir is not None and not (Path(tokenizer_dir) / "tokenizer.json").exists():
         raise ConfigError(f"--tokenizer_dir={tokenizer_dir}: no tokenizer.json there")
     step, cfg, _, params = load_model(workdir, step)
+    if peft_out and cfg.lora is None:
+        raise ConfigError(f"--peft_out: {workdir} is not a LoRA run (model.lora); leave it out")
     if dtype and dtype != cfg.param_dtype:
         params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
         cfg = dataclasses.replace(cfg, param_dtype=dtype)
     tokenizer_dir = tokenizer_dir or default_tokenizer_dir(workdir)
     save_hf(out, cfg, params, tokenizer_dir=tokenizer_dir, max_shard_bytes=max_shard_bytes)
+    adapter = None
+    if cfg.lora is not None:
+        adapter = str(peft_out or Path(out) / "adapter")
+        hf_dir = ((read_run_config(workdir) or {}).get("model") or {}).get("hf_dir")
+        base = str(Path(hf_dir).resolve()) if hf_dir else None
+        peft_io.save_peft(cfg, params, adapter, base_model_name_or_path=base)
     return {
+        "adapter": adapter,
         "step": step,
         "out": str(out),
         "model_type": cfg.model_type,
@@ -238,11 +256,13 @@ def _export_cli(fv) -> None:
         tokenizer_dir=fv.tokenizer_dir,
         dtype=fv.dtype,
         max_shard_bytes=int(fv.max_shard_gb * 2**30),
+        peft_out=fv.peft_out,
     )
     tok = done["tokenizer"] or "none (pass --tokenizer_dir to include one)"
+    adapter = f"; LoRA adapter (PEFT): {done['adapter']}" if done["adapter"] else ""
     print(
         f"exported step {done['step']} of {fv.workdir} to {done['out']}: {done['model_type']}, "
-        f"{done['params']:,} params, {done['dtype']}; tokenizer: {tok}",
+        f"{done['params']:,} params, {done['dtype']}; tokenizer: {tok}{adapter}",
         file=sys.stderr,
     )
 

@@ -2,7 +2,11 @@
 publish adapter bytes only, checkpoint the adapters with their base's fingerprint, resume,
 refuse a resume onto other base weights in one line, and export the merged model."""
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +21,7 @@ from pipelinerl_jax.train.checkpoint import RunCheckpointer
 
 LORA = {"rank": 4, "alpha": 8, "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
 QUIET = dict(log_every=0, eval_every=0)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _save_base(path, seed):
@@ -70,6 +75,25 @@ def test_pipeline_run_trains_adapters_publishes_them_resumes_and_exports(tmp_pat
         rtol=0,
     )
 
+    # The adapter in PEFT's format: peft puts it on the base and computes the same logits.
+    torch, peft, transformers = (pytest.importorskip(m) for m in ("torch", "peft", "transformers"))
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "base", torch_dtype=torch.float32
+    )
+    peft_model = peft.PeftModel.from_pretrained(hf_model, out["adapter"]).eval()
+    with torch.no_grad():
+        theirs = peft_model(torch.tensor(np.asarray(tokens))).logits.numpy()
+    np.testing.assert_allclose(
+        theirs, decoder.forward(c.graphdef, full, tokens, positions), atol=1e-5, rtol=0
+    )
+    # ... and a new run can start from it (model.lora_init): the same adapters, rank and alpha.
+    start = presets.tiny(
+        model=dict(hf_dir=str(tmp_path / "base"), init={}, lora_init=out["adapter"]), **QUIET
+    )
+    started = pipeline.build(start)
+    assert decoder.config_of(started.graphdef).lora == decoder.config_of(c.graphdef).lora
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(started.state.params), adapters)
+
     # Resuming trains on from step 4, on the same base.
     longer = _cfg(tmp_path / "base", steps=6, checkpoint_every=2, seed=seed, **QUIET)
     lines = []
@@ -106,3 +130,34 @@ def test_conventional_mode_trains_adapters_with_evaluation(tmp_path):
     assert set(c.state.params["layers"]) == {
         f"{t}{s}" for t in lora.TARGETS for s in (lora.SUFFIX_A, lora.SUFFIX_B)
     }
+
+
+def test_bad_lora_settings_are_one_line_with_exit_code_2(tmp_path):
+    with pytest.raises(ConfigError, match="no adapter_config.json there") as err:
+        presets.tiny(model=dict(lora_init=str(tmp_path)))
+    assert "\n" not in str(err.value)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch.py"),
+            "--config=configs/tiny.py",
+            "--config.model.lora.rank=4",
+            '--config.model.lora.targets=["q", "lm_head"]',
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "'lm_head' is not a projection" in proc.stderr
+
+
+def test_peft_out_for_a_full_fine_tune_is_refused_before_writing(tmp_path):
+    cfg = presets.tiny(steps=1, checkpoint_every=1, **QUIET)
+    pipeline.run(cfg, str(tmp_path / "run"), echo=lambda *_: None)
+    with pytest.raises(ConfigError, match="is not a LoRA run"):
+        export.export(str(tmp_path / "run"), str(tmp_path / "out"), peft_out=str(tmp_path / "a"))
+    assert not (tmp_path / "out").exists() and not (tmp_path / "a").exists()

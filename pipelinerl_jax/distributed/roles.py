@@ -29,7 +29,7 @@ from pipelinerl_jax.distributed.trainer_group import Leader, follow, group_devic
 from pipelinerl_jax.distributed.weight_client import WeightClient
 from pipelinerl_jax.distributed.weight_server import WeightServer
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import decoder
+from pipelinerl_jax.models import decoder, lora
 from pipelinerl_jax.pipeline import components, runner
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
@@ -82,7 +82,7 @@ def run_trainer(cfg, workdir, spec, echo=print) -> dict:
         if leader is not None:
             leader.target = Leader(c.trainer, followers=range(1, spec.trainer_processes))
             c.trainer = leader.target
-            c.local_params = leader.target.local_params
+            c.local_params = leader.target.local_full_params  # evaluation: the whole model
             c.make_checkpointer = leader.target.checkpointer
         # The samplers' first weights; a resume publishes the checkpoint's version after it.
         remote.set_params(c.state.params, int(c.state.version))
@@ -135,6 +135,13 @@ def run_sampler(cfg, spec, echo=print) -> int:
 
     tokenizer, _, _ = components.build_data(cfg, load_source=False)
     graphdef, like = decoder.abstract_init(components.model_config(cfg))
+    base = None
+    if decoder.config_of(graphdef).lora is not None:
+        # LoRA: only adapters travel. The frozen base is built here from the run's config, as
+        # the trainer built its own (the same hf_dir weights, or the same seed's init).
+        _, full = components.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
+        _, base = lora.split(decoder.arrays(full))
+        like, _ = lora.split(like)  # nnx Variables, as the trainer's state holds them
     client = WeightClient(like)
     try:
         first = client.wait(timeout_s=FIRST_WEIGHTS_TIMEOUT_S)
@@ -143,6 +150,8 @@ def run_sampler(cfg, spec, echo=print) -> int:
                 f"{spec.name}: no weights from the trainer within {FIRST_WEIGHTS_TIMEOUT_S} s"
             )
         params, version = first
+        if base is not None:
+            params = lora.merge(params, base)
         sampler = PagedSampler(
             graphdef,
             params,
@@ -156,7 +165,11 @@ def run_sampler(cfg, spec, echo=print) -> int:
             f"{spec.name}: decoding on {len(jax.local_devices())} device(s) from version {version}"
         )
         served = serve(sampler, spec.sampler_index, client.poll)
-        echo(f"{spec.name}: stopped after {served} attempts")
+        pulled = client.stats
+        echo(
+            f"{spec.name}: stopped after {served} attempts; {pulled['pulls']} weight versions "
+            f"pulled, {pulled['bytes']} bytes"
+        )
         return served
     finally:
         client.close()

@@ -12,6 +12,8 @@ each one to the followers (processes 1..T-1) over the jax.distributed key-value 
     step      a train step, with its host batch (a .npz payload)
     gather    the params replicated, so the leader holds a whole copy (for the weight server
               and held-out evaluation); the followers drop theirs
+    gather_full  the same of the whole model: with LoRA, the adapters joined to the frozen
+              base (held-out evaluation needs the model; the weight server the adapters only)
     open      the run's checkpointer (Orbax's manager meets the others at a barrier)
     save      an Orbax checkpoint of the sharded state (every process writes its shards)
     read      a checkpoint's JSON item (Orbax's restore is collective even for JSON)
@@ -129,6 +131,12 @@ class Leader:
         self.send("gather")
         return jax.tree.map(lambda x: x.addressable_data(0), self._gather(params))
 
+    def local_full_params(self, params):
+        """`local_params` of the whole model: with LoRA the adapters joined to the base."""
+        self.send("gather_full")
+        full = self._gather(self.trainer.full_params(params))
+        return jax.tree.map(lambda x: x.addressable_data(0), full)
+
     def checkpointer(self, *args, **kwargs) -> LeaderCheckpointer:
         """A RunCheckpointer(*args, **kwargs) over the trainer processes, its saves, restores
         and close replayed by the followers."""
@@ -201,6 +209,8 @@ def follow(
             state, _ = trainer.train_step(state, batch)
         elif op == "gather":
             gather(state.params)  # our part of the collective; the copy is dropped
+        elif op == "gather_full":
+            gather(trainer.full_params(state.params))
         elif op == "open":
             checkpointer = open_checkpointer()
         elif op == "save":

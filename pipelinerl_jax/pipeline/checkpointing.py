@@ -20,7 +20,6 @@ import jax
 
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import lora
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline.run_plot import PLOT_FILE, plot_run
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
@@ -148,12 +147,9 @@ def preflight(cfg, workdir, stream=None) -> int | None:
 
 def lora_base(trainer) -> dict | None:
     """What a LoRA checkpoint records of the frozen base its adapters were trained on (the
-    fingerprint is computed once per trainer), or None without LoRA."""
-    if getattr(trainer, "lora", None) is None or trainer.frozen is None:
-        return None
-    if getattr(trainer, "_base_fingerprint", None) is None:
-        trainer._base_fingerprint = lora.fingerprint(trainer.frozen)
-    return {"sha256": trainer._base_fingerprint}
+    trainer's fingerprint of it), or None without LoRA."""
+    fingerprint = getattr(trainer, "base_fingerprint", None)
+    return None if fingerprint is None else {"sha256": fingerprint}
 
 
 def check_lora_base(saved: dict | None, trainer, step: int) -> None:

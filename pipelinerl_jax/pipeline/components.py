@@ -37,9 +37,10 @@ from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.data.tasks import CharTokenizer, held_out_problems, make_task
 from pipelinerl_jax.envs.codec import EpisodeCodec
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, decoder
+from pipelinerl_jax.models import config_json, decoder, peft_io
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.hf_io import load_hf, read_config
+from pipelinerl_jax.models.lora import lora_config
 from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import memory
@@ -170,8 +171,16 @@ def _choices(cfg: config_lib.RunConfig) -> dict:
         compute_dtype=cfg.model.compute_dtype,
         remat=cfg.model.remat,
         remat_policy=cfg.model.remat_policy,
-        lora=dict(cfg.model.lora) or None,
+        lora=_lora(cfg),
     )
+
+
+def _lora(cfg: config_lib.RunConfig):
+    """model.lora, or the rank, alpha and targets of model.lora_init's PEFT adapter."""
+    chosen = lora_config(dict(cfg.model.lora))
+    if chosen is None and cfg.model.lora_init:
+        return peft_io.peft_lora_config(cfg.model.lora_init)
+    return chosen
 
 
 def check_memory(cfg: config_lib.RunConfig, echo: Callable[[str], object]) -> None:
@@ -197,7 +206,7 @@ def build_model(
             config_overrides=choices,  # lora: adapters drawn from `rng` beside the weights
             rng=rng,
         )
-        return graphdef, params
+        return graphdef, _start_adapters(cfg, graphdef, params)
     model_cfg = ModelConfig(**{**dict(cfg.model.init), **_choices(cfg)})
     vocab = getattr(tokenizer, "vocab_size", None)
     if vocab is not None and vocab > model_cfg.vocab_size:
@@ -205,7 +214,20 @@ def build_model(
             f"model.init.vocab_size={model_cfg.vocab_size} is smaller than the "
             f"tokenizer's {vocab} tokens; raise it"
         )
-    return decoder.init(model_cfg, rng)
+    graphdef, params = decoder.init(model_cfg, rng)
+    return graphdef, _start_adapters(cfg, graphdef, params)
+
+
+def _start_adapters(cfg: config_lib.RunConfig, graphdef, params):
+    """params with their adapters replaced by model.lora_init's PEFT adapter, when set."""
+    if not cfg.model.lora_init:
+        return params
+    adapters = peft_io.load_peft(cfg.model.lora_init, decoder.config_of(graphdef))
+    dtype = jax.numpy.dtype(cfg.model.param_dtype)
+    nnx.replace_by_pure_dict(
+        params, {"layers": {k: jax.numpy.asarray(v, dtype) for k, v in adapters["layers"].items()}}
+    )
+    return params
 
 
 @dataclasses.dataclass

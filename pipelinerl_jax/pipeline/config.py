@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from pathlib import Path
 from typing import Any
 
 from pipelinerl_jax.data.tasks import TASKS
@@ -59,10 +60,17 @@ class ModelSpec:
     #   memory) or "matmuls" (no matmul recomputed: faster, more memory; docs/real_model.md#memory)
     init: tuple = ()  # a dict of ModelConfig fields: a fresh, random model
     lora: tuple = ()  # a dict {rank, alpha, targets}: train LoRA adapters on a frozen base
-    #   (models/lora.py; docs/lora.md); empty: full fine-tuning
+    #   (models/lora.py; docs/lora.md); empty or rank 0: full fine-tuning
+    lora_init: str = ""  # a PEFT adapter directory to start the adapters from (its rank,
+    #   alpha and targets unless model.lora sets them, which must then agree)
 
     def __post_init__(self):
         lora_config(dict(self.lora))  # a bad rank, alpha or target: one line now
+        if self.lora_init and not Path(self.lora_init, "adapter_config.json").is_file():
+            raise ConfigError(
+                f"config.model.lora_init={self.lora_init!r}: no adapter_config.json there; give "
+                "a directory PEFT's save_pretrained (or export --peft_out) wrote"
+            )
         if self.remat_policy != "attention" and not self.remat:
             raise ConfigError(
                 f"config.model.remat_policy={self.remat_policy!r} applies only to a "

@@ -374,6 +374,7 @@ class Trainer:
         # the state (`self.frozen`), never donated, so a sampler on the same device can read it.
         self.lora = decoder.config_of(graphdef).lora
         self.frozen = None
+        self.base_fingerprint = None  # lora.fingerprint of the frozen base (init_state)
         self.frozen_shardings = None
         if self.lora is not None:
             abstract_params, abstract_frozen = lora.split(abstract_params)
@@ -459,6 +460,9 @@ class Trainer:
                     "pass no ref_params"
                 )
             params, frozen = lora.split(params)
+            # What checkpoints record of the base; hashed now, while each process holds all of
+            # it (after placement a multi-process mesh holds only shards here).
+            self.base_fingerprint = lora.fingerprint(frozen)
             self.frozen = jax.device_put(frozen, self.frozen_shardings)
         params = copy(params)
         opt_state = jax.jit(lambda p: self.tx.init(_f32(p)), out_shardings=self.opt_shardings)(
