@@ -78,3 +78,30 @@ def test_bad_adapters_are_refused(model):
     adapters["layers"]["q_proj_lora_a"] = adapters["layers"]["q_proj_lora_a"][..., :2]
     with pytest.raises(ConfigError, match="same model.lora rank and targets"):
         sampler.prepare(adapters)
+
+
+def test_a_second_sampler_shares_the_first_ones_base(model):
+    cfg, graphdef, params = model
+    scfg = SamplerConfig(num_slots=4, max_seq_len=32, page_size=8, chunk_steps=4)
+    first = PagedSampler(graphdef, params, scfg)
+    adapters = _random_adapters(params, 4)
+    second = PagedSampler(graphdef, adapters, scfg, version=3, share_base=first)
+    assert second._view.last_bytes == sum(x.nbytes for x in jax.tree.leaves(adapters))
+    # The same base arrays, not a copy of them.
+    assert second.params["layers"][0]["q_proj"] is first.params["layers"][0]["q_proj"]
+    _, base = lora.split(decoder.arrays(params))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=5)
+    for sample in second.generate(PROMPTS, params=sp):
+        np.testing.assert_allclose(
+            sample.logprobs,
+            _model_logprobs(graphdef, lora.merge(adapters, base), sample),
+            atol=2e-5,
+        )
+    plain = PagedSampler(graphdef, params, scfg)
+    with pytest.raises(ConfigError, match="needs a LoRA model"):
+        PagedSampler(
+            decoder.abstract_init(model_config(vocab_size=64))[0],
+            params,
+            scfg,
+            share_base=plain,
+        )

@@ -21,3 +21,11 @@ def matmul_params_per_token(cfg: ModelConfig) -> int:
     table = family_of(cfg.model_type).param_table(cfg)
     per_layer = sum(math.prod(params.shape_of(s, cfg)) for s in table if s.per_layer and s.n_in)
     return per_layer + cfg.hidden_size * cfg.vocab_size
+
+
+def num_adapter_params(cfg: ModelConfig) -> int:
+    """Parameters of the LoRA adapters (cfg.lora), 0 without them."""
+    if cfg.lora is None:
+        return 0
+    base = family_of(cfg.model_type).param_table(cfg)
+    return sum(math.prod(params.shape_of(s, cfg)) for s in params.lora_params(cfg.lora, base))

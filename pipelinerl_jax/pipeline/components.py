@@ -48,6 +48,7 @@ from pipelinerl_jax.pipeline.admission import Admission
 from pipelinerl_jax.pipeline.episodes import make_driver
 from pipelinerl_jax.pipeline.eval_lib import evaluate_episodes, evaluate_problems
 from pipelinerl_jax.rewards.workers import RewardPool
+from pipelinerl_jax.sampler.param_view import is_adapters_only
 from pipelinerl_jax.sampler.protocol import Sampler
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams
@@ -308,7 +309,17 @@ def build(
 
     detokenize = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
 
+    main: list[PagedSampler] = []  # the run's own PagedSampler, once built
+
     def make_sampler(params: nnx.State, version: int = 0) -> PagedSampler:
+        # With LoRA the trainer's params are the adapters: a second sampler (evaluation) reads
+        # the main sampler's converted base, or else gets the adapters joined to the trainer's.
+        share = None
+        if trainer.lora is not None and is_adapters_only(params):
+            if main:
+                share = main[0]
+            else:
+                params = trainer.full_params(params)
         # Same graphdef, engine config and mesh: every sampler shares the compiled functions.
         return PagedSampler(
             graphdef,
@@ -318,14 +329,13 @@ def build(
             eos_token_ids=eos,
             mesh=s_mesh,
             detokenize=detokenize,  # the text that stop strings (an environment's) match
+            share_base=share,
         )
 
     if sampler is None:
         sampler = make_sampler(params)
         sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
-    # The state's params are what the trainer trains: with LoRA the adapters, which the
-    # evaluator's fresh sampler needs joined to the base.
-    local_params = trainer.full_params
+        main.append(sampler)
 
     admission = Admission(
         groups_per_step=cfg.groups_per_step,
@@ -346,7 +356,6 @@ def build(
         shared_devices=not set(sampler_devices).isdisjoint(trainer_devices),
         graphdef=graphdef,
         make_sampler=make_sampler,
-        local_params=local_params,
     )
 
 

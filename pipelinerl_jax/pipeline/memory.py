@@ -15,6 +15,9 @@ V vocabulary, R rows per step, A micro-batches, T row length, N = R/A * T tokens
 micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 
 - params: the trainer's params, exact count x param itemsize.
+- LoRA (model.lora): params add the adapters; optimizer and gradients count the adapters only
+  and no reference copy (the KL reference is the frozen base); the sampler holds one decode
+  view of the base and two of the adapters, and a publish copies the adapters only.
 - optimizer: AdamW mu and nu, always f32 (2 x count x 4), plus the frozen reference params
   (param dtype) when the loss has a KL term.
 - gradients: the f32 gradient (count x 4); with A > 1 micro-batches two of them, the scan's
@@ -29,8 +32,9 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 - decode_stage: the staged attention's dense copy of every slot's window (staged.py), at the
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
 - eval_sampler: with held-out evaluation on (eval_every or eval.at_start), the evaluation's own
-  sampler while it runs: one decode copy of the params, its KV pool and decode stage (it is
-  built for each evaluation and dropped after, pipeline/components.py build_evaluator).
+  sampler while it runs: one decode copy of the params (with LoRA of the adapters only: it
+  reads the main sampler's base), its KV pool and decode stage (it is built for each
+  evaluation and dropped after, pipeline/components.py build_evaluator).
 - activations: the train step's. With remat: the residual stream [R/A, T, E] and the attention
   output and log-sum-exp saved per layer (remat_policy "matmuls": also q, k, v, the residual
   after attention, gate and up), plus one layer's recomputed internals. Without:
@@ -230,11 +234,15 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     m = model_cfg
     p_size, c_size = _itemsize(m.param_dtype), _itemsize(m.compute_dtype)
     count = param_counts.num_params(m)
-    params = count * p_size
-    reference = params if cfg.trainer.loss.uses_reference else 0
-    optimizer = 2 * count * F32 + reference
+    # With LoRA only the adapters train: moments, gradients, publishes and the sampler's
+    # per-version copies are adapter-sized, and the KL reference is the frozen base itself.
+    adapters = param_counts.num_adapter_params(m)
+    trained = adapters if m.lora else count
+    params = (count + adapters) * p_size
+    reference = count * p_size if cfg.trainer.loss.uses_reference and not m.lora else 0
+    optimizer = 2 * trained * F32 + reference
     micro = cfg.trainer.micro_batches
-    gradients = (2 if micro > 1 else 1) * count * F32
+    gradients = (2 if micro > 1 else 1) * trained * F32
 
     # decode_params: embedding and layers in compute dtype, final norm as is, the [V, E] head
     # in the sampler's head dtype (an untied lm_head is only ever there as that head).
@@ -242,7 +250,11 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     untied_head = 0 if m.tie_word_embeddings else E * V
     head_size = _itemsize(cfg.sampler.head_dtype or "float32")
     decode_copy = (count - untied_head - E) * c_size + E * p_size + V * E * head_size
-    sampler_params = 2 * decode_copy + params
+    if m.lora:  # the base's decode view once (param_view.py), each version's adapters twice
+        sampler_params = decode_copy + 2 * adapters * c_size + adapters * p_size
+        decode_copy += adapters * c_size
+    else:
+        sampler_params = 2 * decode_copy + params
 
     pool, cache_size = _sampler_kv_pool(cfg, m)
     s = cfg.sampler
@@ -272,7 +284,9 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     activations = saved + head_working_bytes(m, rows * T, cfg.trainer.loss)
 
     evaluates = bool(cfg.eval_every or cfg.eval.at_start)
-    eval_sampler = (decode_copy + pool.total_bytes + decode_stage) if evaluates else 0
+    # With LoRA the evaluation's sampler reads the main sampler's base: its adapters only.
+    eval_params = adapters * c_size if m.lora else decode_copy
+    eval_sampler = (eval_params + pool.total_bytes + decode_stage) if evaluates else 0
     return MemoryEstimate(
         params=params,
         optimizer=optimizer,

@@ -48,8 +48,22 @@ def is_adapters_only(params) -> bool:
 class ParamView:
     """Converts each version of the params for one engine (see the module docstring)."""
 
-    def __init__(self, engine, model_cfg, params):
+    def __init__(self, engine, model_cfg, params, share: ParamView | None = None):
+        """share: with LoRA, another view of the same model on the same mesh whose base view
+        this one reads (no second copy of the base); `params` may then be adapters alone."""
         self.engine, self.lora = engine, model_cfg.lora
+        self.last_bytes = 0  # bytes the newest conversion placed on the sampler mesh
+        if share is not None:
+            if self.lora is None or share._base_view is None or share.engine.mesh != engine.mesh:
+                raise ConfigError(
+                    "share_base: needs a LoRA model and a sampler on the same mesh that has "
+                    "converted its base"
+                )
+            for name in ("_narrow", "_signature", "_shardings", "_base_view"):
+                setattr(self, name, getattr(share, name))
+            self._adapter_signature = share._adapter_signature
+            self._adapter_shardings = share._adapter_shardings
+            return
         mesh, tp_axis = engine.mesh, engine.tp_axis
         # A publish moves params already cast to what decoding reads (forward.publish_dtypes).
         narrow = fwd.publish_dtypes(model_cfg, params, engine.ecfg.head_dtype)
@@ -57,7 +71,6 @@ class ParamView:
         self._signature = signature(params)
         self._shardings = input_shardings(params, mesh, tp_axis)
         self._base_view = None
-        self.last_bytes = 0  # bytes the newest conversion placed on the sampler mesh
         if self.lora is not None:
             adapters, _ = lora.split(decoder.arrays(params))
             self._adapter_signature = signature(adapters)

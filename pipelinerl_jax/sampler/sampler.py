@@ -75,9 +75,13 @@ class PagedSampler:
         eos_token_ids=(),
         mesh=None,
         detokenize=None,
+        share_base: PagedSampler | None = None,
     ):
         """detokenize: token ids -> text (e.g. `lambda ids: tokenizer.decode(ids,
-        skip_special_tokens=False)`), needed by requests with stop strings."""
+        skip_special_tokens=False)`), needed by requests with stop strings. share_base: with
+        LoRA, a sampler of the same model and mesh whose converted base this one reads (then
+        `params` may be the adapters alone): a second sampler, say for evaluation, adds only
+        its adapters and KV pool."""
         cfg = config
         model_cfg = decoder.config_of(graphdef)  # cfg checked itself when it was built
         self.config, self.model_cfg = cfg, model_cfg
@@ -146,7 +150,9 @@ class PagedSampler:
             seed=cfg.seed,
             shardings=self.engine.shardings,
         )
-        self._view = ParamView(self.engine, model_cfg, params)
+        self._view = ParamView(
+            self.engine, model_cfg, params, share=None if share_base is None else share_base._view
+        )
         self.params = self._view.convert(params, copy=False)
         self.version = int(version)
         self._staged = None
