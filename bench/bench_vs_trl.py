@@ -4,6 +4,7 @@
     .venv/bin/pip install -r requirements-bench.txt     # trl 1.16 (and datasets), pinned
     python bench/bench_vs_trl.py                        # TRL 6 steps; ours 24 + 12 steps
     python bench/bench_vs_trl.py --trl_steps=4 --pipeline_steps=12 --conventional_steps=6
+    python bench/bench_vs_trl.py --lora_rank=16         # LoRA on both sides (TRL with peft)
 
 Both sides start from the same f32 weights and train on the same prompts in the same order
 (the first 4 x steps word problems of our prompt stream for configs/smollm2_math.py, with its
@@ -28,6 +29,10 @@ ours in pipeline mode, then ours in conventional mode. Reported per side: second
 first step, the mean sampled reward per step, and the sampled reward of the steps finished
 within TRL's training time (reward after equal wall time, counted from each side's first
 optimizer step). Writes bench/results/vs_trl.json.
+
+With `--lora_rank=R` both sides train rank-R adapters (alpha 32, all seven projections, no
+dropout) on the frozen base at LoRA's learning rate, 1e-4 (docs/lora.md says why): ours with
+`model.lora`, TRL with a `peft.LoraConfig` given to GRPOTrainer. Writes vs_trl_lora.json.
 """
 
 from __future__ import annotations
@@ -51,14 +56,19 @@ MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
 GROUP, BATCH, MAX_NEW, TEMPERATURE, LR = 4, 16, 144, 0.8, 1e-5
 WARMUP_STEPS = 2  # steps excluded from the steady-state figures
 GOAL = {"samples_per_s_ratio": 3.0}
+LORA_ALPHA, LORA_LR = 32, 1e-4
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def real_config(steps: int, mode: str):
+def real_config(steps: int, mode: str, lora_rank: int = 0):
     """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints."""
     from configs import smollm2_math
     from pipelinerl_jax.pipeline.config_dict import from_config_dict
 
     c = smollm2_math.get_config()
+    if lora_rank:
+        c.model.lora = dict(rank=lora_rank, alpha=float(LORA_ALPHA), targets=LORA_TARGETS)
+        c.trainer.learning_rate = LORA_LR
     c.steps, c.mode, c.conventional_steps = steps, mode, 1
     c.eval_every, c.checkpoint_every, c.log_every = 0, 0, 1
     c.eval.at_start = False
@@ -74,7 +84,8 @@ def real_config(steps: int, mode: str):
         MAX_NEW,
         TEMPERATURE,
     )
-    assert cfg.trainer.learning_rate == LR and cfg.trainer.grad_clip_norm == 1.0
+    assert cfg.trainer.learning_rate == (LORA_LR if lora_rank else LR)
+    assert cfg.trainer.grad_clip_norm == 1.0
     return cfg
 
 
@@ -114,7 +125,7 @@ def steady(
     return out
 
 
-def trl_worker(steps: int, out: Path) -> None:
+def trl_worker(steps: int, out: Path, lora_rank: int = 0) -> None:
     t_launch = time.perf_counter()
     import torch
     from datasets import Dataset
@@ -127,7 +138,7 @@ def trl_worker(steps: int, out: Path) -> None:
     from pipelinerl_jax.rewards.math import math_reward
     from pipelinerl_jax.rewards.tables import get_reward_table
 
-    cfg = real_config(steps, "pipeline")
+    cfg = real_config(steps, "pipeline", lora_rank)
     problems = stream_problems(cfg, BATCH // GROUP * steps)
     pcfg = prompt_config(cfg.data)
     table = get_reward_table(cfg.reward.table, **dict(cfg.reward.table_options))
@@ -174,7 +185,7 @@ def trl_worker(steps: int, out: Path) -> None:
             bf16=False,
             seed=0,
             max_steps=steps,
-            learning_rate=LR,
+            learning_rate=LORA_LR if lora_rank else LR,
             lr_scheduler_type="constant",
             warmup_steps=0,
             weight_decay=0.0,
@@ -198,6 +209,18 @@ def trl_worker(steps: int, out: Path) -> None:
             save_strategy="no",
             report_to="none",
         )
+        peft_config = None
+        if lora_rank:
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(
+                r=lora_rank,
+                lora_alpha=LORA_ALPHA,
+                target_modules=LORA_TARGETS,
+                lora_dropout=0.0,
+                bias="none",
+                task_type="CAUSAL_LM",
+            )
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=reward,
@@ -205,6 +228,7 @@ def trl_worker(steps: int, out: Path) -> None:
             train_dataset=data,
             processing_class=tok,
             callbacks=[Clock()],
+            peft_config=peft_config,
         )
         trainer.train()
     rewards = [float(r["reward"]) for r in records]  # TRL logs numbers as strings
@@ -216,11 +240,13 @@ def trl_worker(steps: int, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def ours_worker(steps: int, mode: str, budget_s: float | None, out: Path) -> None:
+def ours_worker(
+    steps: int, mode: str, budget_s: float | None, out: Path, lora_rank: int = 0
+) -> None:
     t_launch = time.perf_counter()
     from pipelinerl_jax.pipeline import runner as run_lib
 
-    cfg = real_config(steps, mode)
+    cfg = real_config(steps, mode, lora_rank)
     first_step = []
 
     def echo(line: str) -> None:
@@ -265,11 +291,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0)
     p.add_argument("--budget_s", type=float, default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning")
     args = p.parse_args()
     if args.worker == "trl":
-        return trl_worker(args.steps, Path(args.out))
+        return trl_worker(args.steps, Path(args.out), args.lora_rank)
     if args.worker:
-        return ours_worker(args.steps, args.worker, args.budget_s, Path(args.out))
+        return ours_worker(args.steps, args.worker, args.budget_s, Path(args.out), args.lora_rank)
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
     try:
@@ -279,11 +306,19 @@ def main() -> None:
             "trl is not installed: .venv/bin/pip install -r requirements-bench.txt"
         ) from None
     load = common.warn_if_busy()
-    trl_side = run_side(["--worker=trl", f"--steps={args.trl_steps}"])
+    lora = [f"--lora_rank={args.lora_rank}"]
+    trl_side = run_side(["--worker=trl", f"--steps={args.trl_steps}", *lora])
     budget = trl_side["train_s"]
-    ours = run_side(["--worker=pipeline", f"--steps={args.pipeline_steps}", f"--budget_s={budget}"])
+    ours = run_side(
+        ["--worker=pipeline", f"--steps={args.pipeline_steps}", f"--budget_s={budget}", *lora]
+    )
     conv = run_side(
-        ["--worker=conventional", f"--steps={args.conventional_steps}", f"--budget_s={budget}"]
+        [
+            "--worker=conventional",
+            f"--steps={args.conventional_steps}",
+            f"--budget_s={budget}",
+            *lora,
+        ]
     )
     # Same prompts, same order: TRL's dataset is the stream's first problems, unshuffled.
     n = len(trl_side["prompts"])
@@ -294,6 +329,11 @@ def main() -> None:
     result = {
         "load_before": load,
         "model": "SmolLM2-135M-Instruct (f32)",
+        "lora": {"rank": args.lora_rank, "alpha": LORA_ALPHA, "targets": LORA_TARGETS}
+        if args.lora_rank
+        else None,
+        "command": "python bench/bench_vs_trl.py"
+        + (f" --lora_rank={args.lora_rank}" if args.lora_rank else ""),
         "config": "configs/smollm2_math.py, objective matched to TRL (see the docstring)",
         "trl": trl_side,
         "pipeline": ours,
@@ -321,7 +361,7 @@ def main() -> None:
         f"pipeline / TRL samples/s: {ratio:.2f}x (goal >= {GOAL['samples_per_s_ratio']}), "
         f"peak RSS {result['peak_rss_ratio']:.2f}x of TRL's"
     )
-    common.write_result("vs_trl", result)
+    common.write_result("vs_trl_lora" if args.lora_rank else "vs_trl", result)
 
 
 if __name__ == "__main__":

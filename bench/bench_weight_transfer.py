@@ -11,7 +11,10 @@ background thread, as a sampler runs it). The peer is what a single-process run 
 
 Models: the bench model (bench/common.py BENCH_MODEL, 57.9M params) and SmolLM2-135M's shapes
 (30 layers, hidden 576, intermediate 1536, 9 heads / 3 kv heads of 64, vocab 49152, tied),
-both f32 with random values (the bytes moved do not depend on them). Transfer chunk sizes:
+both f32 with random values (the bytes moved do not depend on them); and SmolLM2's LoRA
+publish, rank-16 adapters on every projection (a LoRA run publishes those alone). For the
+SmolLM2 rows also `sampler_prepare`: the in-process publish as a run makes it
+(PagedSampler.prepare: the private copy and the conversion to the decode layout). Transfer chunk sizes:
 4 MiB (this project's default) and jax's default 256 MiB. Per version:
 
 - pull: from the claim granted to the bytes landed on the client (WeightClient.stats);
@@ -55,26 +58,49 @@ SMOLLM2_135M = dict(
     head_dim=64,
     tie_word_embeddings=True,
 )
+LORA = {"rank": 16, "alpha": 32.0}  # every projection: lora.TARGETS
 CHILD_TIMEOUT_S = 240
 PREFIX = "bench/weights"
 
 
 def model_config(name: str):
-    """The ModelConfig of `name` ("bench", "smollm2_135m" or "quick"), f32 params."""
+    """The ModelConfig of `name` ("bench", "smollm2_135m", "smollm2_135m_lora" or "quick"),
+    f32 params; "_lora": rank-16 adapters on all seven projections (what a LoRA run trains)."""
     import dataclasses
 
     if name in ("bench", "quick"):
         return common.bench_model_config(quick=name == "quick")
-    return dataclasses.replace(common.bench_model_config(), **SMOLLM2_135M)
+    cfg = dataclasses.replace(common.bench_model_config(), **SMOLLM2_135M)
+    return dataclasses.replace(cfg, lora=LORA) if name.endswith("_lora") else cfg
 
 
 def params_of(name: str):
+    """What a publish of `name` moves: the whole model, or with LoRA the adapters alone."""
+    import jax
+
+    from pipelinerl_jax.models import decoder, lora
+
+    _, params = decoder.init(model_config(name), jax.random.key(0))
+    if name.endswith("_lora"):
+        params = lora.split(params)[0]
+    return jax.block_until_ready(params)
+
+
+def sampler_prepare_s(name: str, repeats: int) -> tuple[float, list[float]]:
+    """The in-process publish as a run makes it: PagedSampler.prepare (the private copy onto
+    the sampler's devices and the conversion to its decode layout) of what `params_of` gives."""
     import jax
 
     from pipelinerl_jax.models import decoder
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler
 
-    _, params = decoder.init(model_config(name), jax.random.key(0))
-    return jax.block_until_ready(params)
+    graphdef, full = decoder.init(model_config(name), jax.random.key(0))
+    sampler = PagedSampler(graphdef, full, SamplerConfig(num_slots=16, max_seq_len=288))
+    params = params_of(name)
+    return common.median_time(
+        lambda: jax.block_until_ready(sampler.prepare(params)), repeats=repeats, warmup=1
+    )
 
 
 def nbytes(tree) -> int:
@@ -110,9 +136,11 @@ def run_server(args) -> dict:
 def run_client(args) -> dict:
     from pipelinerl_jax.distributed.channel import kv_client
     from pipelinerl_jax.distributed.weight_client import WeightClient
-    from pipelinerl_jax.models import decoder
+    from pipelinerl_jax.models import decoder, lora
 
     _, like = decoder.abstract_init(model_config(args.model))
+    if args.model.endswith("_lora"):  # the adapters alone travel (a LoRA run's sampler)
+        like = lora.split(like)[0]
     client = WeightClient(like, transfer_size=args.transfer_size, prefix=PREFIX)
     pull_s, seen = [], 0.0
     while client.version < args.repeats + 1:
@@ -211,12 +239,15 @@ def main() -> int:
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     load = common.warn_if_busy()
-    models = ["quick"] if args.quick else ["bench", "smollm2_135m"]
+    models = ["quick"] if args.quick else ["bench", "smollm2_135m", "smollm2_135m_lora"]
     sizes = {"4MiB": 4 * MIB} if args.quick else TRANSFER_SIZES
     repeats = 2 if args.quick else args.repeats
     rows = []
     for model in models:
         size_bytes, copy_med, copy_times = device_put_copy_s(model, repeats)
+        prepare_med, prepare_times = (
+            sampler_prepare_s(model, repeats) if model.startswith("smollm2") else (None, [])
+        )
         mb = size_bytes / 1e6
         for label, transfer_size in sizes.items():
             t0 = time.perf_counter()
@@ -233,6 +264,10 @@ def main() -> int:
                 "device_put_mb_s": mb / copy_med,
                 "pull_vs_device_put": copy_med / pull,
                 "publish_call_ms": 1e3 * statistics.median(r["publish_s"]),
+                "bytes": size_bytes,
+                "publish_to_ack_ms": 1e3 * e2e,
+                "sampler_prepare_ms": None if prepare_med is None else 1e3 * prepare_med,
+                "sampler_prepare_s": prepare_times,
                 "pull_s": r["pull_s"],
                 "publish_to_ack_s": r["publish_to_ack_s"],
                 "device_put_s": copy_times,
@@ -246,7 +281,9 @@ def main() -> int:
                 flush=True,
             )
     columns = ["model", "transfer_size", "pull_mb_s", "publish_to_ack_mb_s", "device_put_mb_s"]
-    common.print_table(rows, columns + ["publish_call_ms"])
+    common.print_table(
+        rows, columns + ["publish_call_ms", "publish_to_ack_ms", "sampler_prepare_ms"]
+    )
     common.write_result(
         "weight_transfer_quick" if args.quick else "weight_transfer",
         {
@@ -254,6 +291,7 @@ def main() -> int:
                 "quick": args.quick,
                 "repeats": repeats,
                 "models": {"bench": common.BENCH_MODEL, "smollm2_135m": SMOLLM2_135M},
+                "lora": LORA,
                 "param_dtype": "float32",
                 "transport": "jax.experimental.transfer over 127.0.0.1, 2 processes",
             },

@@ -5,6 +5,8 @@
     python bench/real_learning.py --seeds=0 --steps=12
     python bench/real_learning.py --from_workdir=runs/learn0 --seeds=0   # summarise a run
     python bench/real_learning.py --seeds=0,1,2 --summarise   # the seeds' finished runs again
+    python bench/real_learning.py --name=real_learning_lora --seeds=0 \
+        --set=model.lora.rank=16 --set=trainer.learning_rate=1e-4   # LoRA (docs/lora.md)
 
 Each seed runs `launch.py --config=configs/smollm2_math.py --config.seed=S` in its own process
 (one at a time: the two cores are the whole machine), with held-out greedy evaluation of the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -78,9 +81,16 @@ def summarise(workdir: Path) -> dict:
     out["meets_goals"] = (
         out["accuracy_gain"] >= GOALS["accuracy"] and out["boxed_gain"] >= GOALS["boxed"]
     )
+    # The run's peak RSS (getrusage: the whole process, evaluations included).
+    peaks = [r["memory/peak_rss_gib"] for r in records if "memory/peak_rss_gib" in r]
+    if peaks:
+        out["peak_rss_gib"] = max(peaks)
     wall = workdir / "wall_s.json"
     if wall.exists():  # launch to exit: compilation, evaluations and every step
-        out["wall_s"] = json.loads(wall.read_text())["wall_s"]
+        launched = json.loads(wall.read_text())
+        out["wall_s"] = launched["wall_s"]
+        if "estimate_gib" in launched:
+            out["memory_estimate_gib"] = launched["estimate_gib"]
     zero = workdir / "zero_shot.json"
     if (workdir / "checkpoints").is_dir():
         if not zero.exists():
@@ -114,24 +124,34 @@ def zero_shot(model_args: list[str], out: Path) -> dict:
     }
 
 
-def run_seed(seed: int, steps: int, root: Path) -> Path:
+def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Path:
     workdir = root / f"seed_{seed}"
-    cmd = [
-        sys.executable,
-        str(ROOT / "launch.py"),
+    flags = [
         "--config=configs/smollm2_math.py",
-        f"--workdir={workdir}",
         f"--config.seed={seed}",
         f"--config.steps={steps}",
         f"--config.eval_every={max(1, steps // 2)}",
         # one checkpoint, the final policy: `evaluate --workdir` can score it on more problems
         f"--config.checkpoint_every={steps}",
+        *(f"--config.{o}" for o in overrides),
     ]
+    # The start-up memory estimate of the same config, beside the run's measured peak RSS.
+    dry = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *flags, "--dry_run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    estimate = float(re.search(r"memory estimate: ([\d.]+) GiB", dry.stdout + dry.stderr)[1])
+    cmd = [sys.executable, str(ROOT / "launch.py"), *flags, f"--workdir={workdir}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
     wall = time.perf_counter() - t0
     print(f"seed {seed}: {wall:.0f} s")
-    (workdir / "wall_s.json").write_text(json.dumps({"wall_s": wall, "command": " ".join(cmd[1:])}))
+    (workdir / "wall_s.json").write_text(
+        json.dumps({"wall_s": wall, "command": " ".join(cmd[1:]), "estimate_gib": estimate})
+    )
     return workdir
 
 
@@ -161,7 +181,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=48)
-    p.add_argument("--root", default=str(ROOT / "runs" / "real_learning"))
+    p.add_argument("--root", default=None, help="default: runs/<name>")
+    p.add_argument("--name", default="real_learning", help="the result's name (results/<name>)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="a config override without --config., e.g. model.lora.rank=16 (repeatable)",
+    )
     p.add_argument("--from_workdir", default=None, help="summarise this finished run instead")
     p.add_argument(
         "--summarise",
@@ -170,13 +197,14 @@ def main() -> None:
     )
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    args.root = args.root or str(ROOT / "runs" / args.name)
     if args.from_workdir:
         workdirs = [Path(args.from_workdir)]
     elif args.summarise:
         workdirs = [Path(args.root) / f"seed_{s}" for s in seeds]
     else:
         common.warn_if_busy()
-        workdirs = [run_seed(s, args.steps, Path(args.root)) for s in seeds]
+        workdirs = [run_seed(s, args.steps, Path(args.root), args.set) for s in seeds]
     results = [summarise(w) for w in workdirs]
     start = Path(args.root) / "zero_shot_start.json"
     zero_start = None
@@ -200,14 +228,18 @@ def main() -> None:
                 f"boxed {zero_start['boxed']:.3f} -> {z['boxed']:.3f}"
             )
     common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    plot(results, common.RESULTS_DIR / "real_learning.png")
+    plot(results, common.RESULTS_DIR / f"{args.name}.png")
     steps = sorted({r["steps"] for r in results})
+    named = "" if args.name == "real_learning" else f" --name={args.name}"
+    sets = "".join(f" --set={o}" for o in args.set)
     common.write_result(
-        "real_learning",
+        args.name,
         {
             # The runs' command (a --summarise pass only re-reads them and adds zero-shot scores).
-            "command": f"python bench/real_learning.py --seeds={args.seeds} --steps="
-            + "/".join(map(str, steps)),
+            "command": f"python bench/real_learning.py{named} --seeds={args.seeds} --steps="
+            + "/".join(map(str, steps))
+            + sets,
+            "overrides": args.set,
             "goals": GOALS,
             "seeds": seeds,
             "runs": results,
