@@ -96,3 +96,27 @@ def test_step_before_init_state_is_refused():
     _, _, _, trainer, batch = _setup()
     with pytest.raises(ConfigError, match="call init_state first"):
         trainer.train_step(None, batch)
+
+
+def test_a_bf16_base_keeps_f32_adapters_and_moments():
+    cfg = tiny_model(lora=LORA, param_dtype="bfloat16", compute_dtype="bfloat16")
+    graphdef, params = decoder.init(cfg, jax.random.key(1))
+    adapters, base = lora.split(decoder.arrays(params))
+    assert {x.dtype for x in jax.tree.leaves(base)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {jnp.dtype(jnp.float32)}
+    trainer = tr.Trainer(
+        tr.TrainerConfig(learning_rate=1e-2, warmup_steps=0),
+        graphdef,
+        decoder.abstract_init(cfg)[1],
+        tr.trainer_mesh(),
+    )
+    batch, _ = build_batch(
+        samples([(3, 6), (4, 5)], seed=3),
+        BatchConfig(seq_len=24, num_rows=2, max_sequences=4, max_sequence_len=12),
+    )
+    state = trainer.init_state(params)
+    for _ in range(2):
+        state, metrics = trainer.train_step(state, batch)
+    assert np.isfinite(float(metrics["loss"])) and int(state.version) == 2
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+    jax.tree.map(np.testing.assert_array_equal, decoder.arrays(trainer.frozen), base)

@@ -89,9 +89,10 @@ class Decoder(nnx.Module):
 
 
 def init_adapters(cfg: ModelConfig, rng: jax.Array) -> dict:
-    """Fresh LoRA adapters {"layers": {name: [L, ...]}} in the param dtype: every A drawn as
-    PEFT draws it (lora.init_a), every B zero, so the adapted model is the base model."""
-    dtype = jnp.dtype(cfg.param_dtype)
+    """Fresh LoRA adapters {"layers": {name: [L, ...]}}, f32 whatever the param dtype (a bf16
+    base keeps f32 adapters, as their optimizer state is): every A drawn as PEFT draws it
+    (lora.init_a), every B zero, so the adapted model is the base model."""
+    dtype = jnp.dtype(lora.ADAPTER_DTYPE)
     out = {}
     for s in param_table.lora_params(cfg.lora, base_param_specs(cfg)):
         shape = param_table.shape_of(s, cfg)

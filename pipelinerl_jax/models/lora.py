@@ -41,6 +41,9 @@ from pipelinerl_jax.errors import ConfigError
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SUFFIX_A, SUFFIX_B = "_lora_a", "_lora_b"
 RANK_AXIS = "lora_rank"  # the logical axis of the rank (never sharded: sharding.RULES)
+# Adapters stay f32 whatever model.param_dtype: a bf16 base halves the frozen weights' memory,
+# while the small trained matrices keep full precision for their updates.
+ADAPTER_DTYPE = "float32"
 
 
 @dataclasses.dataclass(frozen=True)

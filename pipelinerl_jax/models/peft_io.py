@@ -307,7 +307,8 @@ def peft_lora_config(adapter_dir: str | os.PathLike) -> lora.LoraConfig:
 
 def load_peft(adapter_dir: str | os.PathLike, cfg: ModelConfig) -> dict:
     """A PEFT LoRA directory's adapters in our layout: {"layers": {"q_proj_lora_a": [L, ...],
-    ...}} of numpy arrays in cfg.param_dtype, for lora.merge(adapters, base). `cfg.lora` must
+    ...}} of f32 numpy arrays (lora.ADAPTER_DTYPE, whatever the base's dtype), for
+    lora.merge(adapters, base). `cfg.lora` must
     be the directory's own (peft_lora_config); every tensor must be present with its shape."""
     adapter_dir = Path(adapter_dir)
     found = peft_lora_config(adapter_dir)
@@ -352,7 +353,7 @@ def load_peft(adapter_dir: str | os.PathLike, cfg: ModelConfig) -> dict:
             f"{path}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all); only "
             f"plain LoRA on {_ALL} in every one of the model's {cfg.num_layers} layers loads"
         )
-    dtype = jnp.dtype(cfg.param_dtype)
+    dtype = jnp.dtype(lora.ADAPTER_DTYPE)
     layers = {}
     for s in specs:
         shape = params_lib.shape_of(s, cfg, per_layer=True)

@@ -37,7 +37,7 @@ from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
 from pipelinerl_jax.data.tasks import CharTokenizer, held_out_problems, make_task
 from pipelinerl_jax.envs.codec import EpisodeCodec
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, decoder, peft_io
+from pipelinerl_jax.models import config_json, decoder, lora, peft_io
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.hf_io import load_hf, read_config
 from pipelinerl_jax.models.lora import lora_config
@@ -224,7 +224,7 @@ def _start_adapters(cfg: config_lib.RunConfig, graphdef, params):
     if not cfg.model.lora_init:
         return params
     adapters = peft_io.load_peft(cfg.model.lora_init, decoder.config_of(graphdef))
-    dtype = jax.numpy.dtype(cfg.model.param_dtype)
+    dtype = jax.numpy.dtype(lora.ADAPTER_DTYPE)
     nnx.replace_by_pure_dict(
         params, {"layers": {k: jax.numpy.asarray(v, dtype) for k, v in adapters["layers"].items()}}
     )

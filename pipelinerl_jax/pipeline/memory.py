@@ -238,7 +238,7 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     # per-version copies are adapter-sized, and the KL reference is the frozen base itself.
     adapters = param_counts.num_adapter_params(m)
     trained = adapters if m.lora else count
-    params = (count + adapters) * p_size
+    params = count * p_size + adapters * F32  # adapters are f32 (models/lora.py)
     reference = count * p_size if cfg.trainer.loss.uses_reference and not m.lora else 0
     optimizer = 2 * trained * F32 + reference
     micro = cfg.trainer.micro_batches
@@ -251,7 +251,7 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     head_size = _itemsize(cfg.sampler.head_dtype or "float32")
     decode_copy = (count - untied_head - E) * c_size + E * p_size + V * E * head_size
     if m.lora:  # the base's decode view once (param_view.py), each version's adapters twice
-        sampler_params = decode_copy + 2 * adapters * c_size + adapters * p_size
+        sampler_params = decode_copy + 2 * adapters * c_size + adapters * F32
         decode_copy += adapters * c_size
     else:
         sampler_params = 2 * decode_copy + params
