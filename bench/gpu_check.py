@@ -110,6 +110,12 @@ def parse_args(argv=None):
     ap.add_argument("--batches", default=None, help="decode batch sizes (default 1,16,64,256)")
     ap.add_argument("--pipeline_steps", type=int, default=None, help="default 200")
     ap.add_argument(
+        "--lora_rank",
+        type=int,
+        default=0,
+        help="train: also each model with rank-R LoRA adapters on all projections (0: not)",
+    )
+    ap.add_argument(
         "--budget_scale",
         type=float,
         default=1.0,

@@ -8,6 +8,7 @@ costs its stage, not the run. JAX and the project are imported inside the stages
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import json
@@ -173,11 +174,20 @@ def stage_train(ctx: Stage, args, sizes: Sizes, gpu) -> None:
         flops_per_token="6 x matmul params per token + 6 L H D seq_len (causal attention)",
         timed_steps=sizes.train_steps,
     )
-    for name, num_rows, seq_len, remat in sizes.train_models:
+    # With --lora_rank each model also trains rank-R adapters (all projections, alpha 2R) on
+    # its frozen base; its MFU keeps the 6 x params convention, though LoRA skips the base's
+    # weight gradients (about 4 x params of useful work), so compare its tok/s, not its MFU.
+    lora_cfgs = [None]
+    if getattr(args, "lora_rank", 0):
+        lora_cfgs.append({"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank})
+    runs = [(*m, lora_cfg) for m in sizes.train_models for lora_cfg in lora_cfgs]
+    for name, num_rows, seq_len, remat, lora_cfg in runs:
         if ctx.left() <= 0:
             ctx.rec.setdefault("skipped", []).append(dict(model=name, reason="budget spent"))
             continue
         row = dict(model=name, rows=num_rows, seq_len=seq_len, remat=remat)
+        if lora_cfg is not None:
+            row["lora"] = lora_cfg
         tokens = num_rows * seq_len
         row["tokens"] = tokens
         cfg = model_config(
@@ -188,6 +198,8 @@ def stage_train(ctx: Stage, args, sizes: Sizes, gpu) -> None:
             remat=remat,
             remat_policy="matmuls",
         )
+        if lora_cfg is not None:
+            cfg = dataclasses.replace(cfg, lora=lora_cfg)
         try:
             _, params = decoder.init(cfg, jax.random.key(0))
             batch = bts.make_batch(cfg, num_rows, seq_len, min(sizes.train_prompt_len, seq_len))
@@ -224,8 +236,9 @@ def stage_train(ctx: Stage, args, sizes: Sizes, gpu) -> None:
             if "tok_s" in row:
                 row["frac_of_predicted"] = row["tok_s"] / row["predicted"]["tok_s"]
         rows.append(row)
+        label = f"{name} lora r{lora_cfg['rank']}" if lora_cfg else name
         ctx.log(
-            f"{name} {num_rows}x{seq_len}: {fmt(row.get('tok_s'))} tok/s, MFU {fmt(row.get('mfu'))}"
+            f"{label} {num_rows}x{seq_len}: {fmt(row.get('tok_s'))} tok/s, MFU {fmt(row.get('mfu'))}"
             f", predicted {fmt(row['predicted'].get('tok_s'))} tok/s"
         )
         ctx.save()

@@ -759,7 +759,8 @@ def gpu_measured() -> str:
         for row in st.get("decode", {}).get("rows", []):
             decode[(row["model"], row["batch"])] = (row, card)
         for row in st.get("train", {}).get("rows", []):
-            train[(row["model"], row["rows"], row["seq_len"])] = (row, card)
+            rank = (row.get("lora") or {}).get("rank", 0)
+            train[(row["model"], rank, row["rows"], row["seq_len"])] = (row, card)
         if st.get("pipeline", {}).get("status") == "ok":
             pipeline = (st["pipeline"], card)
     lines = [
@@ -804,9 +805,10 @@ def gpu_measured() -> str:
             "| train step (bf16 compute, f32 master) | rows x seq | tok/s | MFU | of roofline |",
             "| --- | --- | --- | --- | --- |",
         ]
-        for (model, rows, seq), (row, _card) in sorted(train.items()):
+        for (model, rank, rows, seq), (row, _card) in sorted(train.items()):
+            what = f"{model}, LoRA rank {rank} (base frozen)" if rank else model
             lines.append(
-                f"| {model} | {rows} x {seq} | {row['tok_s']:.0f} | {row['mfu']:.3f} | "
+                f"| {what} | {rows} x {seq} | {row['tok_s']:.0f} | {row['mfu']:.3f} | "
                 f"{row['frac_of_predicted']:.2f} |"
             )
     return "\n".join(lines)
