@@ -48,16 +48,7 @@ from bench import common  # noqa: E402
 
 MIB = 1 << 20
 TRANSFER_SIZES = {"4MiB": 4 * MIB, "default_256MiB": 256 * MIB}
-SMOLLM2_135M = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_layers=30,
-    num_heads=9,
-    num_kv_heads=3,
-    head_dim=64,
-    tie_word_embeddings=True,
-)
+SMOLLM2_135M = common.SMOLLM2_135M
 LORA = {"rank": 16, "alpha": 32.0}  # every projection: lora.TARGETS
 CHILD_TIMEOUT_S = 240
 PREFIX = "bench/weights"

@@ -30,6 +30,18 @@ BENCH_MODEL = dict(
     tie_word_embeddings=False,
 )
 
+# SmolLM2-135M's shapes (30 layers, tied head), for benchmarks that need no real weights.
+SMOLLM2_135M = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+)
+
 
 def bench_model_config(quick: bool = False, compute_dtype: str = "float32"):
     """BENCH_MODEL as a Llama ModelConfig; `quick`: a tiny shape for checks that things run."""
