@@ -450,6 +450,59 @@ def _real_learning(d):
     return rows
 
 
+def _real_learning_lora(d):
+    """The LoRA run against the full fine-tune's gain (real_learning.json), with its memory."""
+    full = _load("real_learning")
+    full_gains = [r["accuracy_gain"] for r in full["runs"]] if full else []
+    peer = (
+        f"full fine-tune {min(full_gains):+.2f} .. {max(full_gains):+.2f} "
+        f"(mean {statistics.mean(full_gains):+.2f})"
+        if full_gains
+        else "full fine-tune: not measured"
+    )
+    rows = []
+    for r in d["runs"]:
+        wall = r.get("wall_s", r["train"][-1]["time"]) / 60
+        rows.append(
+            (
+                f"{REAL} with LoRA ({' '.join(d.get('overrides', []))}): held-out greedy "
+                f"accuracy before -> after {r['steps']} steps, {wall:.0f} min (launch to exit)",
+                f"{r['accuracy_before']:.2f} -> {r['accuracy_after']:.2f} "
+                f"({r['accuracy_gain']:+.2f})",
+                peer,
+                f"{r['accuracy_gain'] / statistics.mean(full_gains):.2f}x the mean gain"
+                if full_gains
+                else "-",
+            )
+        )
+        if "peak_rss_gib" in r:
+            estimate = r.get("memory_estimate_gib")
+            rows.append(
+                (
+                    f"{REAL} with LoRA: peak RSS of the whole run, evaluations included, "
+                    "against the start-up estimate",
+                    f"{r['peak_rss_gib']:.2f} GiB",
+                    f"estimate {estimate:.1f} GiB" if estimate else "-",
+                    f"{estimate / r['peak_rss_gib']:.2f}x" if estimate else "-",
+                )
+            )
+    return rows
+
+
+def _lora_decode(d):
+    merged, unmerged = d["rows"][0], d["rows"][1]
+    return [
+        (
+            "LoRA sampler, SmolLM2-135M shapes f32, rank 16 on all projections, 16 slots: "
+            "decode tok/s and swap (prepare) ms, adapters unmerged vs merged weights",
+            f"{unmerged['decode_tok_s']:.0f} tok/s, swap {unmerged['swap_prepare_ms']:.0f} ms",
+            f"{merged['decode_tok_s']:.0f} tok/s, swap >= {merged['swap_prepare_ms']:.0f} ms "
+            "(merged)",
+            f"{d['decode_ratio_unmerged_over_merged']:.2f}x decode; picked: {d['pick']}",
+        )
+    ]
+
+
 def _train_real(d):
     goals = {"float32": 1.2, "bfloat16": 1.0}
     out = []
@@ -497,6 +550,23 @@ def _real_packing(d):
 
 def _vs_trl(d):
     t, p, c = d["trl"], d["pipeline"], d["conventional"]
+    lora = d.get("lora")
+    if lora:  # both sides with rank-R adapters (TRL through peft)
+        what = f"{REAL} LoRA r{lora['rank']} RL step vs TRL 1.16 + peft LoRA r{lora['rank']}"
+        return [
+            (
+                f"{what} (same prompts, reward, objective): pipeline mode",
+                f"{p['samples_per_s']:.2f} samples/s ({p['s_per_step']:.0f} s a step)",
+                f"{t['samples_per_s']:.2f} samples/s ({t['s_per_step']:.0f} s a step)",
+                f"{d['samples_per_s_ratio']:.2f}x",
+            ),
+            (
+                f"{what}: peak RSS",
+                f"{p['peak_rss_gib']:.2f} GiB (pipeline)",
+                f"{t['peak_rss_gib']:.2f} GiB",
+                f"{d['peak_rss_ratio']:.2f}x",
+            ),
+        ]
     side = lambda s: (
         f"{s['samples_per_s']:.2f} samples/s, {s['completion_tokens_per_s']:.0f} "
         f"tok/s ({s['s_per_step']:.0f} s a step)"
@@ -550,8 +620,12 @@ def _real_prompts(d):
 
 
 def _weight_transfer(d):
-    names = {"bench": "bench model", "smollm2_135m": "SmolLM2-135M-size"}
-    return [
+    names = {
+        "bench": "bench model",
+        "smollm2_135m": "SmolLM2-135M-size",
+        "smollm2_135m_lora": "SmolLM2-135M LoRA r16 adapters",
+    }
+    rows = [
         (
             f"weights across 2 localhost processes (jax.experimental.transfer, "
             f"{r['transfer_size']} chunks), {names.get(r['model'], r['model'])} "
@@ -562,6 +636,22 @@ def _weight_transfer(d):
         )
         for r in d["rows"]
     ]
+    by = {(r["model"], r["transfer_size"]): r for r in d["rows"]}
+    full, adapters = by.get(("smollm2_135m", "4MiB")), by.get(("smollm2_135m_lora", "4MiB"))
+    if full and adapters and adapters.get("sampler_prepare_ms"):
+        rows.append(
+            (
+                "a swap, LoRA r16 vs the whole SmolLM2-135M: bytes, publish-to-ack across 2 "
+                "processes, in-process sampler prepare",
+                f"{adapters['bytes'] / 1e6:.1f} MB, {adapters['publish_to_ack_ms']:.0f} ms, "
+                f"{adapters['sampler_prepare_ms']:.0f} ms",
+                f"{full['bytes'] / 1e6:.0f} MB, {full['publish_to_ack_ms']:.0f} ms, "
+                f"{full['sampler_prepare_ms']:.0f} ms",
+                f"{full['publish_to_ack_ms'] / adapters['publish_to_ack_ms']:.0f}x / "
+                f"{full['sampler_prepare_ms'] / adapters['sampler_prepare_ms']:.0f}x faster",
+            )
+        )
+    return rows
 
 
 def _multiprocess(d):
@@ -616,6 +706,14 @@ SECTIONS = (
     ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt", _real_packing),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", _vs_trl),
     (
+        "real_learning_lora",
+        "python bench/real_learning.py --name=real_learning_lora",
+        "full fine-tune",
+        _real_learning_lora,
+    ),
+    ("vs_trl_lora", "python bench/bench_vs_trl.py --lora_rank=16", "TRL + peft", _vs_trl),
+    ("lora_decode", "python bench/bench_lora_decode.py", "merged weights", _lora_decode),
+    (
         "weight_transfer",
         "python bench/bench_weight_transfer.py",
         "in-process device_put",
@@ -656,6 +754,7 @@ HEADLINE = (
     ("real_calculator", _real_calculator, (0,)),
     ("real_calculator_large", _real_calculator, (0,)),
     ("vs_trl", _vs_trl, (0,)),
+    ("real_learning_lora", _real_learning_lora, None),
     ("train_step_real", _train_real, (0,)),
     ("decode_real", _decode_real_range, None),
     ("real_profile", _real_profile, (0,)),
