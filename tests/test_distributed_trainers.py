@@ -3,7 +3,12 @@ each with two CPU devices, under `launch.py --spawn_local=3`: the trainer mesh h
 trainer devices, the follower makes every train step the leader makes, step 0 trains what a
 single-process run trains, held-out evaluation runs on the gathered params, the multi-process
 Orbax checkpoint holds whole arrays a single process can read, and a relaunch resumes from it
-with both trainer processes."""
+with both trainer processes; kill -9 of the follower in that relaunch stops the job, and the
+next relaunch resumes from the checkpoint the killed one made.
+
+One run carries all of it (a launch of three processes costs about half a minute of CPU on 2
+cores, nearly all start-up): the kill is made in the first relaunch, after it has shown the
+resume, and the second relaunch checks what the first would have checked at its end."""
 
 import json
 from pathlib import Path
@@ -18,7 +23,7 @@ from pipelinerl_jax.models import decoder
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
 from pipelinerl_jax.train.json_items import model_config_from_json
-from tests.launching import launch
+from tests.launching import kill_9_after_a_checkpoint, launch, launches
 
 
 def _records(workdir: Path) -> list[dict]:
@@ -67,13 +72,21 @@ def test_two_trainer_processes_train_checkpoint_and_resume(tmp_path):
     assert step == 6
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
-    again = launch(*args, "--config.steps=8", devices=2)
+    # Relaunched: resumes from step 6 with both trainer processes; kill -9 of the follower
+    # once the relaunch has made a checkpoint of its own (step 9) stops the job.
+    more = [*args, "--config.steps=40"]
+    out = kill_9_after_a_checkpoint(more, workdir, 1, "process 1 (trainer)", devices=2)
+    assert "resumed from step 6" in out
+    # Relaunched again: resumes from that checkpoint, and the follower makes every step.
+    again = launch(*args, "--config.steps=12", devices=2)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    assert "resumed from step 6" in again.stdout
-    assert _follower_steps(again.stdout) == 2
-    records = _records(workdir)
-    last_start = max(i for i, r in enumerate(records) if r.get("kind") == "start")
-    assert [r["step"] for r in records[last_start:] if r.get("kind") == "train"] == [6, 7]
+    runs = launches(_records(workdir))
+    assert len(runs) == 3 and runs[1][0]["step"] == 6
+    resumed_at = runs[2][0]["step"]
+    assert resumed_at >= 9 and resumed_at % 3 == 0, resumed_at
+    assert f"resumed from step {resumed_at}" in again.stdout
+    assert _follower_steps(again.stdout) == 12 - resumed_at
+    assert [r["step"] for r in runs[2] if r.get("kind") == "train"] == list(range(resumed_at, 12))
 
 
 def test_a_batch_crosses_processes_exactly():

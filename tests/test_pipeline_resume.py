@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = [
@@ -45,15 +47,17 @@ KILL_SEED = 20261125  # the kill points are drawn from this seed (printed on fai
 
 
 def uneven_reward(completion: str, problem):
-    """The task's reward, 0.3 s late for half the problems (by a hash of their uid) and at once
+    """The task's reward, 0.1 s late for half the problems (by a hash of their uid) and at once
     for the rest: later groups are then scored while earlier ones still wait, so checkpoints
-    find both scored-but-untrained groups and groups still in flight."""
+    find both scored-but-untrained groups and groups still in flight. (0.1 s, not 0.3 s: an
+    uninterrupted run took 19 s instead of 40 s, and its checkpoints at steps 4 and 6 held
+    both kinds at either delay, in every run measured.)"""
     import zlib
 
     from pipelinerl_jax.rewards.tables import task_reward
 
     if zlib.crc32(problem.uid.encode()) % 2 == 0:
-        time.sleep(0.3)
+        time.sleep(0.1)
     return task_reward(completion, problem)
 
 
@@ -78,11 +82,20 @@ def train_records(workdir):
     return [json.loads(l) for l in lines if '"kind": "train"' in l]
 
 
-def test_kill_9_then_resume_continues_exactly(tmp_path):
-    full, killed = tmp_path / "full", tmp_path / "killed"
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The workdir of an uninterrupted conventional run of FLAGS (6 steps, checkpoints every
+    2): what the kill -9 test must reproduce, and a finished run to relaunch with another model
+    shape (one launch for both: a launch is seconds of start-up and compilation)."""
+    full = tmp_path_factory.mktemp("full")
     ref = launch(full)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    ref_records = {r["step"]: r for r in train_records(full)}
+    return full
+
+
+def test_kill_9_then_resume_continues_exactly(tmp_path, uninterrupted):
+    killed = tmp_path / "killed"
+    ref_records = {r["step"]: r for r in train_records(uninterrupted)}
     assert sorted(ref_records) == list(range(6))
 
     kill_after = random.Random(KILL_SEED).choice([3, 4, 5])  # a point past a checkpoint
@@ -211,9 +224,9 @@ def check_kill_9_then_resume(tmp_path, flags, config_file, need_scored: bool = T
         assert after.count(group["problem"]["uid"]) == 1, (context, group["index"])
 
 
-def test_changed_model_shape_is_refused_on_resume(tmp_path):
-    first = launch(tmp_path, "--config.steps=2")
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = launch(tmp_path, "--config.steps=4", "--config.model.init.hidden_size=64")
+def test_changed_model_shape_is_refused_on_resume(tmp_path, uninterrupted):
+    workdir = tmp_path / "run"
+    shutil.copytree(uninterrupted, workdir)  # the other test reads it: relaunch a copy
+    second = launch(workdir, "--config.steps=8", "--config.model.init.hidden_size=64")
     assert second.returncode == 2
     assert "hidden_size" in second.stderr.strip().splitlines()[-1]

@@ -111,7 +111,9 @@ def test_blocked_attention_gradients_match_autodiff_of_model_attention(with_pref
 
     blocked = loss(lambda s, p: attention.blocked_causal_attention(s, 4, p))
     plain = loss(attention.segment_causal_attention)
-    want = jax.value_and_grad(plain, argnums=(0, 1, 2))(q, kv, v)
+    # The reference under jit: op by op, each of its many small ops compiled on its own, it
+    # took seconds longer than the checks themselves.
+    want = jax.jit(jax.value_and_grad(plain, argnums=(0, 1, 2)))(q, kv, v)
     for got in (
         jax.value_and_grad(jax.jit(blocked), argnums=(0, 1, 2))(q, kv, v),
         jax.jit(jax.value_and_grad(jax.checkpoint(blocked), argnums=(0, 1, 2)))(q, kv, v),
@@ -134,8 +136,11 @@ def test_blocked_attention_bf16_gradients_stay_bf16_and_close_to_f32():
         return jnp.sum(attend(q, kv, v, None)[0].astype(jnp.float32) * r)
 
     bf = tuple(x.astype(jnp.bfloat16) for x in (q, kv, v))
-    got = jax.grad(loss, argnums=(0, 1, 2))(*bf)
-    want = jax.grad(loss, argnums=(0, 1, 2))(*(x.astype(jnp.float32) for x in bf))
+    # Under jit, as the train step runs it: op by op, each of the unrolled blocks' many small
+    # ops compiled on its own, it took ~10 s (the gradients are the same bits either way).
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    got = grad(*bf)
+    want = grad(*(x.astype(jnp.float32) for x in bf))
     for g, w in zip(got, want, strict=True):
         assert g.dtype == jnp.bfloat16
         np.testing.assert_allclose(g.astype(jnp.float32), w, rtol=0.05, atol=0.05)
