@@ -149,6 +149,11 @@ def test_split_and_merge_are_inverse():
     jax.tree.map(np.testing.assert_array_equal, lora.merge(adapters, base), tree)
 
 
+def test_rank_zero_or_nothing_means_no_adapters():
+    for value in (None, {}, {"rank": 0, "alpha": 32.0, "targets": ["q"]}):
+        assert tiny_config(lora=value).lora is None
+
+
 def test_config_round_trips_through_json():
     from pipelinerl_jax.train.json_items import model_config_from_json, model_config_to_json
 
@@ -162,7 +167,7 @@ def test_config_round_trips_through_json():
 @pytest.mark.parametrize(
     "value, words",
     [
-        ({"rank": 0}, "rank=0"),
+        ({"rank": -1}, "rank=-1"),
         ({"rank": 4.5}, "rank=4.5"),
         ({"alpha": -1}, "alpha=-1"),
         ({"targets": ["q", "lm_head"]}, "'lm_head' is not a projection"),

@@ -101,7 +101,8 @@ def case(request, tmp_path_factory):
     )
     params = _random_params(cfg, seed=len(request.param))
     root = tmp_path_factory.mktemp(request.param)
-    hf_io.save_hf(root / "base", cfg, params)  # the base rows only
+    # The base rows only (save_hf of a config with adapters would write the merged model).
+    hf_io.save_hf(root / "base", dataclasses.replace(cfg, lora=None), params)
     peft_io.save_peft(cfg, params, root / "adapter", base_model_name_or_path=str(root / "base"))
     tokens = _tokens(cfg, seed=7 + len(request.param))
     return dict(cfg=cfg, params=params, root=root, tokens=tokens, ours=_ours(cfg, params, tokens))

@@ -60,7 +60,7 @@ def test_sampler_prepare_narrows_before_the_copy():
     cfg = dataclasses.replace(model_config(), compute_dtype="bfloat16")
     graphdef, params = decoder.init(cfg, jax.random.key(3))
     sampler = PagedSampler(graphdef, params, SamplerConfig(num_slots=2, max_seq_len=32))
-    assert sampler._narrow is not None
+    assert sampler._view._narrow is not None
     prepared = sampler.prepare(params)
     direct = jax.jit(lambda p: prepare_params(p, cfg=cfg, ecfg=sampler.engine.ecfg))(params)
     for a, b in zip(jax.tree.leaves(prepared), jax.tree.leaves(direct), strict=True):
