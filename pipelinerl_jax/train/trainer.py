@@ -39,6 +39,8 @@ from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.rl.config import LossConfig, linear_schedule
 from pipelinerl_jax.rl.logprobs import chunked_logprobs
 from pipelinerl_jax.train.config import TrainerConfig
+from pipelinerl_jax.train.optimizer import decay_mask as decay_mask  # re-exported
+from pipelinerl_jax.train.optimizer import learning_rate_schedule, make_optimizer
 
 
 class NonFiniteLossError(RuntimeError):
@@ -64,42 +66,6 @@ def trainer_mesh(devices=None, *, tp: int = 1) -> Mesh:
         raise ConfigError(f"trainer tp={tp} must divide the {len(devices)} trainer devices")
     # Devices passed explicitly: a tp group is always consecutive devices, on any topology.
     return sharding.make_mesh((len(devices) // tp, tp), (sharding.FSDP, sharding.TP), devices)
-
-
-def learning_rate_schedule(cfg: TrainerConfig) -> optax.Schedule:
-    warmup = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
-    if cfg.lr_schedule == "constant":
-        after = optax.constant_schedule(cfg.learning_rate)
-    else:
-        after = optax.cosine_decay_schedule(
-            cfg.learning_rate, max(cfg.total_steps - cfg.warmup_steps, 1), alpha=cfg.min_lr_ratio
-        )
-    if cfg.warmup_steps == 0:
-        return after
-    return optax.join_schedules([warmup, after], [cfg.warmup_steps])
-
-
-def decay_mask(params):
-    """True for params that get weight decay: everything but norm scales and biases."""
-
-    def keep(path, _):
-        name = jax.tree_util.keystr(path)
-        return "norm" not in name and "bias" not in name
-
-    return jax.tree_util.tree_map_with_path(keep, params)
-
-
-def make_optimizer(cfg: TrainerConfig) -> optax.GradientTransformation:
-    """AdamW with the schedule and decay mask. Global-norm clipping happens in the step, with
-    the same norm it reports (one reduction per leaf instead of two)."""
-    return optax.adamw(
-        learning_rate_schedule(cfg),
-        b1=cfg.b1,
-        b2=cfg.b2,
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        mask=decay_mask,
-    )
 
 
 def _f32(tree):
