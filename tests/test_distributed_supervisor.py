@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 
@@ -107,27 +108,45 @@ def test_kill_9_of_a_child_is_named():
     assert _all_gone(_pids(lines))
 
 
-def test_kill_9_of_the_supervisor_takes_its_children():
+def _supervisor_with_two_sleepers():
+    """Starts a supervisor of two sleepers in its own process; returns it and the sleepers'
+    pids once both have printed them, or (None, everything it printed) if it ended first."""
     script = textwrap.dedent(
         f"""
         import sys
         from pipelinerl_jax.distributed.supervisor import Child, supervise
         sleeper = Child("s", (sys.executable, "-c", {SLEEPER!r}))
-        supervise([sleeper, sleeper], echo=lambda line: print(line, flush=True))
+        outcome = supervise([sleeper, sleeper], echo=lambda line: print(line, flush=True))
+        sys.exit(f"supervise returned {{outcome}}")
         """
     )
-    sup = subprocess.Popen([PY, "-c", script], stdout=subprocess.PIPE, text=True)
+    sup = subprocess.Popen(
+        [PY, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines, pids = [], []
+    while len(pids) < 2:
+        line = sup.stdout.readline()
+        if not line:
+            sup.wait(timeout=10)
+            return None, f"exit status {sup.returncode}, output:\n" + "".join(lines)
+        lines.append(line)
+        pids += _pids([line])
+    return sup, pids
+
+
+def test_kill_9_of_the_supervisor_takes_its_children():
+    # One CI run (2 cores, the whole suite beside it) saw the supervisor end before both
+    # sleepers printed, with nothing captured; a second try says whether that recurs, and a
+    # failure now carries everything the supervisor and its children printed.
+    sup, pids = _supervisor_with_two_sleepers()
+    if sup is None:
+        first = pids
+        sup, pids = _supervisor_with_two_sleepers()
+        assert sup is not None, f"the supervisor ended early twice:\n{first}\n---\n{pids}"
+        warnings.warn(f"the supervisor ended early once, then ran: {first}", stacklevel=1)
     try:
-        pids = []
-        while len(pids) < 2:
-            line = sup.stdout.readline()
-            assert line, "supervisor ended early"
-            pids += _pids([line])
         sup.send_signal(signal.SIGKILL)
         sup.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
         assert _all_gone(pids)
     finally:
         sup.kill()
