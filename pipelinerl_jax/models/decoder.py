@@ -159,15 +159,21 @@ def forward_hidden(
     cfg = config_of(graphdef)
     family = family_of(cfg)
     p = arrays(params)
+    # A LoRA trainer reading a sampler's converted base (models/shared_base.py): each layer's
+    # base params are picked inside the scan, beside that layer's adapters.
+    shared = p.get("shared")
     dtype = jnp.dtype(cfg.compute_dtype)
-    x_BxTxE = block.embed(cfg, family, p["embed"], tokens_BxT, dtype)
+    embed_VxE = p["embed"] if shared is None else shared.embed_VxE
+    x_BxTxE = block.embed(cfg, family, embed_VxE, tokens_BxT, dtype)
     inv_freq = rope.inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     cos, sin = rope.cos_sin(positions_BxT, inv_freq, dtype)
     layout = block.TOKEN_MAJOR
 
-    def body(x, layer_and_cache):
-        lp, layer_cache = layer_and_cache
-        lp = jax.tree.map(lambda w: w.astype(dtype), dict(lp))
+    def body(x, xs):
+        lp, layer_cache = dict(xs[0]), xs[-1]
+        if shared is not None:
+            lp = {**shared.layer(xs[1]), **lp}
+        lp = jax.tree.map(lambda w: w.astype(dtype), lp)
         return block.decoder_block(
             cfg, family, layout, x, lp, tokens_BxT.shape, cos, sin, attend, layer_cache, keep=keep
         )
@@ -177,13 +183,21 @@ def forward_hidden(
     if cfg.remat:
         saved = jax.checkpoint_policies.save_only_these_names(*remat.saved_names(cfg.remat_policy))
         body = jax.checkpoint(body, prevent_cse=False, policy=saved)
-    x_BxTxE, new_cache = jax.lax.scan(body, x_BxTxE, (p["layers"], cache))
-    return family.norm(x_BxTxE, p["final_norm"], cfg.rms_norm_eps), new_cache
+    if shared is None:
+        xs = (p["layers"], cache)
+        final_norm = p["final_norm"]
+    else:
+        xs = (p["layers"], jnp.arange(cfg.num_layers), cache)
+        final_norm = shared.final_norm
+    x_BxTxE, new_cache = jax.lax.scan(body, x_BxTxE, xs)
+    return family.norm(x_BxTxE, final_norm, cfg.rms_norm_eps), new_cache
 
 
 def lm_head_weight(params) -> jax.Array:
     """The output projection [E, V]: the untied head, or the embedding transposed."""
     p = arrays(params)
+    if "shared" in p:
+        return p["shared"].head_ExV()
     return p["lm_head"] if "lm_head" in p else p["embed"].T
 
 

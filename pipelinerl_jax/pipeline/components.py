@@ -21,6 +21,7 @@ slots data-parallel) and the rest the trainer mesh (FSDP × TP).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import jax
@@ -336,6 +337,12 @@ def build(
         sampler = make_sampler(params)
         sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
         main.append(sampler)
+        if _one_device(sampler_devices, trainer_devices) and trainer.lora is not None:
+            try:  # one copy of the frozen base: the trainer reads the sampler's
+                trainer.read_base(sampler.base_for_trainer())
+            except ConfigError as err:
+                logging.info("LoRA base: the trainer keeps its own copy (%s)", err)
+    params = None  # with a shared base, the trainer's own copy goes with it
 
     admission = Admission(
         groups_per_step=cfg.groups_per_step,
@@ -356,6 +363,13 @@ def build(
         shared_devices=not set(sampler_devices).isdisjoint(trainer_devices),
         graphdef=graphdef,
         make_sampler=make_sampler,
+    )
+
+
+def _one_device(sampler_devices, trainer_devices) -> bool:
+    """Sampler and trainer on one and the same device (a LoRA base can then be shared)."""
+    return len(sampler_devices) == len(trainer_devices) == 1 and set(sampler_devices) == set(
+        trainer_devices
     )
 
 

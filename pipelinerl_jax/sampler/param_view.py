@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as Ps
 
 from pipelinerl_jax import sharding as shd
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import decoder, lora
+from pipelinerl_jax.models import decoder, lora, shared_base
 from pipelinerl_jax.sampler import forward as fwd
 
 
@@ -51,7 +51,7 @@ class ParamView:
     def __init__(self, engine, model_cfg, params, share: ParamView | None = None):
         """share: with LoRA, another view of the same model on the same mesh whose base view
         this one reads (no second copy of the base); `params` may then be adapters alone."""
-        self.engine, self.lora = engine, model_cfg.lora
+        self.engine, self.lora, self.model_cfg = engine, model_cfg.lora, model_cfg
         self.last_bytes = 0  # bytes the newest conversion placed on the sampler mesh
         if share is not None:
             if self.lora is None or share._base_view is None or share.engine.mesh != engine.mesh:
@@ -97,6 +97,22 @@ class ParamView:
         adapters, base = lora.split(decoder.arrays(placed))
         self._base_view = self.engine.prepare_base(base)
         return fwd.with_adapters(self._base_view, self.engine.prepare_adapters(adapters))
+
+    def base_for_trainer(self) -> shared_base.SharedBase:
+        """LoRA: the base's view, wrapped for a trainer on the same device to read instead of
+        its own copy (models/shared_base.py; Trainer.read_base). ConfigError when it cannot
+        read it exactly."""
+        if self._base_view is None:
+            raise ConfigError("base_for_trainer: the sampler holds no LoRA base view")
+        why = shared_base.compatible(self.model_cfg, self._base_view)
+        if why is not None:
+            raise ConfigError(f"the trainer cannot read the sampler's base: {why}")
+        return shared_base.from_view(
+            self.model_cfg,
+            self._base_view,
+            self.engine.strategy.layout,
+            tied=self.model_cfg.tie_word_embeddings,
+        )
 
     def _convert_adapters(self, adapters, may_alias):
         if self._base_view is None:

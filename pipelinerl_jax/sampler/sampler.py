@@ -276,6 +276,10 @@ class PagedSampler:
 
     # --- params ---------------------------------------------------------------------------
 
+    def base_for_trainer(self):
+        """LoRA: this sampler's base view for a trainer on its device (ParamView's)."""
+        return self._view.base_for_trainer()
+
     def prepare(self, params):
         """The engine's per-layer view of model `params` on the sampler mesh, on a private
         copy (dispatched, not waited for): the same shapes and shardings for every version, so

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import attention, decoder, lora
+from pipelinerl_jax.models import attention, decoder, lora, shared_base
 from pipelinerl_jax.rl import lag, losses
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
 from pipelinerl_jax.rl.config import LossConfig, linear_schedule
@@ -224,9 +224,9 @@ def _train_step(
         # costs no copy.
         full_objective = objective
         objective = lambda adapters, ref, batch: full_objective(  # noqa: E731
-            lora.merge(adapters, frozen), ref, batch
+            shared_base.join(adapters, frozen), ref, batch
         )
-        ref = frozen if lc.uses_reference else None
+        ref = shared_base.join({"layers": {}}, frozen) if lc.uses_reference else None
     grad_fn = jax.grad(objective, has_aux=True)
     m = cfg.micro_batches
     if m == 1:
@@ -347,6 +347,7 @@ class Trainer:
             self.frozen_shardings = sharding.param_shardings(abstract_frozen, mesh, self.rules)
         self.loss_fn = loss_fn  # None: the built-in rl_loss
         self.tx = make_optimizer(cfg) if optimizer is None else optimizer
+        self._default_tx = optimizer is None
         self.batch_axis = sharding.batch_axis(self.rules)
         self.param_shardings = sharding.param_shardings(abstract_params, mesh, self.rules)
         repl = sharding.replicated(mesh)
@@ -369,18 +370,22 @@ class Trainer:
             skipped=repl,
             consecutive_skips=repl,
         )
+        self._jit_step(self.frozen_shardings)
+
+    def _jit_step(self, frozen_shardings) -> None:
+        cfg, repl = self.cfg, sharding.replicated(self.mesh)
         self._step = jax.jit(
             functools.partial(
                 _train_step,
-                graphdef=graphdef,
+                graphdef=self.graphdef,
                 cfg=cfg,
                 tx=self.tx,
-                mesh=mesh,
+                mesh=self.mesh,
                 loss_fn=self.loss_fn,
                 batch_axis=self.batch_axis,
-                default_tx=optimizer is None,
+                default_tx=self._default_tx,
             ),
-            in_shardings=(self.state_shardings, self._batch_shardings, self.frozen_shardings),
+            in_shardings=(self.state_shardings, self._batch_shardings, frozen_shardings),
             out_shardings=(self.state_shardings, repl),
             donate_argnums=0,
         )
@@ -460,8 +465,34 @@ class Trainer:
 
     def full_params(self, params):
         """The whole model's params for the state's `params`: the adapters joined to the frozen
-        base under LoRA, else `params` itself (what an evaluation or an export reads)."""
-        return params if self.lora is None else lora.merge(params, self.frozen)
+        base under LoRA, else `params` itself (what an evaluation or an export reads). A shared
+        base (`read_base`) is copied back to stored params for it."""
+        if self.lora is None:
+            return params
+        return lora.merge(params, shared_base.stored(self.frozen))
+
+    def read_base(self, base: shared_base.SharedBase) -> None:
+        """LoRA on one shared device: read the frozen base from a sampler's converted copy
+        (models/shared_base.py) and drop this trainer's own, so the run holds one copy of it.
+        The base must be the one init_state was given (the sampler's view of it)."""
+        if self.lora is None or self.frozen is None:
+            raise ConfigError("Trainer.read_base: needs model.lora and init_state first")
+        if isinstance(self.frozen, shared_base.SharedBase):
+            raise ConfigError("Trainer.read_base: the trainer already reads a shared base")
+        if self.mesh.devices.size != 1:
+            raise ConfigError(
+                f"Trainer.read_base: a trainer over {self.mesh.devices.size} devices keeps its "
+                "own sharded base (sharing is for one device holding sampler and trainer)"
+            )
+        (device,) = self.mesh.devices.flat
+        held = {d for x in jax.tree.leaves(base) for d in x.devices()}
+        if held != {device}:
+            raise ConfigError(
+                f"Trainer.read_base: the base is on {sorted(map(str, held))}, the trainer on "
+                f"{device}; sharing needs one device"
+            )
+        self.frozen = base
+        self._jit_step(jax.tree.map(lambda _: sharding.replicated(self.mesh), base))
 
     def check(self, metrics: dict) -> None:
         """check_skips with this trainer's max_consecutive_skips (call on fetched metrics)."""
