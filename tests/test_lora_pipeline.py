@@ -15,7 +15,7 @@ import pytest
 
 from pipelinerl_jax import export, pipeline, presets
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import decoder, hf_io, lora
+from pipelinerl_jax.models import decoder, hf_io, lora, shared_base
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
 
@@ -45,7 +45,8 @@ def test_pipeline_run_trains_adapters_publishes_them_resumes_and_exports(tmp_pat
     summary = pipeline.run(cfg, str(run), components=c, echo=lambda *_: None)
     assert summary["steps"] == 4
     # The base never moved, bit for bit; the adapters did.
-    jax.tree.map(np.testing.assert_array_equal, decoder.arrays(c.trainer.frozen), base_arrays)
+    assert isinstance(c.trainer.frozen, shared_base.SharedBase)  # one device: one copy
+    jax.tree.map(np.testing.assert_array_equal, c.trainer.stored_base(), base_arrays)
     adapters = jax.device_get(c.state.params)
     assert float(np.abs(adapters["layers"]["v_proj_lora_b"]).max()) > 0
     # Every swap moved the adapters alone.
@@ -67,7 +68,7 @@ def test_pipeline_run_trains_adapters_publishes_them_resumes_and_exports(tmp_pat
     assert model_cfg.lora is None
     tokens = jax.random.randint(jax.random.key(seed), (2, 7), 0, model_cfg.vocab_size)
     positions = jnp.broadcast_to(jnp.arange(7), (2, 7))
-    full = lora.merge(decoder.arrays(c.state.params), decoder.arrays(c.trainer.frozen))
+    full = lora.merge(decoder.arrays(c.state.params), c.trainer.stored_base())
     np.testing.assert_allclose(
         decoder.forward(graphdef, merged, tokens, positions),
         decoder.forward(c.graphdef, full, tokens, positions),
@@ -126,7 +127,8 @@ def test_conventional_mode_trains_adapters_with_evaluation(tmp_path):
     c = pipeline.build(cfg)
     summary = pipeline.run(cfg, None, components=c, echo=lambda *_: None)
     assert summary["steps"] == 3
-    jax.tree.map(np.testing.assert_array_equal, decoder.arrays(c.trainer.frozen), base_arrays)
+    assert isinstance(c.trainer.frozen, shared_base.SharedBase)  # one device: one copy
+    jax.tree.map(np.testing.assert_array_equal, c.trainer.stored_base(), base_arrays)
     assert set(c.state.params["layers"]) == {
         f"{t}{s}" for t in lora.TARGETS for s in (lora.SUFFIX_A, lora.SUFFIX_B)
     }

@@ -88,6 +88,8 @@ def test_a_trainer_reading_the_sampler_base_steps_exactly_as_with_its_own(
     # The trainer holds no base of its own: its layers are the sampler's arrays themselves.
     layout_layer = sampler.params["layers"][0]
     assert shared.frozen.layers[0]["q_proj"] is layout_layer["q_proj"]
+    if model.get("tie_word_embeddings"):  # one f32 table serves as embedding and head
+        assert sampler.params["head_VxE"] is sampler.params["embed"]
     # The stored base comes back bit for bit (an export, an evaluation without a sampler).
     stored = jax.device_get(shared_base.stored(shared.frozen))
     jax.tree.map(np.testing.assert_array_equal, stored, base)

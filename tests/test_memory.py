@@ -68,8 +68,11 @@ def test_state_items_match_the_model_by_hand(tiny):
     assert est.gradients == count * 4  # one f32 gradient, no accumulation
     # The sampler's per-version copy as decode_params lays it out, twice (swap overlap), and
     # the publisher's copy of the params that the conversion reads.
-    decode = jax.eval_shape(lambda p: fwd.decode_params(m, p), abstract)
-    assert est.sampler_params == 2 * _nbytes(decode) + count * 4
+    # A tied head in the table's dtype is the table itself: counted once.
+    decode = fwd.one_tied_table(m, jax.eval_shape(lambda p: fwd.decode_params(m, p), abstract))
+    assert m.tie_word_embeddings and decode["head_VxE"] is decode["embed"]
+    unique = list({id(x): x for x in jax.tree.leaves(decode)}.values())
+    assert est.sampler_params == 2 * _nbytes(unique) + count * 4
     assert est.runtime == memory.RUNTIME_BYTES
     assert est.total == sum(v for _, v in est.items())
 
@@ -316,3 +319,21 @@ def test_peak_rss_of_a_child_is_its_own_not_its_parents():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     child_peak = int(out.stdout.strip())
     assert child_peak < memory.peak_rss_bytes() - block.nbytes // 2, (child_peak, block.nbytes)
+
+
+def test_lora_on_a_shared_device_counts_the_base_once(tiny):
+    """The trainer reads the sampler's decode view of a LoRA base (models/shared_base.py):
+    its params are the adapters alone; where it cannot (a bf16 compute copy of an f32 base),
+    it holds the base too."""
+    cfg, m = tiny
+    lora = {"rank": 4, "alpha": 8.0}
+    shared = memory.estimate(cfg, dataclasses.replace(m, lora=lora))
+    adapters = param_counts.num_adapter_params(dataclasses.replace(m, lora=lora))
+    count = param_counts.num_params(m)
+    assert shared.params == adapters * 4
+    assert shared.optimizer == 2 * adapters * 4
+    own = memory.estimate(cfg, dataclasses.replace(m, lora=lora, compute_dtype="bfloat16"))
+    assert own.params == count * 4 + adapters * 4
+    # Separate accelerators: each side holds its own.
+    apart = memory.estimate(cfg, dataclasses.replace(m, lora=lora), shared_device=False)
+    assert apart.params == count * 4 + adapters * 4

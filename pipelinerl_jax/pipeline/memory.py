@@ -15,9 +15,11 @@ V vocabulary, R rows per step, A micro-batches, T row length, N = R/A * T tokens
 micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 
 - params: the trainer's params, exact count x param itemsize.
-- LoRA (model.lora): params add the adapters; optimizer and gradients count the adapters only
-  and no reference copy (the KL reference is the frozen base); the sampler holds one decode
-  view of the base and two of the adapters, and a publish copies the adapters only.
+- LoRA (model.lora): params add the adapters, and are the adapters alone when the trainer
+  reads the sampler's base on a shared device (models/shared_base.py); optimizer and
+  gradients count the adapters only and no reference copy (the KL reference is the frozen
+  base); the sampler holds one decode view of the base and two of the adapters, and a
+  publish copies the adapters only.
 - optimizer: AdamW mu and nu, always f32 (2 x count x 4), plus the frozen reference params
   (param dtype) when the loss has a KL term.
 - gradients: the f32 gradient (count x 4); with A > 1 micro-batches two of them, the scan's
@@ -249,10 +251,15 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     V, E = m.vocab_size, m.hidden_size
     untied_head = 0 if m.tie_word_embeddings else E * V
     head_size = _itemsize(cfg.sampler.head_dtype or "float32")
-    decode_copy = (count - untied_head - E) * c_size + E * p_size + V * E * head_size
+    # A tied head in the table's dtype is the table itself (forward.one_tied_table).
+    own_head = untied_head or head_size != c_size
+    decode_copy = (count - untied_head - E) * c_size + E * p_size + own_head * V * E * head_size
     if m.lora:  # the base's decode view once (param_view.py), each version's adapters twice
         sampler_params = decode_copy + 2 * adapters * c_size + adapters * F32
         decode_copy += adapters * c_size
+        if shared_device and c_size == p_size and head_size in (p_size, F32):
+            # The trainer reads that view instead of a base of its own (models/shared_base.py).
+            params = adapters * F32
     else:
         sampler_params = 2 * decode_copy + params
 

@@ -78,6 +78,18 @@ def decode_params(
     }
 
 
+def one_tied_table(cfg: ModelConfig, view: dict) -> dict:
+    """A tied model's view whose head is its embedding table, one array for both.
+
+    With tied embeddings the [V, E] head is the embedding table itself; when both sit in one
+    dtype (the f32 CPU run) and are placed alike, `decode_params`' two equal outputs are one
+    copy too many (113 MB for SmolLM2), so the head is made the table."""
+    embed, head = view["embed"], view["head_VxE"]
+    if cfg.tie_word_embeddings and embed.dtype == head.dtype and embed.sharding == head.sharding:
+        return {**view, "head_VxE": embed}
+    return view
+
+
 def decode_adapters(cfg: ModelConfig, adapters, layout: str = "feature_major") -> tuple:
     """LoRA adapters (models/lora.split's subtree, stacked [L, ...]) -> one dict per layer, laid
     out and cast as `decode_params` lays out the layer they join (`with_adapters`)."""

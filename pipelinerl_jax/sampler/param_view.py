@@ -93,9 +93,9 @@ class ParamView:
         placed = jax.device_put(params, self._shardings, may_alias=may_alias)
         self.last_bytes = _nbytes(params)
         if self.lora is None:
-            return self.engine.prepare_params(placed)
+            return fwd.one_tied_table(self.model_cfg, self.engine.prepare_params(placed))
         adapters, base = lora.split(decoder.arrays(placed))
-        self._base_view = self.engine.prepare_base(base)
+        self._base_view = fwd.one_tied_table(self.model_cfg, self.engine.prepare_base(base))
         return fwd.with_adapters(self._base_view, self.engine.prepare_adapters(adapters))
 
     def base_for_trainer(self) -> shared_base.SharedBase:

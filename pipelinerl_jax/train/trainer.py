@@ -469,7 +469,11 @@ class Trainer:
         base (`read_base`) is copied back to stored params for it."""
         if self.lora is None:
             return params
-        return lora.merge(params, shared_base.stored(self.frozen))
+        return lora.merge(params, self.stored_base())
+
+    def stored_base(self) -> dict:
+        """LoRA: the frozen base as stored params (copied back when it is a shared base)."""
+        return shared_base.stored(self.frozen)
 
     def read_base(self, base: shared_base.SharedBase) -> None:
         """LoRA on one shared device: read the frozen base from a sampler's converted copy
