@@ -119,6 +119,10 @@ def demo_config() -> ml_collections.ConfigDict:
     c.batch = ml_collections.ConfigDict()
     c.batch.advantage = "group_mean"
     c.batch.filter_zero_std_groups = False  # True shrinks the batch (and the entropy bonus)
+    # Dynamic sampling: drop groups whose raw scores are all alike and refill the step.
+    c.batch.filter_groups = False
+    c.batch.filter_min_std = 0.0
+    c.batch.filter_refill_limit = 4.0  # refills per step, in multiples of groups_per_step
     c.batch.weighting = "sequence_sum"
     c.batch.normalize_std = False  # True learned slower and plateaued lower here
 

@@ -11,6 +11,13 @@ so its worst lag is (the step that trains it) − v. Two rules bound it by `max_
     n < (v + max_lag + 1)·g, is trained at step floor(n/g) <= v + max_lag, and its lag is at
     most max_lag.
 
+Dropped groups (dynamic sampling, filtering.py) give their slot back: admission counts
+started − dropped groups against the budget, and a step trains the next g *kept* groups in
+start order. The bound still holds: kept group n, started at version v after d groups were
+dropped, has n − d < (v + max_lag + 1)·g; at least d of the groups before it are dropped (any
+dropped later only lowers its position), so its position among kept groups is at most n − d
+and it is trained at step <= v + max_lag.
+
 Training in start order is also what keeps batches unbiased: training whatever finishes first
 favours short answers (a known failure of drop-the-oldest buffers, see docs/paper_facts.md).
 
@@ -44,6 +51,7 @@ class Admission:
         self.mode = mode
         self.round_steps = round_steps
         self._started = 0
+        self._dropped = 0
         self._lock = threading.Lock()
 
     @property
@@ -51,10 +59,21 @@ class Admission:
         with self._lock:
             return self._started
 
-    def restore(self, started: int) -> None:
-        """Sets the started-groups counter (resume: groups are renumbered from there)."""
+    @property
+    def dropped(self) -> int:
         with self._lock:
-            self._started = started
+            return self._dropped
+
+    def restore(self, started: int, dropped: int = 0) -> None:
+        """Sets the started- and dropped-groups counters (resume: groups are renumbered from
+        there)."""
+        with self._lock:
+            self._started, self._dropped = started, dropped
+
+    def drop(self) -> None:
+        """A started group was dropped (filtering.py): its slot may start another group."""
+        with self._lock:
+            self._dropped += 1
 
     def capacity(self, sampler_version: int) -> int:
         """Total groups that may have started while the sampler holds `sampler_version`."""
@@ -66,19 +85,20 @@ class Admission:
     def available(self, sampler_version: int) -> int:
         """How many more groups may start now."""
         with self._lock:
-            return max(0, self.capacity(sampler_version) - self._started)
+            return max(0, self.capacity(sampler_version) - self._started + self._dropped)
 
     def try_start(self, sampler_version: int) -> int | None:
         """Admits one group; returns its start index, or None when the lag budget is spent."""
         with self._lock:
-            if self._started >= self.capacity(sampler_version):
+            if self._started - self._dropped >= self.capacity(sampler_version):
                 return None
             index = self._started
             self._started += 1
             return index
 
     def step_indices(self, step: int) -> range:
-        """Start indices of the groups that optimizer step `step` trains."""
+        """Start indices of the groups that optimizer step `step` trains when none is dropped
+        (with drops, the next kept ones: ReadyBoard.take_kept)."""
         return range(step * self.groups_per_step, (step + 1) * self.groups_per_step)
 
     def lag_bound(self) -> int:

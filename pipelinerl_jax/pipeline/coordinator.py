@@ -41,6 +41,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline import metrics as metrics_lib
 from pipelinerl_jax.pipeline.episodes import Episode, episode_metrics
+from pipelinerl_jax.pipeline.filtering import GroupFilter
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
 from pipelinerl_jax.rl.batch import build_batch
 from pipelinerl_jax.sampler.protocol import Sampler
@@ -94,6 +95,8 @@ class Coordinator:
                 f"release); {type(sampler).__name__} does not: use PagedSampler"
             )
         self.board = ReadyBoard()
+        self.filter = GroupFilter.from_config(cfg.batch, admission.groups_per_step)
+        self.next_index = start_step * admission.groups_per_step  # the next group to train
         self.stop = threading.Event()
         self._errors: list[tuple[str, BaseException, str]] = []
         self._errors_lock = threading.Lock()
@@ -250,7 +253,7 @@ class Coordinator:
             problem = next(self.stream)
         except StopIteration:
             needed = self.cfg.steps * self.admission.groups_per_step
-            if index < needed:
+            if index - self.admission.dropped < needed:
                 raise RuntimeError(
                     f"the prompt stream ended after {index} prompts; {self.cfg.steps} steps "
                     f"train {needed}: pass a longer (or endless) stream"
@@ -350,6 +353,11 @@ class Coordinator:
             ).reward
             for v, s, f in zip(verdicts, group.samples, group.finished())
         ]
+        if self.filter is not None and self.filter.drops(group, self.step):
+            with self._draw_lock:  # never trained: its slot starts a refill
+                del self.pending[group.index]
+                self.admission.drop()
+            group.dropped, group.samples, group.episodes = True, [], []
         self.board.put(group)
 
     # --- trainer ------------------------------------------------------------------------
@@ -360,16 +368,15 @@ class Coordinator:
         while self.step < self.cfg.steps and not self.stop.is_set():
             t0 = time.perf_counter()
             adm = self.admission
+            g = adm.groups_per_step
             if adm.mode == "conventional" and self.step % adm.round_steps == 0:
                 # Conventional RL: the whole round is generated before its first step.
-                round_end = (self.step + adm.round_steps) * adm.groups_per_step
-                if not self.board.wait(
-                    range(self.step * adm.groups_per_step, round_end), self.stop
-                ):
+                if not self.board.wait_kept(self.next_index, adm.round_steps * g, self.stop):
                     break
-            groups = self.board.take(adm.step_indices(self.step), self.stop)
-            if groups is None:
+            taken = self.board.take_kept(self.next_index, g, self.stop)
+            if taken is None:
                 break
+            groups, dropped, self.next_index = taken
             with self._draw_lock:
                 for g in groups:
                     del self.pending[g.index]
@@ -381,6 +388,8 @@ class Coordinator:
             version = self.step + 1
             self.publisher.publish(self.state.params, version)
             record = self._host_record(self.step, groups, batch, host_stats)
+            if self.filter is not None:
+                record.update(self.filter.record(dropped))
             # Busy until the step has run, not until it was dispatched: the trainer thread has
             # nothing else to do meanwhile (its next batch comes from the sampler), and a
             # dispatch-time figure made a long step look several times shorter.
@@ -429,6 +438,10 @@ class Coordinator:
             return {
                 "step": self.step,
                 "started": self.admission.started,
+                "dropped": self.admission.dropped,
+                "next_index": self.next_index,
+                "dropped_ahead": self.board.dropped_indices(),
+                "filter": None if self.filter is None else self.filter.state(),
                 "data": (self.stream.get_state() if prompts_lib.resumable(self.stream) else None),
                 "pending": pending,
             }
@@ -442,7 +455,12 @@ class Coordinator:
         if not prompts_lib.resumable(self.stream):
             raise prompts_lib.not_resumable(self.stream, step)
         self.step = step
-        self.admission.restore(int(snap["started"]))
+        self.admission.restore(int(snap["started"]), int(snap.get("dropped", 0)))
+        self.next_index = int(snap.get("next_index", step * self.admission.groups_per_step))
+        if self.filter is not None and snap.get("filter"):
+            self.filter.restore(snap["filter"])
+        for index in snap.get("dropped_ahead", ()):  # walked past by a later step
+            self.board.put(Group(index=int(index), problem=None, prompt_ids=[], dropped=True))
         self.stream.set_state(snap["data"])
         for item in snap["pending"]:
             group = Group.from_json(item, self.encode_prompt)

@@ -38,6 +38,7 @@ class Group:
     episodes: list = dataclasses.field(default_factory=list)  # episodes.Episode, by attempt
     #   (multi-turn runs; a checkpoint keeps their samples, rewards and `finished` only)
     restored_finished: list[bool] | None = None  # finished(), as a checkpoint saved it
+    dropped: bool = False  # dynamic sampling dropped it (filtering.py): never trained
     started_at: float = dataclasses.field(default_factory=time.perf_counter)
 
     def to_json(self, with_samples: bool) -> dict:
@@ -116,6 +117,42 @@ class ReadyBoard:
             return None
         with self._cond:
             return [self._ready.pop(i) for i in indices]
+
+    def _kept_end(self, start: int, count: int) -> int | None:
+        """The index after the `count`-th kept group from `start`, if every group up to it
+        is here (dropped ones are walked past), else None. Under the lock."""
+        i, kept = start, 0
+        while kept < count:
+            group = self._ready.get(i)
+            if group is None:
+                return None
+            kept += not group.dropped
+            i += 1
+        return i
+
+    def wait_kept(self, start: int, count: int, stop: threading.Event, poll_s=0.05) -> bool:
+        """Blocks until `count` kept groups from `start` on are here (True) or `stop` is set."""
+        with self._cond:
+            while self._kept_end(start, count) is None:
+                if stop.is_set():
+                    return False
+                self._cond.wait(poll_s)
+            return True
+
+    def take_kept(self, start: int, count: int, stop: threading.Event, poll_s=0.05):
+        """The next `count` kept groups in start order from `start`: (kept, dropped walked
+        past, the next start), all removed; None once `stop` is set."""
+        if not self.wait_kept(start, count, stop, poll_s):
+            return None
+        with self._cond:
+            end = self._kept_end(start, count)
+            taken = [self._ready.pop(i) for i in range(start, end)]
+        return [g for g in taken if not g.dropped], [g for g in taken if g.dropped], end
+
+    def dropped_indices(self) -> list[int]:
+        """Dropped groups not yet walked past (what a checkpoint must keep)."""
+        with self._cond:
+            return sorted(i for i, g in self._ready.items() if g.dropped)
 
     def __len__(self) -> int:
         with self._cond:

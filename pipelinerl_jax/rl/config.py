@@ -41,6 +41,12 @@ class BatchConfig:
     advantage: str = "group_mean"  # "group_mean" | "leave_one_out"
     normalize_std: bool = False  # divide advantages by the group's reward std
     filter_zero_std_groups: bool = False  # drop groups whose rewards are all equal (counted)
+    # Dynamic sampling (pipeline/filtering.py): drop groups whose raw scores' std is at most
+    # filter_min_std and refill the step with newly admitted groups, at most
+    # filter_refill_limit x groups_per_step refills per step on average.
+    filter_groups: bool = False
+    filter_min_std: float = 0.0
+    filter_refill_limit: float = 4.0
     weighting: str = "sequence_sum"  # "sequence_sum" | "token_mean" | "group_token_mean" |
     #   "sequence_mean" (WEIGHTINGS, rl/weights.py)
     overlong_filter: bool = False  # samples that ended without EOS get weight 0
@@ -62,6 +68,12 @@ class BatchConfig:
                 f"batch.max_sequence_len={self.max_sequence_len} (prompt + max new tokens) is "
                 f"longer than a packed row (batch.seq_len={self.seq_len}); raise batch.seq_len or "
                 "shorten prompts/max_new_tokens: sequences are never truncated"
+            )
+        if self.filter_min_std < 0 or self.filter_refill_limit <= 0:
+            raise ConfigError(
+                f"batch.filter_min_std={self.filter_min_std} must be >= 0 and "
+                f"batch.filter_refill_limit={self.filter_refill_limit} > 0 (refills per step, "
+                "in multiples of groups_per_step)"
             )
         if self.advantage not in ADVANTAGES:
             raise ConfigError(f"batch.advantage={self.advantage!r}; use one of {ADVANTAGES}")
