@@ -126,6 +126,13 @@ def zero_shot(model_args: list[str], out: Path) -> dict:
 
 def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Path:
     workdir = root / f"seed_{seed}"
+    if (workdir / "wall_s.json").exists():
+        # A launch there would resume a finished run, train nothing, and this script would
+        # rewrite the result with that no-op's wall time.
+        sys.exit(
+            f"real_learning.py: {workdir} holds a finished run; pass --root=NEW_DIR to run "
+            "again, or --summarise to re-read it"
+        )
     flags = [
         "--config=configs/smollm2_math.py",
         f"--config.seed={seed}",
