@@ -129,10 +129,12 @@ def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Pa
     if (workdir / "wall_s.json").exists():
         # A launch there would resume a finished run, train nothing, and this script would
         # rewrite the result with that no-op's wall time.
-        sys.exit(
+        print(
             f"real_learning.py: {workdir} holds a finished run; pass --root=NEW_DIR to run "
-            "again, or --summarise to re-read it"
+            "again, or --summarise to re-read it",
+            file=sys.stderr,
         )
+        sys.exit(2)
     flags = [
         "--config=configs/smollm2_math.py",
         f"--config.seed={seed}",
