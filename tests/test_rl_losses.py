@@ -48,6 +48,24 @@ def test_ppo_by_hand():
     np.testing.assert_allclose(m["clip_fraction"], 2 / 5)
 
 
+def test_cispo_by_hand():
+    # Defaults: no lower bound, weights clipped at 1 + 5 = 6 (token 2's rho = 12.18).
+    (loss, m), g = _value_and_grad(lambda lp: losses.cispo(lp, MU, ADV, W, MASK))
+    coef = np.array([np.exp(0.2), 1.0, 6.0, np.exp(-0.5), np.exp(-1.0)])
+    np.testing.assert_allclose(loss, -(W * coef * ADV * LP).sum(), rtol=1e-5)
+    np.testing.assert_allclose(loss, 0.61070 - 1.0 + 6.0 + 0.11372 - 0.5 * 0.36788 * 3, rtol=1e-4)
+    np.testing.assert_allclose(g, -W * coef * ADV, rtol=1e-5)  # every token keeps a gradient
+    np.testing.assert_allclose(m["clip_fraction"], 1 / 5)
+    # A tight region: weights clip(rho, 0.8, 1.28); tokens 2, 3, 4 are clipped, yet unlike
+    # PPO's, their gradients stay (weighted by the clipped value).
+    (_, m), g = _value_and_grad(
+        lambda lp: losses.cispo(lp, MU, ADV, W, MASK, eps_low=0.2, eps_high=0.28)
+    )
+    coef = np.array([np.exp(0.2), 1.0, 1.28, 0.8, 0.8])
+    np.testing.assert_allclose(g, -W * coef * ADV, rtol=1e-5)
+    np.testing.assert_allclose(m["clip_fraction"], 3 / 5)
+
+
 def test_gspo_by_hand():
     lp, mu = LP[:4], MU[:4]
     adv = np.array([1.0, 1.0, 0.5, 0.5], np.float32)
@@ -94,7 +112,7 @@ def test_masked_tokens_do_not_count():
     np.testing.assert_allclose(m["ratio_mean"], RHO[:4].mean(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("objective", ["tis_reinforce", "ppo", "gspo"])
+@pytest.mark.parametrize("objective", ["tis_reinforce", "ppo", "gspo", "cispo"])
 def test_on_policy_ratios_are_one_and_gradient_is_reinforce(objective):
     seq = np.array([0, 0, 1, 1, 2])
 
@@ -181,8 +199,9 @@ def test_weighting_modes_by_hand(weighting):
             entropy_coef=0.02,
             kl_coef=0.05,
         ),
+        LossConfig(objective="cispo", cispo_eps_high=0.5, token_chunk=3, kl_coef=0.1),
     ],
-    ids=["tis", "ppo_kl_ent", "gspo_kl_ent"],
+    ids=["tis", "ppo_kl_ent", "gspo_kl_ent", "cispo_kl"],
 )
 def test_loss_from_hidden_matches_public_objectives(cfg):
     batch_cfg = BatchConfig(seq_len=8, num_rows=4, max_sequences=6, max_sequence_len=6)
@@ -208,6 +227,8 @@ def test_loss_from_hidden_matches_public_objectives(cfg):
             return losses.gspo(*args, b.sequence_index, 6, eps_low=0.2, eps_high=0.3, **extra)
         if cfg.objective == "ppo":
             return losses.ppo(*args, **extra)
+        if cfg.objective == "cispo":
+            return losses.cispo(*args, eps_high=0.5, **extra)
         return losses.tis_reinforce(*args, **extra)
 
     grad = lambda f: jax.value_and_grad(f, (0, 1), has_aux=True)(h, w)

@@ -44,7 +44,7 @@ def _hand_clip(ratio, adv, eps_low, eps_high):
 @pytest.mark.parametrize("name", OBJECTIVES)
 def test_builtin_through_registry_equals_public_function_and_hand_math(name):
     x = _tokens(seed=OBJECTIVES.index(name))
-    assert objectives.registered_objectives()[:3] == OBJECTIVES
+    assert objectives.registered_objectives()[: len(OBJECTIVES)] == OBJECTIVES
     entry = objectives.get_objective(name)
     assert entry.sequence_ratio == (name == "gspo") and LossConfig(objective=name).fused != (
         name == "gspo"
@@ -53,6 +53,7 @@ def test_builtin_through_registry_equals_public_function_and_hand_math(name):
         tis_reinforce=dict(clip=1.3),
         ppo=dict(eps_low=0.1, eps_high=0.15),
         gspo=dict(eps_low=0.05, eps_high=0.07),
+        cispo=dict(eps_low=0.1, eps_high=0.2),
     )[name]
     args = (x["mu_N"], x["adv_N"], x["w_N"], x["mask_N"])
 
@@ -74,6 +75,8 @@ def test_builtin_through_registry_equals_public_function_and_hand_math(name):
             return jnp.sum(w * -sg(jnp.minimum(jnp.exp(lp - mu), 1.3)) * adv * lp)
         if name == "ppo":
             return jnp.sum(w * _hand_clip(jnp.exp(lp - mu), adv, 0.1, 0.15))
+        if name == "cispo":  # the clipped weight, stop-gradient, times A log pi
+            return jnp.sum(w * -sg(jnp.clip(jnp.exp(lp - mu), 0.9, 1.2)) * adv * lp)
         # gspo: each token's ratio is its sequence's geometric-mean ratio (stop-gradient) in
         # the token form s * pi/sg(pi), whose gradient is s * grad log pi.
         log_ratio = jnp.where(x["mask_N"] > 0, lp - mu, 0.0)

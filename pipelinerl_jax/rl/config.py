@@ -96,13 +96,17 @@ class BatchConfig:
 class LossConfig:
     """The objective and its switches; every coefficient is a plain float (hashable, jit-static)."""
 
-    objective: str = "tis_reinforce"  # "tis_reinforce" | "ppo" | "gspo" | a name
+    objective: str = "tis_reinforce"  # "tis_reinforce" | "ppo" | "gspo" | "cispo" | a name
     #   registered with pipelinerl_jax.rl.objectives.register_objective
     tis_clip: float = 5.0  # c in min(pi/mu, c)
     ppo_eps_low: float = 0.2  # ratio clipped to [1 - eps_low, 1 + eps_high]
     ppo_eps_high: float = 0.28  # (the upper clip is wider: DAPO's clip-higher)
     gspo_eps_low: float = 3e-4  # sequence ratios live much closer to 1
     gspo_eps_high: float = 4e-4  # upper clip of the sequence ratio
+    # CISPO clips the IS weight to [1 - eps_low, 1 + eps_high]: MiniMax-M1 sets no lower
+    # bound (eps_low = 1) and tunes only the upper one; 5 is SkyRL's default for it.
+    cispo_eps_low: float = 1.0
+    cispo_eps_high: float = 5.0
     temperature: float = 1.0  # sampling temperature: logits / temperature before softmax
     kl_coef: float = 0.0  # k3 KL to the reference policy, linear from kl_coef ...
     kl_coef_end: float | None = None  # ... to kl_coef_end over kl_schedule_steps (None: constant)
@@ -139,7 +143,9 @@ class LossConfig:
         for name in ("ppo_eps_low", "gspo_eps_low"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"loss.{name}={getattr(self, name)!r} must be in [0, 1)")
-        for name in ("ppo_eps_high", "gspo_eps_high"):
+        if not 0 <= self.cispo_eps_low <= 1:
+            raise ConfigError(f"loss.cispo_eps_low={self.cispo_eps_low!r} must be in [0, 1]")
+        for name in ("ppo_eps_high", "gspo_eps_high", "cispo_eps_high"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"loss.{name}={getattr(self, name)!r} must be >= 0")
         for name in (

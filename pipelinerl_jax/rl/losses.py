@@ -10,6 +10,8 @@ advantage, the built-ins are:
   ppo            loss_t = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
   gspo           as ppo, with rho replaced by the sequence ratio s = exp(mean_t log rho)
                  (token form sg(s) * pi/sg(pi): same value, gradient s * A * grad log pi)
+  cispo          loss_t = -stopgrad(clip(rho, 1 - eps_low, 1 + eps_high)) * A * log pi
+                 (MiniMax-M1: the weight is clipped, every token keeps its gradient)
 
 plus optional kl_coef * k3(pi || ref) and -entropy_coef * entropy, per token, for every
 objective. Metrics are first accumulated as additive sums ("max_" keys combine by max) so that
@@ -265,6 +267,38 @@ def ppo(
     """PPO clipped surrogate with asymmetric clipping, per token. -> (loss, metrics)"""
     return objective_loss(
         "ppo",
+        logprobs,
+        behaviour_logprobs,
+        advantages,
+        token_weights,
+        loss_mask,
+        entropy=entropy,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        eps_low=eps_low,
+        eps_high=eps_high,
+    )
+
+
+def cispo(
+    logprobs,
+    behaviour_logprobs,
+    advantages,
+    token_weights,
+    loss_mask,
+    *,
+    eps_low: float = 1.0,
+    eps_high: float = 5.0,
+    entropy=None,
+    ref_logprobs=None,
+    kl_coef=0.0,
+    entropy_coef=0.0,
+):
+    """CISPO: -sum w * sg(clip(pi/mu, 1 - eps_low, 1 + eps_high)) * A * log pi. -> (loss,
+    metrics)"""
+    return objective_loss(
+        "cispo",
         logprobs,
         behaviour_logprobs,
         advantages,

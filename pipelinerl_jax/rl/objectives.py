@@ -80,7 +80,7 @@ class Objective:
 
 _REGISTRY: dict[str, Objective] = {}
 # The built-ins, registered below; they can be neither replaced nor removed.
-OBJECTIVES = ("tis_reinforce", "ppo", "gspo")
+OBJECTIVES = ("tis_reinforce", "ppo", "gspo", "cispo")
 BUILTIN = OBJECTIVES
 
 
@@ -173,3 +173,15 @@ def gspo(logprobs_N, ctx: TokenContext, *, eps_low: float, eps_high: float):
     s, and the gradient s * grad log pi, summed over the sequence's tokens, is GSPO's."""
     ratio_N = sg(ctx.sequence_ratio) * jnp.exp(logprobs_N - sg(logprobs_N))
     return _clipped_surrogate(ratio_N, ctx.advantages, eps_low, eps_high)
+
+
+@register_objective("cispo", options={"eps_low": "cispo_eps_low", "eps_high": "cispo_eps_high"})
+def cispo(logprobs_N, ctx: TokenContext, *, eps_low: float, eps_high: float):
+    """-sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * log pi (MiniMax-M1's CISPO).
+
+    The importance weight is clipped, never the gradient: unlike PPO, a token whose ratio
+    leaves the trust region still contributes (rare, high-ratio tokens are often the
+    reflective ones RL should reinforce); only its weight is bounded."""
+    ratio_N = jnp.exp(logprobs_N - ctx.behaviour_logprobs)
+    weight_N = jnp.clip(ratio_N, 1.0 - eps_low, 1.0 + eps_high)
+    return -sg(weight_N) * ctx.advantages * logprobs_N, weight_N != ratio_N

@@ -1,0 +1,158 @@
+"""Dynamic sampling against none: reward per sample and per second, same seed and config.
+
+Runs `launch.py` twice on one config and seed, with `batch.filter_groups` off and on, one run
+after the other, and compares from each run's metrics.jsonl:
+
+- samples generated: every attempt trained, plus the attempts of dropped groups;
+- the training reward (shaped, `reward/mean`) and success over the first and the last third
+  of the steps, and the gain between them;
+- that gain per thousand samples generated and per minute of wall time (launch to exit);
+- how many groups were dropped and how many were trained only because of the refill cap.
+
+Usage:
+  python bench/bench_filtering.py                                    # the demo, 200 steps
+  python bench/bench_filtering.py --config=configs/smollm2_math.py --steps=24 \
+      --set=model.lora.rank=16 --set=trainer.learning_rate=1e-4        # the real model
+Writes bench/results/filtering[_NAME].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(config: str, steps: int, seed: int, filtering: bool, sets: list[str], workdir: Path):
+    flags = [
+        f"--config={config}",
+        f"--config.steps={steps}",
+        f"--config.seed={seed}",
+        "--config.eval_every=0",
+        "--config.checkpoint_every=0",
+        f"--config.batch.filter_groups={filtering}",
+        *(f"--config.{s}" for s in sets),
+        f"--workdir={workdir}",
+    ]
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT, check=True)
+    wall = time.perf_counter() - t0
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    train = [json.loads(line) for line in lines if '"kind": "train"' in line]
+    return summarise(
+        train, group_size(config, sets), wall, " ".join(["python launch.py", *flags[:-1]])
+    )
+
+
+def group_size(config: str, sets: list[str]) -> int:
+    from pipelinerl_jax import config_cli
+
+    c = config_cli.load_file(config)
+    config_cli.apply_overrides(c, [tuple(s.split("=", 1)) for s in sets])
+    return int(c.group_size)
+
+
+def summarise(train: list[dict], group_size: int, wall: float, command: str) -> dict:
+    third = max(1, len(train) // 3)
+    first, last = train[:third], train[-third:]
+    mean = lambda rs, k: float(np.mean([r[k] for r in rs]))  # noqa: E731
+    trained = sum(len(r["prompts"]) for r in train) * group_size
+    dropped = train[-1].get("filter/dropped_total", 0)
+    samples = trained + dropped * group_size
+    gain = mean(last, "reward/mean") - mean(first, "reward/mean")
+    return {
+        "command": command,
+        "steps": len(train),
+        "wall_s": wall,
+        "samples_generated": samples,
+        "groups_dropped": dropped,
+        "groups_forced": train[-1].get("filter/forced_total", 0),
+        "reward_first_third": mean(first, "reward/mean"),
+        "reward_last_third": mean(last, "reward/mean"),
+        "success_first_third": mean(first, "success"),
+        "success_last_third": mean(last, "success"),
+        "reward_gain": gain,
+        "gain_per_1k_samples": 1e3 * gain / samples,
+        "gain_per_min": 60 * gain / wall,
+        "samples_per_s": samples / wall,
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/default.py")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], help="a config override, a.b=v")
+    p.add_argument("--name", default="", help="results/filtering_<name>.json")
+    args = p.parse_args()
+    load = common.warn_if_busy()
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for filtering in (False, True):  # one after the other: never two timed runs at once
+            key = "filtered" if filtering else "unfiltered"
+            out[key] = run(args.config, args.steps, args.seed, filtering, args.set, Path(tmp) / key)
+    f, u = out["filtered"], out["unfiltered"]
+    ratios = {
+        k: (f[k] / u[k] if u[k] else None)
+        for k in ("gain_per_1k_samples", "gain_per_min", "samples_per_s", "wall_s")
+    }
+    common.print_table(
+        [
+            {
+                "run": k,
+                **{
+                    c: v[c]
+                    for c in (
+                        "wall_s",
+                        "samples_generated",
+                        "groups_dropped",
+                        "reward_first_third",
+                        "reward_last_third",
+                        "gain_per_1k_samples",
+                        "gain_per_min",
+                    )
+                },
+            }
+            for k, v in out.items()
+        ],
+        [
+            "run",
+            "wall_s",
+            "samples_generated",
+            "groups_dropped",
+            "reward_first_third",
+            "reward_last_third",
+            "gain_per_1k_samples",
+            "gain_per_min",
+        ],
+    )
+    name = "filtering" + (f"_{args.name}" if args.name else "")
+    sets = "".join(f" --set={s}" for s in args.set)
+    common.write_result(
+        name,
+        {
+            "command": f"python bench/bench_filtering.py --config={args.config} "
+            f"--steps={args.steps} --seed={args.seed}{sets}"
+            + (f" --name={args.name}" if args.name else ""),
+            "config": args.config,
+            "load_before": load,
+            **out,
+            "filtered_over_unfiltered": ratios,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
