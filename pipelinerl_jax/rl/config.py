@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
+from pipelinerl_jax.rl import correction as correction_lib
 from pipelinerl_jax.rl import objectives
 
 ADVANTAGES = ("group_mean", "leave_one_out")
@@ -107,6 +108,14 @@ class LossConfig:
     # bound (eps_low = 1) and tunes only the upper one; 5 is SkyRL's default for it.
     cispo_eps_low: float = 1.0
     cispo_eps_high: float = 5.0
+    # Rollout correction (rl/correction.py): "none" | "token_mask" | "sequence_mask" |
+    # "sequence_reject" masks tokens or sequences whose ratio leaves [correction_low,
+    # correction_high], on the tokens `correction_applies` names: "both" | "staleness" (lag
+    # >= 1) | "mismatch" (lag 0, where the ratio is the sampler/trainer mismatch alone).
+    correction: str = "none"
+    correction_applies: str = "both"
+    correction_low: float = 0.5
+    correction_high: float = 2.0
     temperature: float = 1.0  # sampling temperature: logits / temperature before softmax
     kl_coef: float = 0.0  # k3 KL to the reference policy, linear from kl_coef ...
     kl_coef_end: float | None = None  # ... to kl_coef_end over kl_schedule_steps (None: constant)
@@ -136,6 +145,20 @@ class LossConfig:
             token_chunk=self.token_chunk,
             vocab_chunk=self.vocab_chunk,
         )
+        if self.correction not in correction_lib.CORRECTIONS:
+            raise ConfigError(
+                f"loss.correction={self.correction!r}; use one of {correction_lib.CORRECTIONS}"
+            )
+        if self.correction_applies not in correction_lib.APPLIES:
+            raise ConfigError(
+                f"loss.correction_applies={self.correction_applies!r}; use one of "
+                f"{correction_lib.APPLIES}"
+            )
+        if not 0 < self.correction_low < 1 < self.correction_high:
+            raise ConfigError(
+                f"loss.correction_low={self.correction_low} and correction_high="
+                f"{self.correction_high} must satisfy 0 < low < 1 < high"
+            )
         if self.head_dtype not in HEAD_DTYPES:
             raise ConfigError(
                 f"loss.head_dtype={self.head_dtype!r} must be float32, bfloat16 or float16"
@@ -168,8 +191,9 @@ class LossConfig:
     @property
     def fused(self) -> bool:
         """Per-token objectives take the fused head path; those that need the sequence ratio
-        (gspo) need sequence sums first."""
-        return not objectives.get_objective(self.objective).sequence_ratio
+        (gspo), or a sequence-level correction, need sequence sums first."""
+        sequence_level = self.correction in correction_lib.SEQUENCE_LEVEL
+        return not (objectives.get_objective(self.objective).sequence_ratio or sequence_level)
 
 
 def linear_schedule(start: float, end: float | None, steps: int, step):

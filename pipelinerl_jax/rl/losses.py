@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pipelinerl_jax.rl import correction as correction_lib
 from pipelinerl_jax.rl.config import LossConfig
 from pipelinerl_jax.rl.logprobs import chunked_logprobs, fused_token_loss
 from pipelinerl_jax.rl.objectives import Objective, TokenContext, get_objective
@@ -138,7 +139,8 @@ def finalize(stats: dict) -> dict:
     """
     if not STAT_KEYS <= stats.keys():  # a custom loss's own sums: every key as accumulated
         return dict(stats)
-    out = {k: v for k, v in stats.items() if k not in STAT_KEYS and k != "kl_ref_sum"}
+    skip = STAT_KEYS | correction_lib.STAT_KEYS | {"kl_ref_sum"}
+    out = {k: v for k, v in stats.items() if k not in skip}
     out["loss"] = stats["loss"]
     n = jnp.maximum(stats["tokens"], 1.0)
     out.update(
@@ -153,6 +155,8 @@ def finalize(stats: dict) -> dict:
     )
     if "kl_ref_sum" in stats:
         out["kl_ref"] = stats["kl_ref_sum"] / n
+    if correction_lib.STAT_KEYS <= stats.keys():
+        out.update(correction_lib.finalize(stats, stats["tokens"], stats["max_ratio"]))
     return out
 
 
@@ -363,8 +367,12 @@ def loss_from_hidden(
     entropy_coef=0.0,
     ref_logprobs=None,
     num_sequences: int,
+    version=None,
 ):
     """(loss, stats) of one (micro-)batch straight from the model's final hidden states.
+
+    version: the trainer's version (traced), which makes each token's lag for the rollout
+    correction and the mismatch metrics (rl/correction.py); None counts every token as lag 0.
 
     batch: a TrainBatch (or its token fields, sliced to a micro-batch). cfg.objective is looked
     up in the registry; per-token objectives (built-in or registered) take the fused head path,
@@ -373,7 +381,14 @@ def loss_from_hidden(
     """
     entry = get_objective(cfg.objective)
     options = entry.options_from(cfg)
+    on = batch.loss_mask > 0
+    lag = jnp.zeros(batch.versions.shape, jnp.int32)
+    if version is not None:
+        lag = jnp.where(on, jnp.asarray(version, jnp.int32) - batch.versions, 0)
+    corr = (cfg.correction, cfg.correction_applies, cfg.correction_low, cfg.correction_high)
     inputs = dict(mu=batch.behaviour_logprobs, adv=batch.advantages, w=batch.token_weights)
+    if cfg.correction != "none":
+        inputs.update(lag=lag, mask=batch.loss_mask)
     if ref_logprobs is not None:
         inputs["ref"] = ref_logprobs
     use_entropy = cfg.entropy_coef > 0 or (cfg.entropy_coef_end or 0) > 0
@@ -384,7 +399,10 @@ def loss_from_hidden(
         def token_loss(lp, ent, inp):
             ctx = TokenContext(inp["mu"], inp["adv"])
             ent = ent if use_entropy else None
-            return _total_term(entry, lp, ent, ctx, inp["w"], inp.get("ref"), **total)
+            w = inp["w"]
+            if cfg.correction != "none":  # token_mask: per token, so per chunk
+                w = w * correction_lib.keep_mask(*corr, lp, inp["mu"], inp["mask"], inp["lag"])
+            return _total_term(entry, lp, ent, ctx, w, inp.get("ref"), **total)
 
         loss, lp, ent = fused_token_loss(
             hidden_xE,
@@ -413,7 +431,16 @@ def loss_from_hidden(
         )
         ctx = TokenContext(batch.behaviour_logprobs, batch.advantages, seq_ratio)
         ent_or_none = ent if use_entropy else None
-        loss = _total_term(entry, lp, ent_or_none, ctx, inputs["w"], ref_logprobs, **total)
+        w = inputs["w"] * correction_lib.keep_mask(
+            *corr,
+            lp,
+            batch.behaviour_logprobs,
+            batch.loss_mask,
+            lag,
+            batch.sequence_index,
+            num_sequences,
+        )
+        loss = _total_term(entry, lp, ent_or_none, ctx, w, ref_logprobs, **total)
     stats = objective_stats(
         entry,
         lp,
@@ -428,6 +455,16 @@ def loss_from_hidden(
         seq_ratio=seq_ratio,
         **options,
     )
+    keep = correction_lib.keep_mask(
+        *corr,
+        lp,
+        batch.behaviour_logprobs,
+        batch.loss_mask,
+        lag,
+        batch.sequence_index,
+        num_sequences,
+    )
+    stats.update(correction_lib.stats(lp, batch.behaviour_logprobs, batch.loss_mask, lag, keep))
     return loss, stats
 
 

@@ -125,11 +125,13 @@ def rl_loss(
     kl_coef,
     entropy_coef,
     attention_block: int,
+    version=None,
 ):
     """(loss, stats) of one (micro-)batch: the Trainer's loss unless it is given `loss_fn=`.
 
     `ref_params` are the frozen reference params when loss_cfg uses a KL term, else None.
-    kl_coef and entropy_coef are this step's scheduled values (traced scalars); graphdef,
+    kl_coef and entropy_coef are this step's scheduled values (traced scalars), version the
+    trainer's (each token's lag, for the rollout correction); graphdef,
     loss_cfg and attention_block are the Trainer's. `stats` holds additive sums that
     losses.finalize turns into metrics, "loss" among them. Traced inside the jitted step, once
     per micro-batch.
@@ -166,6 +168,7 @@ def rl_loss(
         entropy_coef=entropy_coef,
         ref_logprobs=ref_lp,
         num_sequences=batch.num_sequences,
+        version=version,
     )
 
 
@@ -214,6 +217,7 @@ def _train_step(
             kl_coef=kl_coef,
             entropy_coef=ent_coef,
             attention_block=cfg.attention_block,
+            version=state.version,
         )
     else:
         objective = functools.partial(_custom_loss, loss_fn)
