@@ -100,24 +100,6 @@ class ReadyBoard:
             self._ready[group.index] = group
             self._cond.notify_all()
 
-    def wait(self, indices, stop: threading.Event, poll_s: float = 0.05) -> bool:
-        """Blocks until every index is ready (True) or `stop` is set (False)."""
-        indices = list(indices)
-        with self._cond:
-            while not all(i in self._ready for i in indices):
-                if stop.is_set():
-                    return False
-                self._cond.wait(poll_s)
-            return True
-
-    def take(self, indices, stop: threading.Event, poll_s: float = 0.05) -> list[Group] | None:
-        """Blocks until every index is ready (returns them, removed) or `stop` is set (None)."""
-        indices = list(indices)
-        if not self.wait(indices, stop, poll_s):
-            return None
-        with self._cond:
-            return [self._ready.pop(i) for i in indices]
-
     def _kept_end(self, start: int, count: int) -> int | None:
         """The index after the `count`-th kept group from `start`, if every group up to it
         is here (dropped ones are walked past), else None. Under the lock."""
@@ -157,11 +139,6 @@ class ReadyBoard:
     def __len__(self) -> int:
         with self._cond:
             return len(self._ready)
-
-    def pending(self) -> list[Group]:
-        """Ready but untrained groups (what a checkpoint must keep)."""
-        with self._cond:
-            return [self._ready[i] for i in sorted(self._ready)]
 
 
 def completion_text(
