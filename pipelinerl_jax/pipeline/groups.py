@@ -140,6 +140,11 @@ class ReadyBoard:
         with self._cond:
             return len(self._ready)
 
+    def pending(self) -> list[Group]:
+        """Ready, untrained groups in start order (dropped ones included)."""
+        with self._cond:
+            return [self._ready[i] for i in sorted(self._ready)]
+
 
 def completion_text(
     tokenizer: Tokenizer | CharTokenizer, token_ids: Sequence[int], stop_ids: Collection[int]
