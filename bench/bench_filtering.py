@@ -4,8 +4,9 @@ Runs `launch.py` twice on one config and seed, with `batch.filter_groups` off an
 after the other, and compares from each run's metrics.jsonl:
 
 - samples generated: every attempt trained, plus the attempts of dropped groups;
-- the training reward (shaped, `reward/mean`) and success over the first and the last third
-  of the steps, and the gain between them;
+- the reward (shaped) of every group generated, dropped ones included, over the first and the
+  last third of the steps, and the gain between them (the trained groups' reward alone is
+  biased by the filter, which removes the all-right and all-wrong groups);
 - that gain per thousand samples generated and per minute of wall time (launch to exit);
 - how many groups were dropped and how many were trained only because of the refill cap.
 
@@ -63,14 +64,25 @@ def group_size(config: str, sets: list[str]) -> int:
     return int(c.group_size)
 
 
+def generated_reward(r: dict) -> float:
+    """A step's mean reward over every group it walked past, dropped ones included: the
+    policy's reward on what it generated (the trained groups alone are biased by the filter,
+    which removes the all-right and the all-wrong ones)."""
+    kept, dropped = len(r["prompts"]), r.get("filter/dropped", 0)
+    total = r["reward/mean"] * kept + r.get("filter/dropped_shaped_mean", 0.0) * dropped
+    return total / (kept + dropped)
+
+
 def summarise(train: list[dict], group_size: int, wall: float, command: str) -> dict:
     third = max(1, len(train) // 3)
+    for r in train:
+        r["generated_reward"] = generated_reward(r)
     first, last = train[:third], train[-third:]
     mean = lambda rs, k: float(np.mean([r[k] for r in rs]))  # noqa: E731
     trained = sum(len(r["prompts"]) for r in train) * group_size
     dropped = train[-1].get("filter/dropped_total", 0)
     samples = trained + dropped * group_size
-    gain = mean(last, "reward/mean") - mean(first, "reward/mean")
+    gain = mean(last, "generated_reward") - mean(first, "generated_reward")
     return {
         "command": command,
         "steps": len(train),
@@ -78,8 +90,9 @@ def summarise(train: list[dict], group_size: int, wall: float, command: str) -> 
         "samples_generated": samples,
         "groups_dropped": dropped,
         "groups_forced": train[-1].get("filter/forced_total", 0),
-        "reward_first_third": mean(first, "reward/mean"),
-        "reward_last_third": mean(last, "reward/mean"),
+        "reward_first_third": mean(first, "generated_reward"),
+        "reward_last_third": mean(last, "generated_reward"),
+        "trained_reward_last_third": mean(last, "reward/mean"),
         "success_first_third": mean(first, "success"),
         "success_last_third": mean(last, "success"),
         "reward_gain": gain,

@@ -489,6 +489,34 @@ def _real_learning_lora(d):
     return rows
 
 
+def _filtering(d):
+    """Dynamic sampling against none: training-reward gain per 1k samples and per minute."""
+    f, u = d["filtered"], d["unfiltered"]
+    cfg = d.get("config", "configs/default.py").rsplit("/", 1)[-1]
+
+    def cell(r):
+        return (
+            f"{r['reward_first_third']:.3f} -> {r['reward_last_third']:.3f} over {r['steps']} "
+            f"steps; {1e3 * r['reward_gain'] / r['samples_generated']:+.4f} per 1k samples, "
+            f"{r['gain_per_min']:+.3f}/min; {r['samples_generated']} samples, "
+            f"{r['wall_s'] / 60:.1f} min"
+        )
+
+    ratio = d["filtered_over_unfiltered"]
+    per_sample, per_min = ratio.get("gain_per_1k_samples"), ratio.get("gain_per_min")
+    return [
+        (
+            f"dynamic sampling ({cfg}, batch.filter_groups): training reward first -> last "
+            f"third, gain per sample and per minute; {f['groups_dropped']} groups dropped, "
+            f"{f['groups_forced']} forced",
+            cell(f),
+            cell(u) + " (unfiltered)",
+            (f"{per_sample:.2f}x per sample" if per_sample is not None else "-")
+            + (f", {per_min:.2f}x per minute" if per_min is not None else ""),
+        )
+    ]
+
+
 def _lora_decode(d):
     merged, unmerged = d["rows"][0], d["rows"][1]
     return [
@@ -720,6 +748,13 @@ SECTIONS = (
         _weight_transfer,
     ),
     ("multiprocess", "python bench/bench_multiprocess.py", "one process", _multiprocess),
+    ("filtering", "python bench/bench_filtering.py", "no filtering", _filtering),
+    (
+        "filtering_real_lora",
+        "python bench/bench_filtering.py --config=configs/smollm2_math.py --name=real_lora",
+        "no filtering",
+        _filtering,
+    ),
 )
 
 
