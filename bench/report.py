@@ -883,7 +883,7 @@ def gpu_measured() -> str:
     runs = _gpu_runs()
     if not runs:
         return "Measured on a GPU: not yet (`bash bench/gpu_check.sh` on a lent GPU machine)."
-    kernel, decode, train, pipeline, cards = None, {}, {}, None, []
+    kernel, decode, train, pipelines, cards = None, {}, {}, [], []
     for r in runs:
         st, env = r["stages"], r["stages"].get("env", {})
         card = f"{env.get('device_kind', '?')}, {r['date'][:10]}"
@@ -895,8 +895,8 @@ def gpu_measured() -> str:
         for row in st.get("train", {}).get("rows", []):
             rank = (row.get("lora") or {}).get("rank", 0)
             train[(row["model"], rank, row["rows"], row["seq_len"])] = (row, card)
-        if st.get("pipeline", {}).get("status") == "ok":
-            pipeline = (st["pipeline"], card)
+        if st.get("pipeline", {}).get("status") == "ok":  # every run: they vary by machine
+            pipelines.append((st["pipeline"], card))
     lines = [
         f"Measured on a GPU (`bash bench/gpu_check.sh`; {'; '.join(dict.fromkeys(cards))}):",
         "",
@@ -911,8 +911,7 @@ def gpu_measured() -> str:
             f"- Triton paged-attention kernel against the jnp reference ({card}): "
             f"{'passed' if k['passed'] else 'FAILED'}; max error {errs}.",
         ]
-    if pipeline:
-        p, card = pipeline
+    for p, card in pipelines:
         s = p["summary"]
         lines.append(
             f"- Demo pipeline run ({card}): {p['steps_done']} steps in {p['wall_s']:.0f} s, "
