@@ -121,36 +121,10 @@ def main():
         k: (f[k] / u[k] if u[k] else None)
         for k in ("gain_per_1k_samples", "gain_per_min", "samples_per_s", "wall_s")
     }
-    common.print_table(
-        [
-            {
-                "run": k,
-                **{
-                    c: v[c]
-                    for c in (
-                        "wall_s",
-                        "samples_generated",
-                        "groups_dropped",
-                        "reward_first_third",
-                        "reward_last_third",
-                        "gain_per_1k_samples",
-                        "gain_per_min",
-                    )
-                },
-            }
-            for k, v in out.items()
-        ],
-        [
-            "run",
-            "wall_s",
-            "samples_generated",
-            "groups_dropped",
-            "reward_first_third",
-            "reward_last_third",
-            "gain_per_1k_samples",
-            "gain_per_min",
-        ],
-    )
+    columns = ["wall_s", "samples_generated", "groups_dropped", "reward_first_third"]
+    columns += ["reward_last_third", "gain_per_1k_samples", "gain_per_min"]
+    rows = [{"run": k, **{c: v[c] for c in columns}} for k, v in out.items()]
+    common.print_table(rows, ["run", *columns])
     name = "filtering" + (f"_{args.name}" if args.name else "")
     sets = "".join(f" --set={s}" for s in args.set)
     common.write_result(
