@@ -506,7 +506,7 @@ def _filtering(d):
     per_sample, per_min = ratio.get("gain_per_1k_samples"), ratio.get("gain_per_min")
     return [
         (
-            f"dynamic sampling ({cfg}, batch.filter_groups): training reward first -> last "
+            f"dynamic sampling ({cfg}, batch.filter_groups): reward of every generated group, first -> last "
             f"third, gain per sample and per minute; {f['groups_dropped']} groups dropped, "
             f"{f['groups_forced']} forced",
             cell(f),
