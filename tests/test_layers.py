@@ -22,7 +22,10 @@ PACKAGE = ROOT / "pipelinerl_jax"
 
 # Top-level names of pipelinerl_jax (a module or a subpackage), by layer, first to last.
 LAYERS = (
-    ("foundation", ("errors", "cli", "interrupts", "sharding", "kernels", "models")),
+    (
+        "foundation",
+        ("errors", "cli", "interrupts", "malloc_arenas", "sharding", "kernels", "models"),
+    ),
     ("parts", ("rewards", "data", "envs", "rl", "sampler")),
     ("train", ("train",)),
     ("run", ("pipeline", "distributed")),

@@ -45,9 +45,9 @@ class BatchConfig:
     # Dynamic sampling (pipeline/filtering.py): drop groups whose raw scores' std is at most
     # filter_min_std and refill the step with newly admitted groups, at most
     # filter_refill_limit x groups_per_step refills per step on average.
-    filter_groups: bool = False
-    filter_min_std: float = 0.0
-    filter_refill_limit: float = 4.0
+    filter_groups: bool = False  # dynamic sampling: drop groups whose raw scores are alike, refill
+    filter_min_std: float = 0.0  # drop groups whose raw scores' std is at most this
+    filter_refill_limit: float = 4.0  # refills per step, in multiples of groups_per_step
     weighting: str = "sequence_sum"  # "sequence_sum" | "token_mean" | "group_token_mean" |
     #   "sequence_mean" (WEIGHTINGS, rl/weights.py)
     overlong_filter: bool = False  # samples that ended without EOS get weight 0
@@ -106,16 +106,16 @@ class LossConfig:
     gspo_eps_high: float = 4e-4  # upper clip of the sequence ratio
     # CISPO clips the IS weight to [1 - eps_low, 1 + eps_high]: MiniMax-M1 sets no lower
     # bound (eps_low = 1) and tunes only the upper one; 5 is SkyRL's default for it.
-    cispo_eps_low: float = 1.0
-    cispo_eps_high: float = 5.0
+    cispo_eps_low: float = 1.0  # CISPO's weight clipped below at 1 - eps_low (1: no bound)
+    cispo_eps_high: float = 5.0  # CISPO's weight clipped above at 1 + eps_high
     # Rollout correction (rl/correction.py): "none" | "token_mask" | "sequence_mask" |
     # "sequence_reject" masks tokens or sequences whose ratio leaves [correction_low,
     # correction_high], on the tokens `correction_applies` names: "both" | "staleness" (lag
     # >= 1) | "mismatch" (lag 0, where the ratio is the sampler/trainer mismatch alone).
-    correction: str = "none"
-    correction_applies: str = "both"
-    correction_low: float = 0.5
-    correction_high: float = 2.0
+    correction: str = "none"  # "none" | "token_mask" | "sequence_mask" | "sequence_reject"
+    correction_applies: str = "both"  # "both" | "staleness" (lag >= 1) | "mismatch" (lag 0)
+    correction_low: float = 0.5  # a ratio below this is masked (rl/correction.py)
+    correction_high: float = 2.0  # a ratio above this is masked
     temperature: float = 1.0  # sampling temperature: logits / temperature before softmax
     kl_coef: float = 0.0  # k3 KL to the reference policy, linear from kl_coef ...
     kl_coef_end: float | None = None  # ... to kl_coef_end over kl_schedule_steps (None: constant)

@@ -372,7 +372,8 @@ def loss_from_hidden(
     """(loss, stats) of one (micro-)batch straight from the model's final hidden states.
 
     version: the trainer's version (traced), which makes each token's lag for the rollout
-    correction and the mismatch metrics (rl/correction.py); None counts every token as lag 0.
+    correction and the mismatch metrics (rl/correction.py); None (or a batch without
+    `versions`) counts every token as lag 0.
 
     batch: a TrainBatch (or its token fields, sliced to a micro-batch). cfg.objective is looked
     up in the registry; per-token objectives (built-in or registered) take the fused head path,
@@ -382,9 +383,10 @@ def loss_from_hidden(
     entry = get_objective(cfg.objective)
     options = entry.options_from(cfg)
     on = batch.loss_mask > 0
-    lag = jnp.zeros(batch.versions.shape, jnp.int32)
-    if version is not None:
-        lag = jnp.where(on, jnp.asarray(version, jnp.int32) - batch.versions, 0)
+    lag = jnp.zeros(batch.loss_mask.shape, jnp.int32)
+    versions = getattr(batch, "versions", None)  # a caller's token fields may lack them
+    if version is not None and versions is not None:
+        lag = jnp.where(on, jnp.asarray(version, jnp.int32) - versions, 0)
     corr = (cfg.correction, cfg.correction_applies, cfg.correction_low, cfg.correction_high)
     inputs = dict(mu=batch.behaviour_logprobs, adv=batch.advantages, w=batch.token_weights)
     if cfg.correction != "none":
