@@ -4,8 +4,8 @@ The step runs on a trainer mesh with axes ("fsdp", "tp"): params and optimizer m
 sharded by the logical-axis rules of pipelinerl_jax.sharding, batch rows are split over "fsdp".
 It is compiled once, with explicit in/out shardings, and donates the old state. Inside:
 gradient accumulation over micro-batches with lax.scan (f32 accumulators), the loss
-(`rl_loss`: the model forward and the registered objective of rl/objectives.py),
-global-norm clipping, then optax AdamW (warm-up + cosine or constant, no decay on norms and
+(`rl_loss`, train/loss_fn.py: the model forward and the registered objective of
+rl/objectives.py), global-norm clipping, then optax AdamW (warm-up + cosine or constant, no decay on norms and
 biases). Moments are always f32: the optimizer sees f32 views of the params and the update is
 cast back, so bf16 params work. A non-finite loss or gradient skips the update (the state is
 returned unchanged apart from its counters); `check_skips` on the host stops the run after too
@@ -20,7 +20,6 @@ GradientTransformation in place of AdamW, and logical-axis rules in place of sha
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -33,12 +32,14 @@ from jax.sharding import PartitionSpec as P
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import attention, decoder, lora, shared_base
+from pipelinerl_jax.models import decoder, lora, shared_base
 from pipelinerl_jax.rl import lag, losses
 from pipelinerl_jax.rl.batch import SEQUENCE_FIELDS, TOKEN_FIELDS, TrainBatch
-from pipelinerl_jax.rl.config import LossConfig, linear_schedule
-from pipelinerl_jax.rl.logprobs import chunked_logprobs
+from pipelinerl_jax.rl.config import linear_schedule
 from pipelinerl_jax.train.config import TrainerConfig
+from pipelinerl_jax.train.loss_fn import LossFn as LossFn  # re-exported
+from pipelinerl_jax.train.loss_fn import default_loss_fn as default_loss_fn  # re-exported
+from pipelinerl_jax.train.loss_fn import rl_loss, wrap_loss_fn
 from pipelinerl_jax.train.optimizer import decay_mask as decay_mask  # re-exported
 from pipelinerl_jax.train.optimizer import learning_rate_schedule, make_optimizer
 
@@ -79,111 +80,6 @@ def _micro_split(x, m: int, mesh: Mesh, batch_axis: str | None):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-# A loss a researcher writes: loss_fn(params, batch) -> (loss, aux). `params` is the model's
-# nnx.State (differentiated), `batch` a TrainBatch (rl/batch.py documents its fields; inside
-# the step its token fields may be one micro-batch's rows). `loss` is the scalar to
-# differentiate, a sum over the batch's tokens (micro-batches add up); `aux` a dict of
-# additive sums (summed over micro-batches, "max_" keys by maximum) that become metrics. A
-# step whose loss or gradient is not finite is skipped.
-LossFn = Callable[[Any, TrainBatch], tuple[jax.Array, dict]]
-
-
-def default_loss_fn(cfg: TrainerConfig, graphdef, ref_params=None) -> LossFn:
-    """The Trainer's own loss as a `loss_fn(params, batch)`, to wrap or compare against.
-
-    cfg.loss's objective with its KL and entropy terms at their starting coefficients (the
-    Trainer's built-in loss also follows their schedules); ref_params: the KL term's frozen
-    reference params (needed when cfg.loss has a KL term). E.g. the default plus a penalty:
-
-        base = default_loss_fn(cfg, graphdef)
-
-        def loss_fn(params, batch):
-            loss, aux = base(params, batch)
-            extra = penalty(params)
-            return loss + extra, {**aux, "loss": aux["loss"] + extra, "penalty": extra}
-    """
-    if cfg.loss.uses_reference and ref_params is None:
-        raise ConfigError("default_loss_fn: cfg.loss has a KL term (kl_coef > 0); pass ref_params")
-    kw = dict(
-        graphdef=graphdef,
-        loss_cfg=cfg.loss,
-        kl_coef=cfg.loss.kl_coef,
-        entropy_coef=cfg.loss.entropy_coef,
-        attention_block=cfg.attention_block,
-    )
-    ref = ref_params if cfg.loss.uses_reference else None
-    return lambda params, batch: rl_loss(params, ref, batch, **kw)
-
-
-def rl_loss(
-    params,
-    ref_params,
-    batch: TrainBatch,
-    *,
-    graphdef,
-    loss_cfg: LossConfig,
-    kl_coef,
-    entropy_coef,
-    attention_block: int,
-    version=None,
-):
-    """(loss, stats) of one (micro-)batch: the Trainer's loss unless it is given `loss_fn=`.
-
-    `ref_params` are the frozen reference params when loss_cfg uses a KL term, else None.
-    kl_coef and entropy_coef are this step's scheduled values (traced scalars), version the
-    trainer's (each token's lag, for the rollout correction); graphdef,
-    loss_cfg and attention_block are the Trainer's. `stats` holds additive sums that
-    losses.finalize turns into metrics, "loss" among them. Traced inside the jitted step, once
-    per micro-batch.
-    """
-    if attention_block > 0:
-        attend = attention.blocked_causal_attention(
-            batch.segment_ids, attention_block, batch.prefix_ids
-        )
-    else:
-        attend = attention.segment_causal_attention(batch.segment_ids, batch.prefix_ids)
-    ref_lp = None
-    if ref_params is not None:
-        ref_hidden, _ = decoder.forward_hidden(
-            graphdef, ref_params, batch.tokens, batch.positions, attend=attend
-        )
-        ref_lp, _ = chunked_logprobs(
-            ref_hidden,
-            decoder.lm_head_weight(ref_params),
-            batch.targets,
-            temperature=loss_cfg.temperature,
-            vocab_chunk=loss_cfg.vocab_chunk,
-            head_dtype=loss_cfg.head_dtype,
-        )
-        ref_lp = jax.lax.stop_gradient(ref_lp)
-    hidden, _ = decoder.forward_hidden(
-        graphdef, params, batch.tokens, batch.positions, attend=attend
-    )
-    return losses.loss_from_hidden(
-        loss_cfg,
-        hidden,
-        decoder.lm_head_weight(params),
-        batch,
-        kl_coef=kl_coef,
-        entropy_coef=entropy_coef,
-        ref_logprobs=ref_lp,
-        num_sequences=batch.num_sequences,
-        version=version,
-    )
-
-
-def _custom_loss(loss_fn: LossFn, params, ref_params, batch):
-    """A researcher's loss_fn(params, batch) in the step's (params, ref, batch) form."""
-    del ref_params  # the reference model belongs to the built-in loss's KL term
-    out = loss_fn(params, batch)
-    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
-        raise TypeError(
-            f"loss_fn(params, batch) must return (loss, aux_dict), got {type(out).__name__}"
-        )
-    loss, aux = out
-    return loss, {"loss": loss, **aux}
-
-
 def _learning_rate(opt_state) -> jax.Array | None:
     """The learning rate a custom optimizer reports in its state (optax.inject_hyperparams)."""
     found = optax.tree_utils.tree_get_all_with_path(opt_state, "learning_rate")
@@ -220,7 +116,7 @@ def _train_step(
             version=state.version,
         )
     else:
-        objective = functools.partial(_custom_loss, loss_fn)
+        objective = functools.partial(wrap_loss_fn, loss_fn)
     ref = state.ref_params if lc.uses_reference else None
     if frozen is not None:
         # LoRA: state.params are the adapters, the only thing differentiated; the frozen base
