@@ -35,11 +35,11 @@ import jax
 import numpy as np
 
 from pipelinerl_jax import interrupts
-from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline import metrics as metrics_lib
+from pipelinerl_jax.pipeline import snapshot as snapshot_lib
 from pipelinerl_jax.pipeline.episodes import Episode, episode_metrics
 from pipelinerl_jax.pipeline.filtering import GroupFilter
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
@@ -426,49 +426,13 @@ class Coordinator:
         )
 
     def snapshot(self) -> dict:
-        """JSON-able bookkeeping for a checkpoint taken after the current step: the data
-        stream position (None: the stream has no get_state, and the checkpoint cannot be
-        resumed), the admission counter, and every started-but-untrained group (scored ones
-        with their samples; the others as prompts, to be regenerated)."""
-        with self._draw_lock:
-            pending = [
-                g.to_json(with_samples=len(g.rewards) == self.cfg.group_size)
-                for g in sorted(self.pending.values(), key=lambda g: g.index)
-            ]
-            return {
-                "step": self.step,
-                "started": self.admission.started,
-                "dropped": self.admission.dropped,
-                "next_index": self.next_index,
-                "dropped_ahead": self.board.dropped_indices(),
-                "filter": None if self.filter is None else self.filter.state(),
-                "data": (self.stream.get_state() if prompts_lib.resumable(self.stream) else None),
-                "pending": pending,
-            }
+        """JSON-able bookkeeping for a checkpoint taken after the current step (snapshot.py)."""
+        return snapshot_lib.take(self)
 
     def restore(self, snap: dict) -> None:
-        """Inverse of snapshot(), before run(): scored groups go straight to the board.
-        A ConfigError, with nothing changed, when the stream's position cannot be restored."""
-        step = int(snap["step"])
-        if snap["data"] is None:
-            raise prompts_lib.no_saved_position(step)
-        if not prompts_lib.resumable(self.stream):
-            raise prompts_lib.not_resumable(self.stream, step)
-        self.step = step
-        self.admission.restore(int(snap["started"]), int(snap.get("dropped", 0)))
-        self.next_index = int(snap.get("next_index", step * self.admission.groups_per_step))
-        if self.filter is not None and snap.get("filter"):
-            self.filter.restore(snap["filter"])
-        for index in snap.get("dropped_ahead", ()):  # walked past by a later step
-            self.board.put(Group(index=int(index), problem=None, prompt_ids=[], dropped=True))
-        self.stream.set_state(snap["data"])
-        for item in snap["pending"]:
-            group = Group.from_json(item, self.encode_prompt)
-            self.pending[group.index] = group
-            if group.rewards:
-                self.board.put(group)
-            else:
-                self.requeue.append(group)
+        """Inverse of snapshot(), before run() (snapshot.py); a ConfigError, with nothing
+        changed, when the stream's position cannot be restored."""
+        snapshot_lib.restore(self, snap)
 
     def _host_record(self, step, groups, batch, host_stats) -> dict:
         mask = np.asarray(batch.loss_mask) > 0
