@@ -337,8 +337,10 @@ def build(
         sampler = make_sampler(params)
         sampler.warm_up()  # with sampler.prefill_pad_tokens: every prefill shape, now
         main.append(sampler)
-        if _one_device(sampler_devices, trainer_devices) and trainer.lora is not None:
-            try:  # one copy of the frozen base: the trainer reads the sampler's
+        if trainer.lora is not None:
+            # One copy of the frozen base: the trainer reads the sampler's where both are one
+            # device (Trainer.read_base checks that, and the dtypes).
+            try:
                 trainer.read_base(sampler.base_for_trainer())
             except ConfigError as err:
                 logging.info("LoRA base: the trainer keeps its own copy (%s)", err)
@@ -363,13 +365,6 @@ def build(
         shared_devices=not set(sampler_devices).isdisjoint(trainer_devices),
         graphdef=graphdef,
         make_sampler=make_sampler,
-    )
-
-
-def _one_device(sampler_devices, trainer_devices) -> bool:
-    """Sampler and trainer on one and the same device (a LoRA base can then be shared)."""
-    return len(sampler_devices) == len(trainer_devices) == 1 and set(sampler_devices) == set(
-        trainer_devices
     )
 
 

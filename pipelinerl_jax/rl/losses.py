@@ -433,7 +433,7 @@ def loss_from_hidden(
         )
         ctx = TokenContext(batch.behaviour_logprobs, batch.advantages, seq_ratio)
         ent_or_none = ent if use_entropy else None
-        w = inputs["w"] * correction_lib.keep_mask(
+        keep = correction_lib.keep_mask(
             *corr,
             lp,
             batch.behaviour_logprobs,
@@ -442,7 +442,7 @@ def loss_from_hidden(
             batch.sequence_index,
             num_sequences,
         )
-        loss = _total_term(entry, lp, ent_or_none, ctx, w, ref_logprobs, **total)
+        loss = _total_term(entry, lp, ent_or_none, ctx, inputs["w"] * keep, ref_logprobs, **total)
     stats = objective_stats(
         entry,
         lp,
@@ -457,15 +457,8 @@ def loss_from_hidden(
         seq_ratio=seq_ratio,
         **options,
     )
-    keep = correction_lib.keep_mask(
-        *corr,
-        lp,
-        batch.behaviour_logprobs,
-        batch.loss_mask,
-        lag,
-        batch.sequence_index,
-        num_sequences,
-    )
+    if cfg.fused:  # the fused path masked chunk by chunk inside its custom VJP: once more here
+        keep = correction_lib.keep_mask(*corr, lp, batch.behaviour_logprobs, batch.loss_mask, lag)
     stats.update(correction_lib.stats(lp, batch.behaviour_logprobs, batch.loss_mask, lag, keep))
     return loss, stats
 
