@@ -44,6 +44,10 @@ def demo_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 100  # optimizer steps between checkpoints (0: never); needs --workdir
     c.checkpoint_keep = 3
     c.compile_cache = "auto"  # persistent XLA cache in ~/.cache/pipelinerl_jax ("": off)
+    # Pipeline mode that replays bit for bit from the seed, kill -9 and resume included:
+    # swaps land at chunk boundaries fixed by step counts (docs/async_rl.md, what it costs).
+    c.deterministic = False
+    c.swap_chunks = 0  # deterministic: decode chunks between swaps (0: derived)
 
     c.model = ml_collections.ConfigDict()
     c.model.hf_dir = ""  # a Hugging Face directory to start from instead of init

@@ -116,7 +116,7 @@ class _Checkpoints:
 
     def __init__(self, every: int, last_saved: int | None):
         self.cfg, self.last_saved, self.saved = (
-            SimpleNamespace(checkpoint_every=every),
+            SimpleNamespace(checkpoint_every=every, deterministic=False),
             last_saved,
             [],
         )

@@ -87,10 +87,14 @@ class Admission:
         with self._lock:
             return max(0, self.capacity(sampler_version) - self._started + self._dropped)
 
-    def try_start(self, sampler_version: int) -> int | None:
-        """Admits one group; returns its start index, or None when the lag budget is spent."""
+    def try_start(self, sampler_version: int, limit: int | None = None) -> int | None:
+        """Admits one group; returns its start index, or None when the lag budget is spent
+        (or started - dropped groups have reached `limit`: a deterministic run's drain)."""
         with self._lock:
-            if self._started - self._dropped >= self.capacity(sampler_version):
+            cap = self.capacity(sampler_version)
+            if limit is not None:
+                cap = min(cap, limit)
+            if self._started - self._dropped >= cap:
                 return None
             index = self._started
             self._started += 1

@@ -77,7 +77,10 @@ def interrupted(coord, ckpt: Checkpoints | None, echo) -> None:
         )
         return
     why = f"the next was due at step {due}"
-    if due - step <= INTERRUPT_SAVE_WITHIN * every:
+    if ckpt.cfg.deterministic:
+        # Mid-flight, it would hold groups that a resume regenerates at other versions.
+        why = "a deterministic run saves only at drained checkpoints, to replay exactly"
+    elif due - step <= INTERRUPT_SAVE_WITHIN * every:
         if coord.stopped():
             ckpt.save(coord)
             then = f"relaunching with the same --workdir resumes from step {step}"

@@ -285,6 +285,10 @@ class RunConfig(RunSpec):
     compile_cache: str = "auto"  # JAX's persistent compilation cache: "auto" (the user's
     #   cache dir, compile_watch.default_cache_dir), a path,
     #   or "" (off)
+    deterministic: bool = False  # pipeline mode replays bit for bit from the seed: swaps
+    #   at chunk boundaries fixed by step counts (pipeline/determinism.py)
+    swap_chunks: int = 0  # deterministic: decode chunks between two swaps (0: derived
+    #   from the batch, slots and max_new_tokens)
 
     def __post_init__(self):
         super().__post_init__()
@@ -318,6 +322,7 @@ class RunConfig(RunSpec):
                 f"generation.temperature={self.temperature}; importance ratios need the "
                 "same one (leave loss.temperature unset)"
             )
+        self.check_deterministic()
         if self.eval_every < 0 or self.eval.num_problems < 1 or self.eval.k < 1:
             raise ConfigError(
                 f"config.eval_every={self.eval_every} must be >= 0 (0: never), "
@@ -328,6 +333,29 @@ class RunConfig(RunSpec):
             raise ConfigError(
                 "config.eval_every needs eval.datasets (held-out files) when training on "
                 "data.datasets"
+            )
+
+    def check_deterministic(self) -> None:
+        """config.deterministic covers what this process decides alone (pipeline/determinism.py)."""
+        if self.swap_chunks < 0:
+            raise ConfigError(f"config.swap_chunks={self.swap_chunks} must be >= 0 (0: derived)")
+        if not self.deterministic:
+            if self.swap_chunks:
+                raise ConfigError(
+                    f"config.swap_chunks={self.swap_chunks} only applies with "
+                    "config.deterministic=true; set both, or leave swap_chunks out"
+                )
+            return
+        if self.mode != "pipeline":
+            raise ConfigError(
+                f"config.deterministic applies to mode=pipeline; mode={self.mode} replays "
+                "exactly already (every round's tokens carry one version): leave it out"
+            )
+        if self.env.name:
+            raise ConfigError(
+                f"config.deterministic with config.env.name={self.env.name!r}: an "
+                "environment answers when it answers, so episodes resume at chunks fixed by "
+                "timing; drop one of the two"
             )
 
 

@@ -159,6 +159,8 @@ def _own_fields(top: dict, gen: dict) -> dict:
         checkpoint_every=int(top["checkpoint_every"]),
         checkpoint_keep=int(top["checkpoint_keep"]),
         compile_cache=str(top["compile_cache"] or ""),
+        deterministic=_flag(top["deterministic"], "deterministic"),
+        swap_chunks=int(top["swap_chunks"]),
     )
 
 
@@ -173,6 +175,13 @@ def _top_value(top: dict, name: str):
     if value is None and name in TOP_DEFAULTS and TOP_DEFAULTS[name] is None:
         raise ConfigError(f"config.{name} is required (e.g. --config.{name}=...)")
     return value
+
+
+def _flag(value, name: str) -> bool:
+    """A top-level boolean field: True/False (the flag parser makes them from true/false)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"config.{name}={value!r} must be true or false")
+    return bool(value)
 
 
 def _section(cfg, name: str) -> dict:

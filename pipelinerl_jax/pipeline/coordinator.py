@@ -37,10 +37,9 @@ import numpy as np
 from pipelinerl_jax import interrupts
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import memory
-from pipelinerl_jax.pipeline import metrics as metrics_lib
+from pipelinerl_jax.pipeline import determinism, step_record
 from pipelinerl_jax.pipeline import snapshot as snapshot_lib
-from pipelinerl_jax.pipeline.episodes import Episode, episode_metrics
+from pipelinerl_jax.pipeline.episodes import Episode
 from pipelinerl_jax.pipeline.filtering import GroupFilter
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
 from pipelinerl_jax.rl.batch import build_batch
@@ -122,6 +121,10 @@ class Coordinator:
         self._handed_version = sampler.version  # see hand_params
         self._stream_ended = False
         self._done: list[threading.Event] = []  # one per thread, set when it ends
+        # config.deterministic (determinism.py): built by run(), after a resume's restore.
+        self.deterministic: determinism.Deterministic | None = None
+        self.drain_every = 0  # deterministic: checkpoint_every when checkpoints are saved
+        self.steps_ended = start_step  # steps whose on_step_end (checkpoint) has run
 
     # --- threads ------------------------------------------------------------------------
 
@@ -144,6 +147,13 @@ class Coordinator:
     def run(self) -> None:
         """Runs to completion; raises PipelineError (or KeyboardInterrupt) on failure."""
         self.t_start = time.perf_counter()
+        self.steps_ended = self.step
+        if self.cfg.deterministic:
+            self.deterministic = determinism.Deterministic(
+                self,
+                swap_chunks=self.cfg.swap_chunks or determinism.derived_swap_chunks(self.cfg),
+                drain_every=self.drain_every,
+            )
         threads = [
             self._guard("sampler", self._sampler_loop),
             self._guard("trainer", self._trainer_loop),
@@ -202,8 +212,11 @@ class Coordinator:
             if wait_s
             else self.publisher.take_newer(current)
         )
-        if staged is None:
-            return
+        if staged is not None:
+            self.swap_in(staged)
+
+    def swap_in(self, staged) -> None:
+        """Hands the sampler a staged version (pipeline/weights.py), timing the swap."""
         t0 = time.perf_counter()
         self.hand_params(staged.params, staged.version, prepared=True)
         self.swap_pause_s.append(time.perf_counter() - t0)
@@ -221,7 +234,10 @@ class Coordinator:
                 else:
                     if self._stream_ended:
                         return
-                    index = self.admission.try_start(self._sampler_version())
+                    index = self.admission.try_start(
+                        self._sampler_version(),
+                        det.admission_limit() if (det := self.deterministic) else None,
+                    )
                     if index is None:
                         return
                     problem = self._draw(index)
@@ -271,9 +287,12 @@ class Coordinator:
         return problem
 
     def _sampler_loop(self) -> None:
-        episodes = self.episodes
+        episodes, det = self.episodes, self.deterministic
         while not self.stop.is_set():
-            self._take_weights()
+            if det is None:
+                self._take_weights()
+            elif not det.before_chunk():  # the due swap and checkpoint drains, by counts
+                break
             if episodes is not None:
                 for episode in episodes.advance(self.sampler):
                     self._collect_episode(episode)
@@ -281,6 +300,8 @@ class Coordinator:
             if not self.sampler.has_work():
                 if episodes is not None and episodes.with_env:
                     episodes.wait(0.05)  # every open episode waits for its environment
+                elif det is not None:  # the next version at once, in order
+                    det.take(self._sampler_version() + 1)
                 else:  # lag budget spent: nothing may start until the trainer publishes
                     self._take_weights(wait_s=0.05)
                 continue
@@ -288,6 +309,8 @@ class Coordinator:
             finished = self.sampler.step()
             t1 = time.perf_counter()
             self.sampler_busy_s += t1 - t0
+            if det is not None:
+                det.schedule.ran_chunk()
             if self._pending_swap_t is not None:
                 self.swap_latency_s.append(t1 - self._pending_swap_t)
                 self._pending_swap_t = None
@@ -329,6 +352,9 @@ class Coordinator:
             self.reward_pool.submit(self.detokenize(s.token_ids), group.problem)
             for s in group.samples
         ]
+        if self.deterministic is not None:  # scored at this chunk boundary, in finish order
+            self._score(group, [f.result() for f in futures])
+            return
         remaining = [len(futures)]
         lock = threading.Lock()
 
@@ -353,11 +379,16 @@ class Coordinator:
             ).reward
             for v, s, f in zip(verdicts, group.samples, group.finished())
         ]
-        if self.filter is not None and self.filter.drops(group, self.step):
+        det = self.deterministic
+        # Deterministic: steps begun as the sampler counts them, not as the trainer has.
+        begun = self.step if det is None else self._sampler_version()
+        if self.filter is not None and self.filter.drops(group, begun):
             with self._draw_lock:  # never trained: its slot starts a refill
                 del self.pending[group.index]
                 self.admission.drop()
             group.dropped, group.samples, group.episodes = True, [], []
+        if det is not None:
+            det.schedule.scored(group.index, not group.dropped)
         self.board.put(group)
 
     # --- trainer ------------------------------------------------------------------------
@@ -387,9 +418,11 @@ class Coordinator:
             self.state, device_metrics = self.trainer.train_step(self.state, batch)
             version = self.step + 1
             self.publisher.publish(self.state.params, version)
-            record = self._host_record(self.step, groups, batch, host_stats)
+            record = step_record.host_record(self, self.step, groups, batch, host_stats)
             if self.filter is not None:
                 record.update(self.filter.record(dropped))
+            if self.deterministic is not None:
+                record["replay/batch_crc"] = determinism.batch_crc(batch)
             # Busy until the step has run, not until it was dispatched: the trainer thread has
             # nothing else to do meanwhile (its next batch comes from the sampler), and a
             # dispatch-time figure made a long step look several times shorter.
@@ -407,6 +440,7 @@ class Coordinator:
                 self._evaluate()  # before the checkpoint too: a resume never re-evaluates
             if self.on_step_end is not None:
                 self.on_step_end(self)
+            self.steps_ended = self.step
         self.stop.set()  # training is done: the sampler stops at its next chunk boundary
 
     def _evaluate(self) -> None:
@@ -433,45 +467,6 @@ class Coordinator:
         """Inverse of snapshot(), before run() (snapshot.py); a ConfigError, with nothing
         changed, when the stream's position cannot be restored."""
         snapshot_lib.restore(self, snap)
-
-    def _host_record(self, step, groups, batch, host_stats) -> dict:
-        mask = np.asarray(batch.loss_mask) > 0
-        versions = np.asarray(batch.versions)[mask]
-        seq = np.asarray(batch.sequence_index)[mask]
-        rewards = np.array([r for g in groups for r in g.rewards])
-        statuses = [v.status for g in groups for v in g.verdicts]
-        lengths = [len(s.token_ids) for g in groups for s in g.samples]
-        elapsed = time.perf_counter() - self.t_start
-        record = {
-            "step": step,
-            "reward/mean": float(rewards.mean()),
-            "reward/max": float(rewards.max()),
-            "prompts": [g.problem.uid for g in groups],
-            "success": float(np.mean([s == "correct" for s in statuses])),
-            "completion/len_mean": float(np.mean(lengths)),
-            "completion/no_eos_frac": float(
-                np.mean([s.finish_reason != "stop" for g in groups for s in g.samples])
-            ),
-            "samples_per_s": self.samples_generated / elapsed,
-            "trainer/wait_s": self.trainer_wait_s,
-            "trainer/busy_frac": self.trainer_busy_s / elapsed,
-            "sampler/busy_frac": self.sampler_busy_s / elapsed,
-            "sampler/swaps": len(self.swap_pause_s),
-            "sampler/swap_pause_ms": 1e3 * float(np.mean(self.swap_pause_s or [0.0])),
-            "sampler/version": self.sampler.version,
-            "queue/ready_groups": len(self.board),
-            "queue/open_groups": len(self.open_groups),
-            "lag/bound": self.admission.lag_bound(),
-            **{f"batch/{k}": v for k, v in host_stats.items() if np.isscalar(v)},
-            **metrics_lib.lag_stats(versions, step, sequence_ids=seq),
-        }
-        record["memory/peak_rss_gib"] = memory.peak_rss_bytes() / 2**30
-        if self.compile_watch is not None:
-            record["compile/count"], record["compile/seconds"] = self.compile_watch.take()
-        if self.diagnostics is not None:
-            record.update(self.diagnostics.record(step, groups, self.detokenize))
-        record.update(episode_metrics([e for g in groups for e in g.episodes]))
-        return record
 
     def _log(self, step, device_metrics, record) -> None:
         fetched = jax.device_get(device_metrics)

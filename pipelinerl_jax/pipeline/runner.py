@@ -200,6 +200,7 @@ def _train(
                 c.sampler.prepare,
                 publishes=c.admission.publishes,
                 swap_when_ready=not c.shared_devices,
+                keep_all=cfg.deterministic,
             ),
             admission=c.admission,
             writer=writer,
@@ -214,6 +215,7 @@ def _train(
             resumed = resume(coord, ckpt.checkpointer, cfg, c, echo)
             ckpt.last_saved = resumed
             coord.on_step_end = ckpt.maybe_save
+            coord.drain_every = cfg.checkpoint_every  # deterministic: drained checkpoints
         writer.start(resumed)  # after a resume, the summary and the curves cover the whole run
         t0 = time.perf_counter()
         try:

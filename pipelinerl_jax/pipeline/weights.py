@@ -11,7 +11,10 @@ chunk that consumes the new params simply depends on the copy on the device.
 
 Only the newest staged version is kept: if the trainer outruns the sampler, intermediate
 versions are skipped (their tokens would never exist anyway), which bounds the memory held by
-staged copies to one extra params pytree on the sampler devices.
+staged copies to one extra params pytree on the sampler devices. In deterministic mode
+(`keep_all`, pipeline/determinism.py) the sampler takes every version in order, so each is
+kept until taken (`take_version`): at most max_lag + 1 copies, since the trainer cannot run
+more steps ahead of the sampler's version than the lag bound allows.
 """
 
 import dataclasses
@@ -39,6 +42,7 @@ class Publisher:
         *,
         publishes=lambda version: True,
         swap_when_ready: bool = True,
+        keep_all: bool = False,
     ):
         """prepare: the sampler's `prepare` (params -> a private, sampler-ready copy);
         publishes: which versions go to the sampler; swap_when_ready: see take_newer."""
@@ -50,6 +54,8 @@ class Publisher:
         self._publishes = publishes
         self._lock = threading.Lock()
         self._staged: Staged | None = None
+        self.keep_all = keep_all
+        self._kept: dict[int, Staged] = {}  # keep_all: published, not yet taken
         self.published = 0
         self.skipped = 0  # versions replaced before the sampler took them
 
@@ -60,11 +66,24 @@ class Publisher:
         t0 = time.perf_counter()
         staged = Staged(params=self._prepare(params), version=version, staged_at=t0)
         with self._lock:
+            self.published += 1
+            if self.keep_all:
+                self._kept[version] = staged
+                return True
             if self._staged is not None:
                 self.skipped += 1
             self._staged = staged
-            self.published += 1
         return True
+
+    def take_version(self, version: int) -> Staged | None:
+        """keep_all: the params of exactly `version` once published (older ones are dropped),
+        else None."""
+        with self._lock:
+            staged = self._kept.pop(version, None)
+            if staged is not None:
+                for older in [v for v in self._kept if v < version]:
+                    del self._kept[older]
+            return staged
 
     def take_newer(self, current_version: int, *, when_ready: bool | None = None) -> Staged | None:
         """The staged params if they are newer than `current_version`, else None.
