@@ -136,6 +136,10 @@ def main(argv, overrides):
         c = config_cli.load_file(_CONFIG.value)
         config_cli.apply_overrides(c, overrides)
         cfg = config_dict.from_config_dict(c)
+        if cfg.deterministic:
+            from pipelinerl_jax.pipeline import determinism
+
+            determinism.set_xla_flags()  # before JAX starts its backends
         if _DRY_RUN.value:
             from pipelinerl_jax.dry_run import dry_run
 

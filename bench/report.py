@@ -517,6 +517,35 @@ def _filtering(d):
     ]
 
 
+def _deterministic(d):
+    """Deterministic pipeline mode against the default: trained samples/s, with and without
+    checkpoints (a deterministic run drains before each)."""
+    rows = []
+    v = d["variants"]
+    for key, r in v.items():
+        if key.startswith("default"):
+            continue
+        ckpt = key.endswith("_ckpt")
+        base = v["default_ckpt" if ckpt else "default"]
+        k = key.removesuffix("_ckpt").removeprefix("deterministic").lstrip("_") or "derived"
+        replay = {True: "replayed identically", False: "runs DIFFERED", None: "-"}
+        rows.append(
+            (
+                f"deterministic pipeline mode (swap_chunks {k}"
+                + (", drained checkpoints" if ckpt else "")
+                + f"): trained samples/s, median of {len(r['runs'])}; "
+                f"{replay[r['replayed_identically']]}; reward (last fifth) "
+                f"{r['reward_last_fifth_median']:.3f} vs {base['reward_last_fifth_median']:.3f}",
+                f"{r['trained_samples_per_s_median']:.0f}/s, lag {r['lag_token_mean']:.2f}, "
+                f"{r['mixed_version_frac']:.0%} of sequences span a swap",
+                f"{base['trained_samples_per_s_median']:.0f}/s, lag {base['lag_token_mean']:.2f}"
+                f", {base['mixed_version_frac']:.0%} (default)",
+                f"{r['over_default']:.2f}x",
+            )
+        )
+    return rows
+
+
 def _lora_decode(d):
     merged, unmerged = d["rows"][0], d["rows"][1]
     return [
@@ -754,6 +783,12 @@ SECTIONS = (
         "python bench/bench_filtering.py --config=configs/smollm2_math.py --name=real_lora",
         "no filtering",
         _filtering,
+    ),
+    (
+        "deterministic",
+        "python bench/bench_deterministic.py",
+        "default pipeline mode",
+        _deterministic,
     ),
 )
 

@@ -206,6 +206,29 @@ def test_kill_9_and_resume_replays_the_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=context)
 
 
+def test_xla_flag_is_added_once_and_keeps_the_users():
+    from pipelinerl_jax.pipeline.determinism import GPU_XLA_FLAG, set_xla_flags
+
+    env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    set_xla_flags(env)
+    set_xla_flags(env)
+    assert env["XLA_FLAGS"] == f"--xla_dump_to=/tmp/x {GPU_XLA_FLAG}"
+    env = {"XLA_FLAGS": "--xla_gpu_deterministic_ops=false"}  # the user's choice wins
+    set_xla_flags(env)
+    assert env["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false"
+
+
+def test_multi_process_deterministic_is_refused_in_one_line(tmp_path):
+    res = launch(
+        tmp_path / "w",
+        "--spawn_local=3",
+        flags=["--config=configs/tiny.py", "--config.deterministic=true"],
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1].startswith("config error: config.deterministic")
+    assert not (tmp_path / "w" / "metrics.jsonl").exists()
+
+
 def test_a_deterministic_interrupt_saves_nothing_mid_flight():
     from pipelinerl_jax.pipeline.checkpointing import interrupted
 

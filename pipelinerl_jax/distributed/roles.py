@@ -47,6 +47,11 @@ def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
             f"config.env.name={cfg.env.name!r}: multi-turn episodes run in one process; "
             "drop --num_processes / --spawn_local, or the env section"
         )
+    if cfg.deterministic:
+        raise ConfigError(
+            "config.deterministic runs in one process (sampler processes answer when they "
+            "answer); drop --num_processes / --spawn_local, or deterministic"
+        )
     return runtime.ProcessSpec(
         coordinator, num_processes, process_id, cfg.devices.trainer_processes
     )

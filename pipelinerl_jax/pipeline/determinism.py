@@ -28,9 +28,21 @@ start, step v's data is complete (admission.py).
 from __future__ import annotations
 
 import math
+import os
 import zlib
 
 import numpy as np
+
+# XLA's deterministic scatter and reductions on GPUs (XLA:CPU needs no flag: it runs a compiled
+# program the same way every time on one machine and thread count).
+GPU_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def set_xla_flags(environ=os.environ) -> None:
+    """Adds GPU_XLA_FLAG to XLA_FLAGS (before JAX starts its backends: launch.py calls it)."""
+    flags = environ.get("XLA_FLAGS", "")
+    if "xla_gpu_deterministic_ops" not in flags:
+        environ["XLA_FLAGS"] = f"{flags} {GPU_XLA_FLAG}".strip()
 
 
 def derived_swap_chunks(cfg) -> int:
