@@ -75,6 +75,13 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     "Processes in a multi-process run (the first devices.trainer_processes train, the rest sample).",
 )
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index, 0..num_processes-1.")
+_ELASTIC = flags.DEFINE_bool(
+    "elastic",
+    False,
+    "Multi-process runs: a sampler process that dies or stops answering is dropped and its "
+    "requests resent; one started again with its launch command rejoins. The trainer's death "
+    "still ends the run.",
+)
 
 
 def _multi_process(cfg):
@@ -83,7 +90,9 @@ def _multi_process(cfg):
 
     if not _COORDINATOR.value:
         raise ConfigError("--num_processes > 1 needs --coordinator=host:port (process 0's)")
-    spec = roles.process_spec(cfg, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    spec = roles.process_spec(
+        cfg, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, elastic=_ELASTIC.value
+    )
     runtime.initialize(spec)
     from pipelinerl_jax.distributed import failures
 
@@ -103,6 +112,13 @@ def _multi_process(cfg):
     import jax
 
     failures.finished(spec)
+    if spec.elastic:
+        # Recoverable tasks skip JAX's shutdown barrier, so process 0 could take the
+        # coordination service down under a sampler still shutting down (which aborts it):
+        # a sampler leaves without shutdown, and process 0 waits until every live one has.
+        if spec.role == "sampler":
+            return 0
+        failures.wait_for_samplers(spec)
     jax.distributed.shutdown()  # every process meets here before any of them exits
     return 0
 
@@ -146,6 +162,11 @@ def main(argv, overrides):
             config_cli.check_workdir(_WORKDIR.value, create=False)
             dry_run(cfg, gpu=gpu)
             return
+        if _ELASTIC.value and not (_SPAWN_LOCAL.value or _NUM_PROCESSES.value > 1):
+            raise ConfigError(
+                "--elastic is for multi-process runs: add --spawn_local=N (or --num_processes), "
+                "or leave it out"
+            )
         config_cli.check_workdir(_WORKDIR.value, create=True)
         if _SPAWN_LOCAL.value:
             from pipelinerl_jax.distributed import roles
@@ -158,6 +179,7 @@ def main(argv, overrides):
                     argv,
                     _SPAWN_LOCAL.value,
                     trainer_processes=cfg.devices.trainer_processes,
+                    elastic=_ELASTIC.value,
                 )
             )
     except ConfigError as e:

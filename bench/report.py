@@ -546,6 +546,27 @@ def _deterministic(d):
     return rows
 
 
+def _elastic(d):
+    """Elastic samplers: trained samples/s before, during and after losing a sampler."""
+    r = d["trained_samples_per_s"]
+    fmt = lambda v: "-" if v is None else f"{v:.0f}/s"  # noqa: E731
+    during = r["during"] / r["before"] if r["during"] and r["before"] else None
+    after = r["after"] / r["before"] if r["after"] and r["before"] else None
+    return [
+        (
+            f"--elastic, 1 trainer + 2 samplers: sampler 1 killed -9 at step {d['steps']['kill']}, "
+            f"dropped {d['kill_to_drop_s']:.0f} s later, its command run again joined in "
+            f"{d['restart_to_join_s']:.0f} s; trained samples/s during (1 sampler) and after; "
+            f"every prompt once: {d['every_prompt_once']}, max lag {d['max_lag']} "
+            f"(bound {d['lag_bound']})",
+            f"during {fmt(r['during'])}, after {fmt(r['after'])}",
+            f"before {fmt(r['before'])}",
+            (f"{during:.2f}x during" if during else "-")
+            + (f", {after:.2f}x after" if after else ""),
+        )
+    ]
+
+
 def _lora_decode(d):
     merged, unmerged = d["rows"][0], d["rows"][1]
     return [
@@ -784,6 +805,7 @@ SECTIONS = (
         "no filtering",
         _filtering,
     ),
+    ("elastic", "python bench/bench_elastic.py", "before the kill", _elastic),
     (
         "deterministic",
         "python bench/bench_deterministic.py",

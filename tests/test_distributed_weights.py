@@ -298,6 +298,10 @@ class _FakeStore:
         with self.cv:
             self.data.pop(key, None)
 
+    def key_value_dir_get(self, prefix):
+        with self.cv:
+            return [(k, v) for k, v in self.data.items() if k.startswith(prefix)]
+
     def wait_for(self, key, timeout_s=10.0):
         return json.loads(self.blocking_key_value_get(key, timeout_s * 1000))
 
@@ -345,6 +349,47 @@ def test_server_drops_unclaimed_versions_and_keeps_claimed_ones():
         assert not [k for k in store.data if "/to_server/" in k]  # the server consumed them
         with pytest.raises(RuntimeError, match="versions must increase"):
             server.publish(_params(3), 3)
+    finally:
+        server.close()
+
+
+def test_elastic_pullers_register_leave_and_find_the_latest_version():
+    """An elastic server starts with no puller: one registers itself (WeightClient(puller=)),
+    and the newest version stays offered after every puller acked it, so a later joiner can
+    pull it; a removed puller's claim in flight no longer keeps a superseded version."""
+    from pipelinerl_jax.distributed.weight_server import WeightServer
+
+    store = _FakeStore()
+    server = WeightServer(
+        (), host="127.0.0.1", prefix="w", client=store, wait_s=0.05, keep_latest=True
+    )
+    try:
+
+        def send(puller, k, **message):
+            store.key_value_set(f"w/to_server/{puller}/{k}", json.dumps(message))
+
+        def until(predicate):
+            deadline = time.monotonic() + 10
+            while not predicate() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert predicate()
+
+        server.publish(_params(1), 1)
+        store.key_value_set("w/pullers/1.aa", "1")  # a sampler process registers
+        until(lambda: server.pullers == {"1.aa"})
+        send("1.aa", 0, op="claim", version=1)
+        assert store.wait_for("w/to_client/1.aa/0")["ok"] is True
+        send("1.aa", 1, op="done", version=1, ok=True)
+        until(lambda: server.stats["acked"] == 1)
+        assert server.live_versions == 1  # every puller has it, yet it is still offered
+        store.key_value_set("w/pullers/2.bb", "1")  # a sampler joins late
+        until(lambda: server.pullers == {"1.aa", "2.bb"})
+        send("2.bb", 0, op="claim", version=1)
+        assert store.wait_for("w/to_client/2.bb/0")["ok"] is True  # it can pull version 1
+        server.publish(_params(2), 2)  # 1 is mid-pull by 2.bb: kept ...
+        assert server.live_versions == 2
+        server.remove_puller("2.bb")  # ... until 2.bb is gone (its process died)
+        assert server.live_versions == 1 and server.pullers == {"1.aa"}
     finally:
         server.close()
 

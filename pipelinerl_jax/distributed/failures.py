@@ -14,6 +14,10 @@ with a native stack dump that names nobody. So every process of a multi-process 
 `silent_s` is shorter than JAX's own heartbeat timeout (runtime.initialize), so the named line
 comes before JAX's abort. A process that ends normally says so first (`finished`), so its
 silence afterwards is not taken for a death.
+
+Elastic runs (`--elastic`): a sampler process's death or failure ends nobody. It does not
+report, nobody watches its beat here, and the trainer's RemoteSampler drops it instead
+(`Liveness`, remote_sampler.py). A trainer process's still ends every process.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def one_line(spec, error: BaseException) -> str:
 
 def report(spec, error: BaseException, client=None) -> None:
     """Records this process's failure for the others (the first report stays)."""
+    if spec.elastic and spec.role == "sampler":
+        return  # the run goes on without this process (the trainer sees its beat stop)
     client = client or channel.kv_client()
     try:
         client.key_value_set(KEY, one_line(spec, error))
@@ -90,7 +96,9 @@ def finished(spec, client=None) -> None:
 
 def _peer(spec, process_id: int):
 
-    return ProcessSpec(spec.coordinator, spec.num_processes, process_id, spec.trainer_processes)
+    return ProcessSpec(
+        spec.coordinator, spec.num_processes, process_id, spec.trainer_processes, spec.elastic
+    )
 
 
 class _Silence:
@@ -106,18 +114,62 @@ class _Silence:
         for p in range(self.spec.num_processes):
             if p == self.spec.process_id:
                 continue
-            beat = channel.try_get(self.client, ALIVE.format(p))
-            if beat is None or channel.try_get(self.client, DONE.format(p)) is not None:
-                continue
-            last = self.seen.get(p)
-            if last is None or last[0] != beat:
-                self.seen[p] = (beat, now)
-            elif now - last[1] > self.silent_s:
+            if self.spec.elastic and _peer(self.spec, p).role == "sampler":
+                continue  # the trainer drops it (Liveness); nobody else minds
+            if self.quiet(p, now):
                 return p, (
                     f"{_peer(self.spec, p).name} stopped responding (no beat for "
                     f"{self.silent_s:.0f} s: killed, or its host is gone)"
                 )
         return None
+
+    def quiet(self, p: int, now: float) -> bool:
+        """Whether process `p` has beaten and then not for `silent_s` (and did not finish)."""
+        beat = channel.try_get(self.client, ALIVE.format(p))
+        if beat is None or channel.try_get(self.client, DONE.format(p)) is not None:
+            return False
+        last = self.seen.get(p)
+        if last is None or last[0] != beat:
+            self.seen[p] = (beat, now)
+            return False
+        return now - last[1] > self.silent_s
+
+
+def wait_for_samplers(spec, timeout_s: float = 15.0, client=None) -> None:
+    """Elastic runs, process 0 at the end: waits until every sampler process has finished or
+    is gone (its beat still for STILL_S), up to `timeout_s`."""
+    client = client or channel.kv_client()
+    silence = _Silence(spec, client, STILL_S)
+    samplers = range(spec.trainer_processes, spec.num_processes)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            waiting = [
+                p
+                for p in samplers
+                if channel.try_get(client, DONE.format(p)) is None
+                and channel.try_get(client, ALIVE.format(p)) is not None
+                and not silence.quiet(p, now)
+            ]
+            if not waiting:
+                return
+            time.sleep(0.05)
+    except Exception:
+        return  # the store is gone
+
+
+class Liveness:
+    """Elastic runs, in the trainer process: whether sampler process `index` is gone (its
+    beat has not moved for `silent_s`), for RemoteSampler(lost=...). A process restarted with
+    the same id beats again under the same key, and counts as alive from then on."""
+
+    def __init__(self, spec, *, silent_s: float = SILENT_S, client=None):
+        self._silence = _Silence(spec, client or channel.kv_client(), silent_s)
+        self._first = spec.trainer_processes
+
+    def lost(self, index: int) -> bool:
+        return self._silence.quiet(self._first + index, time.monotonic())
 
 
 def watch(

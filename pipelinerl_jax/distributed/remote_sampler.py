@@ -17,6 +17,18 @@ version admission counted, whichever process decodes it.
 Which process gets a request: the one with the fewest attempts outstanding, so that the slots
 of every process stay busy. Where an attempt decodes does not change what it samples
 (PagedSampler seeds each attempt from its request id and attempt index).
+
+Members: each sampler process serves under a member name, "<sampler index>.<incarnation>",
+written under MEMBER when it starts, and its queues carry that name; the trainer attaches the
+member when it reads the name. A process restarted with the same launch command is a new
+incarnation with fresh queues (an old queue's message counters would collide). Requests
+wait in a backlog until some member is attached.
+
+Elastic runs (`lost`): a member whose process stops beating is dropped within seconds. What
+it had already returned is kept; its unfinished requests go back to the front of the backlog
+in start order (request id) with their original `min_version`, so the lag bound holds
+whichever survivor decodes them; attempts that had come back are not taken twice. A member
+replaced by a new incarnation of its process is dropped the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,10 +44,28 @@ from pipelinerl_jax.distributed import channel
 from pipelinerl_jax.sampler.protocol import Sample
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 
-REQUESTS = "pipelinerl/sampler/{}/requests"  # trainer -> sampler process i
-RESULTS = "pipelinerl/sampler/{}/results"  # sampler process i -> trainer
-VERSION = "pipelinerl/sampler/{}/version"  # the version sampler process i decodes with
+REQUESTS = "pipelinerl/sampler/{}/requests"  # trainer -> sampler member
+RESULTS = "pipelinerl/sampler/{}/results"  # sampler member -> trainer
+VERSION = "pipelinerl/sampler/{}/version"  # the version a member decodes with
+MEMBER = "pipelinerl/sampler/{}/member"  # sampler index -> its current member name
 STOP = "pipelinerl/stop"
+ROSTER_EVERY_S = 0.5  # how often the trainer reads the members' names, versions and beats
+ALONE_S = 300.0  # an elastic run with no sampler process for this long fails
+
+
+def member_name(index: int) -> str:
+    """A fresh member name for sampler process `index`: "<index>.<incarnation>"."""
+    return f"{index}.{uuid.uuid4().hex[:8]}"
+
+
+@dataclasses.dataclass
+class _Member:
+    index: int
+    name: str
+    sender: channel.Sender
+    receiver: channel.Receiver
+    requests: dict  # request id -> its message, until every attempt has come back
+    version: int
 
 
 class RemoteSampler:
@@ -44,6 +75,9 @@ class RemoteSampler:
     server's publish); it must not block the caller and must keep `params` alive until pulled.
     prepare(params): the trainer's params -> a private copy on this process's devices (default:
     a copy on their own devices; a trainer spanning several processes gathers instead).
+    lost(index) -> bool: whether sampler process `index` has stopped beating (an elastic run;
+    None: never asked, a dead sampler ends the run elsewhere); on_lost(name, line): called with
+    a dropped member's name (its weight puller goes too) and a line saying what happened.
     """
 
     def __init__(
@@ -56,43 +90,39 @@ class RemoteSampler:
         wait_s: float = 0.02,
         client=None,
         prepare: Callable[[Any], Any] | None = None,
+        lost: Callable[[int], bool] | None = None,
+        on_lost: Callable[[str, str], None] | None = None,
+        on_joined: Callable[[str, str], None] | None = None,
     ):
         self._publish, self._wait_s = publish, wait_s
         self._prepare = prepare
         self._client = client or channel.kv_client()
-        self._requests = [
-            channel.Sender(REQUESTS.format(i), self._client) for i in range(num_samplers)
-        ]
-        self._results = [
-            channel.Receiver(RESULTS.format(i), self._client) for i in range(num_samplers)
-        ]
-        self._outstanding = [0] * num_samplers
-        self._slots = num_samplers * slots_each
+        self._num_samplers, self._slots_each = num_samplers, slots_each
+        self._lost, self._on_lost, self._on_joined = lost, on_lost, on_joined
+        self._alone_since = time.monotonic()
+        self._members: dict[int, _Member] = {}
+        self._backlog: collections.deque = collections.deque()  # messages not sent yet
+        self._got: dict[int, set[int]] = {}  # request id -> attempts returned so far
         self._published = version
+        self._oldest = version  # the members' oldest version, as last read
         self._next_id = 0
-        self._versions = [version] * num_samplers  # as last read from the store
-        self._versions_read_at = 0.0
+        self._roster_read_at = -float("inf")
+        self._stash: list[Sample] = []  # what dropped members returned before they went
+        self.dropped: list[str] = []  # member names dropped, in order
+        self.attached: list[str] = []  # member names attached, in order
 
     @property
     def version(self) -> int:
-        """The oldest version any sampler process decodes with (they pull at their own pace),
-        as `step()` last read it: the Coordinator reads this every loop, and a store round
-        trip per sampler there would cost more than the information is worth (admission
-        counts the versions handed over, not this)."""
-        return min(self._versions)
-
-    def _read_versions(self, every_s: float = 0.5) -> None:
-        now = time.monotonic()
-        if now - self._versions_read_at >= every_s:
-            self._versions_read_at = now
-            self._versions = [
-                channel.get_value(VERSION.format(i), v, self._client)
-                for i, v in enumerate(self._versions)
-            ]
+        """The oldest version any live sampler process decodes with (they pull at their own
+        pace), as `step()` last read it: the Coordinator reads this every loop, and a store
+        round trip per sampler there would cost more than the information is worth
+        (admission counts the versions handed over, not this)."""
+        return self._oldest
 
     @property
     def num_slots(self) -> int:
-        return self._slots
+        """The slots of the live sampler processes (of all of them before any attached)."""
+        return self._slots_each * (len(self._members) or self._num_samplers)
 
     def submit(
         self,
@@ -105,8 +135,8 @@ class RemoteSampler:
         if request_id is None:
             request_id = self._next_id
         self._next_id = max(self._next_id, request_id + 1)
-        i = min(range(len(self._outstanding)), key=self._outstanding.__getitem__)
-        self._requests[i].send(
+        self._got[int(request_id)] = set()
+        self._backlog.append(
             {
                 "id": int(request_id),
                 "prompt": [int(t) for t in prompt_ids],
@@ -115,28 +145,117 @@ class RemoteSampler:
                 "min_version": self._published,
             }
         )
-        self._outstanding[i] += n
+        self._dispatch()
         return request_id
 
+    def _outstanding(self, member: _Member) -> int:
+        return sum(m["n"] - len(self._got[i]) for i, m in member.requests.items())
+
+    def _dispatch(self) -> None:
+        """Sends the backlog, in order, each request to the member with the fewest attempts
+        outstanding (so that every process's slots stay busy)."""
+        while self._backlog and self._members:
+            member = min(self._members.values(), key=self._outstanding)
+            message = self._backlog.popleft()
+            member.sender.send(message)
+            member.requests[message["id"]] = message
+
     def has_work(self) -> bool:
-        return sum(self._outstanding) > 0
+        return bool(self._backlog) or any(m.requests for m in self._members.values())
 
     def step(self) -> list[Sample]:
         """The attempts finished since the last call; waits up to `wait_s` for one."""
-        out = self._collect()
+        self._read_roster()
+        out, self._stash = self._stash + self._collect(), []
         if not out and self.has_work():
             time.sleep(self._wait_s)
             out = self._collect()
-        self._read_versions()
         return out
 
     def _collect(self) -> list[Sample]:
         out = []
-        for i, receiver in enumerate(self._results):
-            for message in receiver.poll():
-                self._outstanding[i] -= 1
-                out.append(Sample(**message))
+        for member in list(self._members.values()):
+            out += self._receive(member)
         return out
+
+    def _receive(self, member: _Member) -> list[Sample]:
+        out = []
+        for message in member.receiver.poll():
+            rid, attempt = int(message["request_id"]), int(message["attempt"])
+            got = self._got.get(rid)
+            if got is None or attempt in got:
+                continue  # resent after a loss, and this attempt had come back already
+            got.add(attempt)
+            out.append(Sample(**message))
+            request = member.requests.get(rid)
+            if request is not None and len(got) == request["n"]:
+                del member.requests[rid]
+                del self._got[rid]
+        return out
+
+    # --- members ---------------------------------------------------------------------------
+
+    def _read_roster(self) -> None:
+        """Every ROSTER_EVERY_S: attaches new members, drops lost or replaced ones, and
+        reads the live members' versions."""
+        now = time.monotonic()
+        if now - self._roster_read_at < ROSTER_EVERY_S:
+            return
+        self._roster_read_at = now
+        for index in range(self._num_samplers):
+            name = channel.get_value(MEMBER.format(index), None, self._client)
+            member = self._members.get(index)
+            if member is not None and (name != member.name or self._is_lost(index)):
+                why = "restarted" if name != member.name else "stopped beating"
+                self._drop(member, why)
+                member = None
+            if member is None and name is not None and name not in self.dropped:
+                self._attach(index, name)
+        if self._members:
+            self._alone_since = now
+        elif self._lost is not None and now - self._alone_since > ALONE_S:
+            raise RuntimeError(
+                f"no sampler process for {ALONE_S:.0f} s: start one with its launch command "
+                "(it joins), or stop the run"
+            )
+        for m in self._members.values():
+            m.version = int(channel.get_value(VERSION.format(m.name), m.version, self._client))
+        if self._members:
+            self._oldest = min(m.version for m in self._members.values())
+        self._dispatch()
+
+    def _is_lost(self, index: int) -> bool:
+        return self._lost is not None and self._lost(index)
+
+    def _attach(self, index: int, name: str) -> None:
+        self._members[index] = _Member(
+            index=index,
+            name=name,
+            sender=channel.Sender(REQUESTS.format(name), self._client),
+            receiver=channel.Receiver(RESULTS.format(name), self._client),
+            requests={},
+            version=self._published,
+        )
+        self.attached.append(name)
+        if self._on_joined is not None:
+            self._on_joined(name, f"sampler {index} ({name}) joined; {len(self._members)} live")
+
+    def _drop(self, member: _Member, why: str) -> None:
+        """Drops `member`; its unfinished requests go back to the backlog in start order."""
+        self._stash += self._receive(member)  # what it returned before it went is kept
+        del self._members[member.index]
+        self.dropped.append(member.name)
+        resend = sorted(member.requests.values(), key=lambda m: m["id"])
+        self._backlog = collections.deque(
+            sorted([*resend, *self._backlog], key=lambda m: m["id"])
+        )
+        line = (
+            f"sampler {member.index} ({member.name}) {why}: dropped, {len(resend)} "
+            f"unfinished request(s) go back to the queue; {len(self._members)} sampler "
+            "process(es) left"
+        )
+        if self._on_lost is not None:
+            self._on_lost(member.name, line)
 
     def prepare(self, params):
         """A copy of the trainer's params on their devices, dispatched and not waited for
@@ -166,16 +285,20 @@ def serve(
     idle_s: float = 0.005,
     stop_check_every: int = 20,
     client=None,
+    name: str | None = None,
 ) -> int:
     """Runs sampler process `index` until the trainer calls `RemoteSampler.stop`.
 
     sampler: this process's PagedSampler. poll_weights() -> (params, version) or None: the
     weight client's poll, called between chunks (params as the trainer published them; the
-    sampler prepares them). Returns how many attempts it finished.
+    sampler prepares them). name: this member's name (default: a fresh member_name(index)).
+    Returns how many attempts it finished.
     """
     client = client or channel.kv_client()
-    requests = channel.Receiver(REQUESTS.format(index), client)
-    results = channel.Sender(RESULTS.format(index), client)
+    name = name or member_name(index)
+    requests = channel.Receiver(REQUESTS.format(name), client)
+    results = channel.Sender(RESULTS.format(name), client)
+    channel.set_value(MEMBER.format(index), name, client)  # the trainer attaches it now
     waiting: collections.deque = collections.deque()
     next_version = sampler.version  # what the next chunk decodes with
     finished, loops = 0, 0
@@ -201,7 +324,7 @@ def serve(
         for sample in sampler.step():
             results.send(dataclasses.asdict(sample))
             finished += 1
-        channel.set_value(VERSION.format(index), sampler.version, client)
+        channel.set_value(VERSION.format(name), sampler.version, client)
 
 
 def params_from_json(sampling: dict) -> SamplingParams:

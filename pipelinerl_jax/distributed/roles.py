@@ -22,8 +22,8 @@ import functools
 import sys
 from collections.abc import Sequence
 
-from pipelinerl_jax.distributed import runtime
-from pipelinerl_jax.distributed.remote_sampler import RemoteSampler, serve
+from pipelinerl_jax.distributed import failures, runtime
+from pipelinerl_jax.distributed.remote_sampler import RemoteSampler, member_name, serve
 from pipelinerl_jax.distributed.supervisor import Child, supervise
 from pipelinerl_jax.distributed.trainer_group import Leader, follow, group_devices
 from pipelinerl_jax.distributed.weight_client import WeightClient
@@ -38,7 +38,9 @@ from pipelinerl_jax.train.trainer import Trainer, trainer_mesh
 FIRST_WEIGHTS_TIMEOUT_S = 600  # a sampler waits this long for the trainer's first version
 
 
-def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
+def process_spec(
+    cfg, coordinator: str, num_processes: int, process_id: int, *, elastic: bool = False
+):
     """The ProcessSpec for the launch flags and the config's devices.trainer_processes."""
     if cfg.env.name:
         # A remote sampler serves whole attempts; resuming a parked episode across
@@ -53,7 +55,7 @@ def process_spec(cfg, coordinator: str, num_processes: int, process_id: int):
             "answer); drop --num_processes / --spawn_local, or deterministic"
         )
     return runtime.ProcessSpec(
-        coordinator, num_processes, process_id, cfg.devices.trainer_processes
+        coordinator, num_processes, process_id, cfg.devices.trainer_processes, elastic
     )
 
 
@@ -68,7 +70,21 @@ def run_trainer(cfg, workdir, spec, echo=print) -> dict:
     """Process 0: the pipeline, decoding delegated to the sampler processes."""
 
     samplers = spec.num_processes - spec.trainer_processes
-    server = WeightServer(pullers=range(spec.trainer_processes, spec.num_processes))
+    elastic = {}
+    if spec.elastic:  # samplers register their pullers, and may go and come back
+        server = WeightServer(pullers=(), keep_latest=True)
+
+        def on_lost(name, line):
+            server.remove_puller(name)
+            echo(line)
+
+        elastic = {
+            "lost": failures.Liveness(spec).lost,
+            "on_lost": on_lost,
+            "on_joined": lambda name, line: echo(line),
+        }
+    else:
+        server = WeightServer(pullers=range(spec.trainer_processes, spec.num_processes))
     leader = None
     prepare = None
     if spec.trainer_processes > 1:
@@ -81,6 +97,7 @@ def run_trainer(cfg, workdir, spec, echo=print) -> dict:
         cfg.sampler.num_slots,
         functools.partial(server.publish, copy=False),
         prepare=prepare,
+        **elastic,
     )
     try:
         c = components.build(cfg, sampler=remote, trainer_devices=_trainer_devices(spec))
@@ -147,7 +164,8 @@ def run_sampler(cfg, spec, echo=print) -> int:
         _, full = components.build_model(cfg, tokenizer, jax.random.key(cfg.seed))
         _, base = lora.split(decoder.arrays(full))
         like, _ = lora.split(like)  # nnx Variables, as the trainer's state holds them
-    client = WeightClient(like)
+    name = member_name(spec.sampler_index)
+    client = WeightClient(like, puller=name if spec.elastic else None)
     try:
         first = client.wait(timeout_s=FIRST_WEIGHTS_TIMEOUT_S)
         if first is None:
@@ -169,7 +187,7 @@ def run_sampler(cfg, spec, echo=print) -> int:
         echo(
             f"{spec.name}: decoding on {len(jax.local_devices())} device(s) from version {version}"
         )
-        served = serve(sampler, spec.sampler_index, client.poll)
+        served = serve(sampler, spec.sampler_index, client.poll, name=name)
         pulled = client.stats
         echo(
             f"{spec.name}: stopped after {served} attempts; {pulled['pulls']} weight versions "
@@ -181,7 +199,12 @@ def run_sampler(cfg, spec, echo=print) -> int:
 
 
 def spawn_local(
-    argv: Sequence[str], num_processes: int, echo=print, *, trainer_processes: int = 1
+    argv: Sequence[str],
+    num_processes: int,
+    echo=print,
+    *,
+    trainer_processes: int = 1,
+    elastic: bool = False,
 ) -> int:
     """Runs `launch.py argv` as `num_processes` local processes (the first
     `trainer_processes` train) under the supervisor; returns the job's exit code."""
@@ -189,17 +212,22 @@ def spawn_local(
         raise ConfigError(f"--spawn_local={num_processes}: use 2 or more (1 trainer + samplers)")
     coordinator = f"127.0.0.1:{runtime.free_port()}"
     base = [a for a in argv if not a.startswith("--spawn_local")]
+    specs = [
+        runtime.ProcessSpec(coordinator, num_processes, i, trainer_processes, elastic)
+        for i in range(num_processes)
+    ]
     children = [
         Child(
-            runtime.ProcessSpec(coordinator, num_processes, i, trainer_processes).name,
+            spec.name,
             (
                 sys.executable,
                 *base,
                 f"--coordinator={coordinator}",
                 f"--num_processes={num_processes}",
-                f"--process_id={i}",
+                f"--process_id={spec.process_id}",
             ),
+            spare=elastic and spec.role == "sampler",
         )
-        for i in range(num_processes)
+        for spec in specs
     ]
     return supervise(children, echo=echo).returncode

@@ -25,6 +25,7 @@ class ProcessSpec:
     num_processes: int
     process_id: int
     trainer_processes: int = 1  # processes 0 .. trainer_processes - 1 train; the rest sample
+    elastic: bool = False  # --elastic: a sampler process may die or join; the run goes on
 
     def __post_init__(self):
         host, _, port = self.coordinator.rpartition(":")
@@ -76,6 +77,11 @@ def initialize(
     """`jax.distributed.initialize` for this process, with failure detection in seconds."""
     import jax
 
+    if spec.elastic:
+        # A task that dies no longer ends the others (JAX's fate-sharing is off), and one
+        # started again with the same process id rejoins. Only process 0, which hosts the
+        # coordination service, still takes every process with it.
+        jax.config.update("jax_enable_recoverability", True)
     jax.distributed.initialize(
         coordinator_address=spec.coordinator,
         num_processes=spec.num_processes,

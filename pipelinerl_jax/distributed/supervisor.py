@@ -38,6 +38,7 @@ class Child:
     name: str
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()  # added to the supervisor's environment
+    spare: bool = False  # its failure ends nobody (an elastic run's sampler process)
 
 
 @dataclasses.dataclass
@@ -139,6 +140,19 @@ def supervise(
     running = [_Running(c, echo) for c in children]
     try:
         while True:
+            for r in [r for r in running if r.child.spare and r.failed()]:
+                r.reader.join(timeout=1.0)
+                echo(f"{r.child.name} {r.cause()}; the others go on without it (elastic)")
+                running.remove(r)
+            if all(r.child.spare for r in running if r.ended_at is None) and all(
+                r.proc.returncode == 0 for r in running if not r.child.spare
+            ):
+                # Every trainer process is done: the samplers stop on their own within
+                # moments (the stop key); stragglers are ended.
+                _stop([r for r in running if r.proc.poll() is None], grace_s * 3)
+                for r in running:
+                    r.reader.join(timeout=1.0)
+                return Outcome(0)
             failures = [r for r in running if r.failed()]
             if failures:
                 failed = min(failures, key=lambda r: r.ended_at)

@@ -49,10 +49,16 @@ class WeightClient:
         client=None,
         claim_timeout_s: float = 60.0,
         wait_s: float = 0.5,
+        puller: str | None = None,
     ):
         self.prefix = prefix
         self._client = client or kv_client()
         self._process = jax.process_index()
+        # The name the server knows this puller by: the process id, or (an elastic run, where
+        # a restarted process must not reuse its predecessor's queues) a name registered here.
+        self._puller = puller or str(self._process)
+        if puller is not None:
+            self._client.key_value_set(f"{prefix}/pullers/{puller}", "1", allow_overwrite=True)
         self._device = device or jax.local_devices()[0]
         leaves_with_paths, self._treedef = jax.tree_util.tree_flatten_with_path(like)
         self._spec = spec_of(leaves_with_paths)
@@ -196,7 +202,7 @@ class WeightClient:
     def _send(self, message: dict) -> int:
         k = self._sent
         self._client.key_value_set(
-            f"{self.prefix}/to_server/{self._process}/{k}", json.dumps(message)
+            f"{self.prefix}/to_server/{self._puller}/{k}", json.dumps(message)
         )
         self._sent += 1
         return k
@@ -236,7 +242,7 @@ class WeightClient:
         version = int(announcement["version"])
         self._check_spec(announcement)
         k = self._send({"op": "claim", "version": version})
-        reply_key = f"{self.prefix}/to_client/{self._process}/{k}"
+        reply_key = f"{self.prefix}/to_client/{self._puller}/{k}"
         text = self._await_reply(reply_key)
         if text is None and self._stopping():
             # close() came while the claim was out; the server, itself closing at the end of

@@ -23,7 +23,6 @@ from pipelinerl_jax.distributed.weights import (
     spec_of,
     start_transfer_server,
 )
-from pipelinerl_jax.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -40,7 +39,9 @@ class _Offer:
 class WeightServer:
     """The trainer process's end: publishes versions, answers claims, frees what is done.
 
-    pullers: the process ids of the sampler processes expected to pull every version;
+    pullers: the process ids of the sampler processes expected to pull every version (an
+    elastic run starts with none: each sampler registers its own puller name, under
+    `pullers/<name>`, and the trainer removes the ones it lost, `remove_puller`);
     device: where offered copies live (default: this process's first local device);
     host: the address peers reach this process at (default: the interface that routes to the
     jax.distributed coordinator); transfer_size: bytes per transfer chunk.
@@ -56,10 +57,12 @@ class WeightServer:
         prefix: str = PREFIX,
         client=None,
         wait_s: float = 0.5,
+        keep_latest: bool = False,
     ):
-        if not pullers:
-            raise ConfigError("WeightServer(pullers=[]): name the sampler process ids that pull")
-        self.pullers = tuple(int(p) for p in pullers)
+        # keep_latest: the newest version stays offered even once every puller has it, so a
+        # sampler that joins later can pull it (an elastic run); else it is freed then.
+        self.keep_latest = keep_latest
+        self.pullers: set[str] = set()
         self.prefix = prefix
         self._client = client or kv_client()
         self._device = device or jax.local_devices()[0]
@@ -90,14 +93,35 @@ class WeightServer:
             "max_live": 0,
             "publish_max_s": 0.0,
         }
-        self._threads = [threading.Thread(target=self._announce, name="weights-announce")]
-        self._threads += [
-            threading.Thread(target=self._serve, args=(p,), name=f"weights-puller-{p}")
-            for p in self.pullers
+        self._threads = [
+            threading.Thread(target=self._announce, name="weights-announce", daemon=True),
+            threading.Thread(target=self._roster, name="weights-roster", daemon=True),
         ]
         for t in self._threads:
-            t.daemon = True
             t.start()
+        for p in pullers:
+            self.add_puller(str(p))
+
+    def add_puller(self, name: str) -> None:
+        """Expects `name` to pull every version from now on (a thread answers its claims)."""
+        with self._lock:
+            if name in self.pullers or self._stop:
+                return
+            self.pullers.add(name)
+        t = threading.Thread(target=self._serve, args=(name,), name=f"weights-puller-{name}")
+        t.daemon = True
+        self._threads.append(t)
+        t.start()
+
+    def remove_puller(self, name: str) -> None:
+        """Stops expecting `name` (a sampler process that is gone): its claims in flight are
+        dropped, and versions it alone held are freed."""
+        with self._lock:
+            self.pullers.discard(name)
+            for offer in list(self._live.values()):
+                offer.pulling.discard(name)
+                if offer.superseded and not offer.pulling:
+                    self._free(offer)
 
     # --- trainer thread ---------------------------------------------------------------------
 
@@ -217,11 +241,24 @@ class WeightServer:
             if not self._stop:
                 self._error = e
 
-    def _serve(self, puller: int) -> None:
-        """Answers puller `puller`'s claims and acks, in order."""
-        k = 0
+    def _roster(self) -> None:
+        """Adds the pullers that registered themselves (WeightClient(puller=...))."""
         try:
             while not self._stop:
+                for key, _ in self._client.key_value_dir_get(f"{self.prefix}/pullers/"):
+                    name = key.rsplit("/", 1)[-1]
+                    if name not in self.pullers:
+                        self.add_puller(name)
+                time.sleep(self._wait_s)
+        except Exception as e:
+            if not self._stop:
+                self._error = e
+
+    def _serve(self, puller: str) -> None:
+        """Answers puller `puller`'s claims and acks, in order, until it is removed."""
+        k = 0
+        try:
+            while not self._stop and puller in self.pullers:
                 key = f"{self.prefix}/to_server/{puller}/{k}"
                 text = _wait_get(self._client, key, self._wait_s)
                 if text is None:
@@ -240,7 +277,7 @@ class WeightServer:
             if not self._stop:
                 self._error = e
 
-    def _claim(self, puller: int, version: int) -> dict:
+    def _claim(self, puller: str, version: int) -> dict:
         with self._lock:
             offer = self._live.get(version)
             if offer is None:
@@ -253,7 +290,7 @@ class WeightServer:
             self.stats["claims"] += 1
             return {"ok": True, "uuid": uuid}
 
-    def _done(self, puller: int, version: int, ok: bool) -> None:
+    def _done(self, puller: str, version: int, ok: bool) -> None:
         with self._lock:
             offer = self._live.get(version)
             if offer is None:
@@ -265,5 +302,5 @@ class WeightServer:
             else:
                 self.stats["failed_pulls"] += 1
             every = offer.acked.issuperset(self.pullers)
-            if every or (offer.superseded and not offer.pulling):
+            if (every and not self.keep_latest) or (offer.superseded and not offer.pulling):
                 self._free(offer)
