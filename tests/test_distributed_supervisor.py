@@ -108,6 +108,39 @@ def test_kill_9_of_a_child_is_named():
     assert _all_gone(_pids(lines))
 
 
+def test_elastic_a_spare_child_s_death_ends_nobody_and_the_job_ends_with_the_trainer():
+    trainer = _child("process 0 (trainer)", "import time; time.sleep(3)")
+    victim = Child(
+        "process 1 (sampler 0)",
+        (PY, "-c", "import os, time; time.sleep(0.5); os.kill(os.getpid(), 9)"),
+        spare=True,
+    )
+    sleeper = Child("process 2 (sampler 1)", (PY, "-c", SLEEPER), spare=True)
+    outcome, lines, seconds = _run([trainer, victim, sleeper])
+    assert outcome.returncode == 0, lines
+    said = [line for line in lines if "go on without it" in line]
+    assert said == [
+        "process 1 (sampler 0) was killed by SIGKILL; the others go on without it (elastic)"
+    ]
+    assert _all_gone(_pids(lines))  # the sampler still running was ended with the job
+    assert seconds < 3 + 4 * GRACE
+
+
+def test_elastic_the_trainer_s_death_still_ends_the_job_in_one_line():
+    trainer = _child(
+        "process 0 (trainer)", "import os, time; time.sleep(1); os.kill(os.getpid(), 9)"
+    )
+    samplers = [
+        Child(f"process {i} (sampler {i - 1})", (PY, "-c", SLEEPER), spare=True) for i in (1, 2)
+    ]
+    outcome, lines, _ = _run([trainer, *samplers])
+    assert outcome.returncode == 1
+    assert (
+        outcome.line == "process 0 (trainer) was killed by SIGKILL; stopped the other 2 process(es)"
+    )
+    assert _all_gone(_pids(lines))
+
+
 def _supervisor_with_two_sleepers():
     """Starts a supervisor of two sleepers in its own process; returns it and the sleepers'
     pids once both have printed them, or (None, everything it printed) if it ended first."""
