@@ -8,17 +8,15 @@ batch (replay/batch_crc: tokens, behaviour logprobs, versions, advantages), ever
 the final parameters must be equal.
 """
 
-import json
 import random
 
 import jax
 import numpy as np
 import pytest
 
-from pipelinerl_jax import pipeline, presets
+from pipelinerl_jax import presets
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.export import load_model
-from pipelinerl_jax.pipeline.components import build
 from pipelinerl_jax.pipeline.determinism import SwapSchedule, derived_swap_chunks
 from pipelinerl_jax.pipeline.weights import Publisher
 from tests.test_pipeline_resume import kill_after_checkpoint, launch, train_records
@@ -138,38 +136,6 @@ def test_bad_deterministic_settings_are_one_line(overrides, message):
 # --- whole runs ----------------------------------------------------------------------------
 
 
-def _run(tmp_path, name, **overrides):
-    cfg = presets.tiny(
-        steps=STEPS,
-        deterministic=True,
-        max_lag=2,
-        log_every=0,
-        compile_cache="",
-        reward=dict(fn=LATE_REWARD),
-        **overrides,
-    )
-    c = build(cfg)
-    pipeline.run(cfg, str(tmp_path / name), components=c, echo=lambda s: None)
-    records = [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    return c, [r for r in records if r["kind"] == "train"]
-
-
-def test_two_runs_with_one_seed_are_identical_bit_for_bit(tmp_path):
-    # Dynamic sampling on: drops, refills and the filter's cap must land identically too.
-    batch = dict(filter_groups=True)
-    a, records_a = _run(tmp_path, "a", batch=batch)
-    b, records_b = _run(tmp_path, "b", batch=batch)
-    assert len(records_a) == STEPS
-    assert replayed(records_a) == replayed(records_b)
-    assert records_a[-1]["sampler/swaps"] >= STEPS // 2  # in-flight swaps did happen
-    # Stale tokens trained, and sequences that span a swap (the point of pipeline mode).
-    assert max(r["lag/token_max"] for r in records_a) == 2
-    assert np.mean([r["seq/mixed_version_frac"] for r in records_a]) > 0.2
-    assert sum(r.get("filter/dropped", 0) for r in records_a) > 0
-    for x, y in zip(jax.tree.leaves(a.state.params), jax.tree.leaves(b.state.params)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 DET_FLAGS = [
     "--config=configs/tiny.py",
     "--config.deterministic=true",
@@ -179,13 +145,24 @@ DET_FLAGS = [
     "--config.checkpoint_keep=8",
     "--config.compile_cache=",
     f"--config.reward.fn={LATE_REWARD}",
+    # Dynamic sampling on: drops, refills and the filter's cap must land identically too.
+    "--config.batch.filter_groups=true",
 ]
 
 
-def test_kill_9_and_resume_replays_the_uninterrupted_run(tmp_path):
+def test_two_runs_agree_bit_for_bit_and_so_does_a_kill_9_and_resume(tmp_path):
+    """Run `full` uninterrupted; run `killed` is the same launch, killed with -9 after a
+    checkpoint and relaunched: its steps before the kill are a second run of the same seed,
+    the steps after it a resumed run. Every step and the final parameters must agree."""
     full, killed = tmp_path / "full", tmp_path / "killed"
     ref = launch(full, flags=DET_FLAGS)
     assert ref.returncode == 0, ref.stderr[-3000:]
+    ref_records = train_records(full)
+    # Stale tokens trained, and sequences that span a swap (the point of pipeline mode).
+    assert max(r["lag/token_max"] for r in ref_records) == 2
+    assert np.mean([r["seq/mixed_version_frac"] for r in ref_records]) > 0.2
+    assert ref_records[-1]["sampler/swaps"] >= STEPS // 2
+    assert sum(r.get("filter/dropped", 0) for r in ref_records) > 0
 
     kill_after = random.Random(20261127).choice([15, 25, 35])  # past a checkpoint
     kill_after_checkpoint(launch(killed, wait=False, flags=DET_FLAGS), killed, kill_after)
@@ -194,7 +171,7 @@ def test_kill_9_and_resume_replays_the_uninterrupted_run(tmp_path):
     assert "resumed from step" in resumed.stdout
     context = f"killed after {kill_after} logged steps (random.Random(20261127))"
 
-    ref_steps = replayed(train_records(full))
+    ref_steps = replayed(ref_records)
     # The killed run logged some steps that the resumed one re-did: the last record wins.
     steps = replayed(train_records(killed))
     assert sorted(steps) == list(range(STEPS)), context

@@ -246,9 +246,7 @@ class RemoteSampler:
         del self._members[member.index]
         self.dropped.append(member.name)
         resend = sorted(member.requests.values(), key=lambda m: m["id"])
-        self._backlog = collections.deque(
-            sorted([*resend, *self._backlog], key=lambda m: m["id"])
-        )
+        self._backlog = collections.deque(sorted([*resend, *self._backlog], key=lambda m: m["id"]))
         line = (
             f"sampler {member.index} ({member.name}) {why}: dropped, {len(resend)} "
             f"unfinished request(s) go back to the queue; {len(self._members)} sampler "
