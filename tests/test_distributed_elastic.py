@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS, KILL_AT, MAX_LAG = 400, 40, 2
+STEPS, KILL_AT, MAX_LAG = 300, 30, 2
 FLAGS = [
     "--config=configs/tiny.py",
     f"--config.steps={STEPS}",
