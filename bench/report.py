@@ -267,9 +267,11 @@ def _pipeline(d):
 def _demo(d):
     gains = [r["gain"] for r in d["rows"]]
     walls = [r["process_wall_s"] for r in d["rows"]]
+    sets = [str(o) for o in d.get("overrides") or ()]
     return [
         (
-            f"demo learns: reward gain (last tenth - first 20 steps), {len(gains)} seeds",
+            f"demo learns{' with ' + ', '.join(sets) if sets else ''}: reward gain (last tenth "
+            f"- first 20 steps), {len(gains)} seeds",
             f"min {min(gains):.2f}, max {max(gains):.2f}; {max(walls):.0f} s per run at most",
             ">= 0.4 (criterion)",
             "pass" if d["passed"] else "FAIL",
@@ -757,6 +759,12 @@ SECTIONS = (
     ("gemm", "python bench/bench_gemm.py", "torch", _gemm),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode", _pipeline),
     ("demo_seeds", "python bench/demo_seeds.py", "criterion", _demo),
+    (
+        "demo_seeds_deterministic",
+        "python bench/demo_seeds.py --set=deterministic=true",
+        "criterion",
+        _demo,
+    ),
     (
         "demo_seeds_guess",
         "python bench/demo_seeds.py --config=configs/guess.py",
