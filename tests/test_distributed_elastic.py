@@ -68,10 +68,10 @@ def command_of(workdir: Path, process_id: int) -> tuple[int, list[str]]:
 
 def test_kill_9_of_a_sampler_then_a_rejoin_loses_and_repeats_nothing(tmp_path):
     workdir, log = tmp_path / "run", tmp_path / "run.log"
-    # A compilation cache of the run's own: the restarted process joins in seconds, long
-    # before the run's end, as a restart on a real host with a warm cache does.
-    cache = f"--config.compile_cache={tmp_path / 'xla_cache'}"
-    cmd = [sys.executable, str(ROOT / "launch.py"), *FLAGS, cache, "--spawn_local=3", "--elastic"]
+    # The persistent compilation cache is on (config.compile_cache "auto"): the restarted
+    # process loads what the first ones compiled and joins in seconds, long before the run's
+    # end, as a restart on a real host with a warm cache does.
+    cmd = [sys.executable, str(ROOT / "launch.py"), *FLAGS, "--spawn_local=3", "--elastic"]
     with open(log, "w") as out:
         run = subprocess.Popen(
             [*cmd, f"--workdir={workdir}"],

@@ -32,6 +32,7 @@ FLAGS = [
     "--config.conventional_steps=2",
     "--config.steps=6",
     "--config.checkpoint_every=2",
+    "--config.eval_every=0",  # the end-of-run evaluation tests nothing here and costs seconds
 ]
 
 
@@ -42,6 +43,7 @@ PIPELINE_FLAGS = [
     "--config.checkpoint_every=2",
     "--config.checkpoint_keep=8",
     "--config.reward.fn=tests.test_pipeline_resume:uneven_reward",
+    "--config.eval_every=0",
 ]
 KILL_SEED = 20261125  # the kill points are drawn from this seed (printed on failure)
 
