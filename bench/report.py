@@ -807,6 +807,15 @@ SECTIONS = (
     ),
     ("multiprocess", "python bench/bench_multiprocess.py", "one process", _multiprocess),
     ("filtering", "python bench/bench_filtering.py", "no filtering", _filtering),
+    *(
+        (
+            f"filtering_demo_seed{seed}",
+            f"python bench/bench_filtering.py --seed={seed} --name=demo_seed{seed}",
+            "no filtering",
+            _filtering,
+        )
+        for seed in (1, 2)
+    ),
     (
         "filtering_real_lora",
         "python bench/bench_filtering.py --config=configs/smollm2_math.py --name=real_lora",
