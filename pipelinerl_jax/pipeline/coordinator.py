@@ -236,7 +236,7 @@ class Coordinator:
                         return
                     index = self.admission.try_start(
                         self._sampler_version(),
-                        det.admission_limit() if (det := self.deterministic) else None,
+                        det.schedule.admission_limit() if (det := self.deterministic) else None,
                     )
                     if index is None:
                         return

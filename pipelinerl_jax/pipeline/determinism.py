@@ -172,9 +172,6 @@ class Deterministic:
             schedule.drained(barrier)
         return True
 
-    def admission_limit(self) -> int | None:
-        return self.schedule.admission_limit()
-
     def take(self, version: int) -> bool:
         """Swaps in exactly `version`, waiting for the trainer to publish it."""
         coord = self.coord
