@@ -30,14 +30,14 @@ from pipelinerl_jax.pipeline import config_dict
 
 def demo_config() -> ml_collections.ConfigDict:
     """The embedded default (configs/default.py, `make run`): a 2-layer d=128 decoder learns to
-    reverse 2-5 digits from random weights in pipeline mode, 800 steps (~2 min on 2 idle
+    reverse 2-5 digits from random weights in pipeline mode, 1000 steps (~2 min on 2 idle
     cores). Why each value is what it is: configs/default.py's docstring and the comments."""
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.mode = "pipeline"  # "pipeline" (in-flight updates) | "conventional"
     c.max_lag = 2  # pipeline: tokens are at most this many steps stale
     c.conventional_steps = 4  # conventional: steps per frozen-weight generation round
-    c.steps = 800  # optimizer steps: ~2 min on 2 idle cores, ~6 min on a busy one
+    c.steps = 1000  # optimizer steps: ~2 min on 2 idle cores, ~6 min on a busy one
     c.group_size = 8  # attempts per prompt
     c.batch_size = 64  # sequences per optimizer step
     c.log_every = 20
