@@ -2,8 +2,10 @@
 
     python bench/report.py            # print the tables
     python bench/report.py --write    # also rewrite them between their markers:
-                                      #   README.md: the headline table and the GPU summary
-                                      #   docs/benchmarks.md: every measured figure
+                                      #   README.md: the peer ratios, the headline table
+                                      #     and the GPU summary
+                                      #   docs/benchmarks.md: the peer ratios (bench/
+                                      #     peer_table.py) and every measured figure
                                       #   docs/gpu.md: the GPU summary
                                       #   docs/gpu_compile.md: every compiled GPU program
 
@@ -23,11 +25,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench.common, when run as `python bench/report.py`
+
+from bench import peer_table  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 BEGIN, END = "<!-- bench/report.py: begin -->", "<!-- bench/report.py: end -->"
 GPU_BEGIN, GPU_END = "<!-- bench/report.py gpu: begin -->", "<!-- bench/report.py gpu: end -->"
 HEADLINE_BEGIN = "<!-- bench/report.py headline: begin -->"
 HEADLINE_END = "<!-- bench/report.py headline: end -->"
+PEERS_BEGIN = "<!-- bench/report.py peers: begin -->"
+PEERS_END = "<!-- bench/report.py peers: end -->"
 GiB = 2**30
 
 
@@ -1134,11 +1141,15 @@ def targets() -> tuple:
         (
             ROOT / "README.md",
             (
+                (PEERS_BEGIN, PEERS_END, peer_table.render(RESULTS)),
                 (HEADLINE_BEGIN, HEADLINE_END, headline()),
                 (GPU_BEGIN, GPU_END, gpu_summary()),
             ),
         ),
-        (ROOT / "docs" / "benchmarks.md", ((BEGIN, END, table()),)),
+        (
+            ROOT / "docs" / "benchmarks.md",
+            ((PEERS_BEGIN, PEERS_END, peer_table.render(RESULTS)), (BEGIN, END, table())),
+        ),
         (ROOT / "docs" / "gpu.md", ((GPU_BEGIN, GPU_END, gpu_summary()),)),
         (ROOT / "docs" / "gpu_compile.md", ((GPU_BEGIN, GPU_END, gpu_table()),)),
     )

@@ -331,8 +331,13 @@ def _docs_tree(tmp_path, gpu_compile: str) -> dict:
     (tmp_path / "docs").mkdir()
     files = {
         "README.md": "# intro\n"
-        + _marked((report.HEADLINE_BEGIN, report.HEADLINE_END), (report.GPU_BEGIN, report.GPU_END)),
-        "docs/benchmarks.md": "# Benchmarks\n" + _marked((report.BEGIN, report.END)),
+        + _marked(
+            (report.PEERS_BEGIN, report.PEERS_END),
+            (report.HEADLINE_BEGIN, report.HEADLINE_END),
+            (report.GPU_BEGIN, report.GPU_END),
+        ),
+        "docs/benchmarks.md": "# Benchmarks\n"
+        + _marked((report.PEERS_BEGIN, report.PEERS_END), (report.BEGIN, report.END)),
         "docs/gpu.md": "# GPU\n" + _marked((report.GPU_BEGIN, report.GPU_END)),
         "docs/gpu_compile.md": gpu_compile,
     }
@@ -367,6 +372,8 @@ def test_each_table_goes_to_its_file(tmp_path, monkeypatch):
     assert "| measured | ours | peer | ratio | machine |" in readme
     assert "forward: not measured yet" in bench and "forward: not measured" not in readme
     assert "vs_trl: not measured yet | - | - | - | - |" in readme
+    assert readme.count("no peer comparison measured yet") == 1
+    assert bench.count("no peer comparison measured yet") == 1
     assert readme.count("not compiled yet") == 1  # the GPU summary
     assert "not compiled yet" in (tmp_path / "docs" / "gpu.md").read_text()
     assert "not compiled yet" in (tmp_path / "docs" / "gpu_compile.md").read_text()
@@ -413,3 +420,36 @@ def test_committed_tables_match_the_results():
                 f"{path.relative_to(ROOT)}: the table between {begin} and {end} is not what "
                 "bench/results renders to; run `python bench/report.py --write`"
             )
+
+
+def test_peer_table_has_a_column_per_machine_kind_and_meets_goals_only_on_both(tmp_path):
+    """bench/peer_table.py: each kind's newest figure in its column, the goal judged on both."""
+    from bench import peer_table
+
+    (tmp_path / "by_machine").mkdir()
+    epyc = {"cpu": {"model": "AMD EPYC"}, "date": "2026-11-25T01:00:00"}
+    xeon = {"cpu": {"model": "Intel(R) Xeon(R) Processor"}, "date": "2026-11-26T01:00:00"}
+    trl = {"goal": {"samples_per_s_ratio": 3.0}, "conventional_samples_per_s_ratio": 1.8}
+    (tmp_path / "by_machine" / "vs_trl.epyc.json").write_text(
+        json.dumps({**epyc, **trl, "samples_per_s_ratio": 3.02, "peak_rss_ratio": 0.7})
+    )
+    # The main file is the newest run, from the Xeon, and no by_machine copy of it exists.
+    (tmp_path / "vs_trl.json").write_text(
+        json.dumps({**xeon, **trl, "samples_per_s_ratio": 2.34, "peak_rss_ratio": 0.73})
+    )
+    (tmp_path / "by_machine" / "vs_tunix_quick.epyc.json").write_text(
+        json.dumps({**epyc, "samples_per_s_ratio": 9.0, "peak_rss_ratio": 0.1})
+    )  # a --quick result is never a figure
+    rows = {r["what"]: r for r in peer_table.rows(tmp_path)}
+    speed = rows["SmolLM2-135M RL step: samples/s, pipeline mode"]
+    assert speed["ratios"] == {"epyc": 3.02, "xeon": 2.34} and speed["met"] is False
+    assert rows["SmolLM2-135M RL step: peak RSS"]["met"] is True
+    assert rows["SmolLM2-135M RL step: samples/s, conventional mode"]["met"] is None
+    assert not any(r["peer"] == "Tunix GRPO" for r in rows.values())
+    text = peer_table.render(tmp_path)
+    assert "| >= 3x | 3.02x ✓ (2026-11-25) | 2.34x ✗ (2026-11-26) | **no** |" in text
+    assert "| <= 1x | 0.70x ✓ (2026-11-25) | 0.73x ✓ (2026-11-26) | yes |" in text
+    # One kind alone never meets a goal: the other kind has not measured it.
+    (tmp_path / "vs_trl.json").unlink()
+    assert "| 3.02x ✓ (2026-11-25) | not measured | **no** |" in peer_table.render(tmp_path)
+    assert "no peer comparison measured yet" in peer_table.render(tmp_path / "none")

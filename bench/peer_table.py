@@ -1,0 +1,199 @@
+"""One table of every ratio against a peer (Tunix, TRL, transformers, torch), per machine kind.
+
+Each row is one comparison; each machine kind this project runs on (the 2-core AMD EPYC, the
+2-core Xeon with AMX) gets a column holding that kind's newest figure (bench/results/by_machine
+keeps one per kind, bench/common.write_result). The goal column is the issue's goal for that
+ratio, and "met" says whether every machine kind meets it: a goal is met only when it holds on
+both kinds, so a kind that has not measured the row leaves it unmet. `python bench/report.py
+--write` puts the table in the README and in docs/benchmarks.md.
+
+A row is (what, peer, ratio, goal): goal is None for ratios with no goal, else (">=", x) or
+("<=", x): higher is better for speed, lower for memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+KINDS = ("epyc", "xeon")  # this project's machines, in column order
+KIND_LABEL = {"epyc": "AMD EPYC (AVX-512)", "xeon": "Intel Xeon (AMX)"}
+MEMORY_GOAL = ("<=", 1.0)  # "at no more than the peer's memory"
+SPEED_GOAL = (">=", 3.0)  # the whole RL step, against TRL and Tunix (issue 33)
+REAL = "SmolLM2-135M"
+
+Row = tuple[str, str, float, tuple[str, float] | None]
+
+
+def _rl_step(peer: str, key: str = "") -> Callable[[dict], list[Row]]:
+    """The whole RL step against a trainer library (bench_vs_trl.py, bench_vs_tunix.py)."""
+
+    def rows(d: dict) -> list[Row]:
+        what = f"{REAL} RL step" + (f", LoRA r{d['lora']['rank']}" if d.get("lora") else "")
+        goal = d.get("goal", {}).get("samples_per_s_ratio")
+        out = [
+            (
+                f"{what}: samples/s, pipeline mode",
+                peer,
+                d["samples_per_s_ratio"],
+                (">=", goal) if goal else None,
+            )
+        ]
+        if "conventional_samples_per_s_ratio" in d:
+            out.append(
+                (
+                    f"{what}: samples/s, conventional mode",
+                    peer,
+                    d["conventional_samples_per_s_ratio"],
+                    None,
+                )
+            )
+        out.append((f"{what}: peak RSS", peer, d["peak_rss_ratio"], MEMORY_GOAL))
+        return out
+
+    return rows
+
+
+def _train_step_real(d: dict) -> list[Row]:
+    goals = {"float32": 1.2, "bfloat16": 1.0}  # issue 16's goals, kept by issue 33
+    out = []
+    for r in d["rows"]:
+        if "ratio" not in r:
+            continue
+        what = f"{REAL} train step {r['dtype']}, {d['config']['sequences']} x "
+        what += f"{d['config']['seq_len']} tokens: tokens/s"
+        peer = "torch" + (" autocast" if r["dtype"] != "float32" else "")
+        out.append((what, peer, r["ratio"], (">=", goals[r["dtype"]])))
+        if "ours_peak_gib" in r and r.get("torch_peak_gib"):
+            ratio = r["ours_peak_gib"] / r["torch_peak_gib"]
+            out.append((f"{REAL} train step {r['dtype']}: peak memory", peer, ratio, MEMORY_GOAL))
+    return out
+
+
+def _decode_real(d: dict) -> list[Row]:
+    out = []
+    for r in d["rows"]:
+        sampling = "greedy" if r["temperature"] == 0 else f"temperature {r['temperature']:g}"
+        what = f"{REAL} decode {r['dtype']}, batch {r['batch']}, {sampling}: tokens/s"
+        goal = (">=", r["goal"]) if r.get("goal") else None
+        out.append((what, "transformers generate", r["ratio"], goal))
+    return out
+
+
+def _decode(d: dict) -> list[Row]:
+    out = []
+    for r in d["rows"]:
+        sampling = "greedy" if r["temperature"] == 0 else f"temperature {r['temperature']:g}"
+        what = f"bench model decode {r['dtype']}, batch {r['batch']}, {sampling}: tokens/s"
+        out.append((what, "transformers generate", r["ratio"], None))
+    return out
+
+
+def _forward(d: dict) -> list[Row]:
+    return [
+        (
+            f"bench model forward {r['dtype']}, {r['batch']} x {r['seq']} tokens: tokens/s",
+            "transformers",
+            r["ratio_vs_transformers"],
+            None,
+        )
+        for r in d["rows"]
+        if "ratio_vs_transformers" in r
+    ]
+
+
+def _train_step(d: dict) -> list[Row]:
+    return [
+        (
+            f"bench model train step {r['dtype']}: tokens/s",
+            "torch + transformers",
+            r["ratio"],
+            None,
+        )
+        for r in d["rows"]
+        if "ratio" in r
+    ]
+
+
+# (result name, renderer), in the table's order: the whole RL step first.
+SOURCES: tuple[tuple[str, Callable[[dict], list[Row]]], ...] = (
+    ("vs_tunix", _rl_step("Tunix GRPO")),
+    ("vs_trl", _rl_step("TRL GRPOTrainer")),
+    ("vs_trl_lora", _rl_step("TRL + peft")),
+    ("train_step_real", _train_step_real),
+    ("decode_real", _decode_real),
+    ("train_step", _train_step),
+    ("forward", _forward),
+    ("decode", _decode),
+)
+
+
+def _kind(d: dict) -> str:
+    from bench.common import machine_kind
+
+    return machine_kind(d.get("cpu") or {})
+
+
+def by_kind(results: Path, name: str) -> dict[str, dict]:
+    """Each machine kind's newest `name` result: by_machine/<name>.<kind>.json, else the main
+    file when that kind made it (results older than by_machine)."""
+    out = {}
+    for path in sorted((results / "by_machine").glob(f"{name}.*.json")):
+        kind = path.name[len(name) + 1 : -len(".json")]
+        if "." not in kind:
+            out[kind] = json.loads(path.read_text())
+    main = results / f"{name}.json"
+    if main.exists():
+        newest = json.loads(main.read_text())
+        out.setdefault(_kind(newest), newest)
+    return out
+
+
+def _meets(ratio: float, goal: tuple[str, float]) -> bool:
+    op, x = goal
+    return ratio >= x if op == ">=" else ratio <= x
+
+
+def _cell(ratio: float | None, goal, date: str) -> str:
+    if ratio is None:
+        return "not measured"
+    mark = "" if goal is None else (" ✓" if _meets(ratio, goal) else " ✗")
+    return f"{ratio:.2f}x{mark} ({date})"
+
+
+def rows(results: Path) -> list[dict]:
+    """Every comparison with each kind's ratio: dicts of what, peer, goal, ratios, dates, met."""
+    table: dict[tuple[str, str], dict] = {}
+    for name, render in SOURCES:
+        for kind, d in by_kind(results, name).items():
+            for what, peer, ratio, goal in render(d):
+                row = table.setdefault(
+                    (what, peer),
+                    {"what": what, "peer": peer, "goal": goal, "ratios": {}, "dates": {}},
+                )
+                row["ratios"][kind] = ratio
+                row["dates"][kind] = str(d.get("date", "?"))[:10]
+    kinds = list(KINDS) + sorted({k for r in table.values() for k in r["ratios"]} - set(KINDS))
+    for row in table.values():
+        goal = row["goal"]
+        row["met"] = None
+        if goal is not None:
+            row["met"] = all(k in row["ratios"] and _meets(row["ratios"][k], goal) for k in KINDS)
+        row["kinds"] = kinds
+    return list(table.values())
+
+
+def render(results: Path) -> str:
+    found = rows(results)
+    kinds = found[0]["kinds"] if found else list(KINDS)
+    head = "| comparison | peer | goal | " + " | ".join(KIND_LABEL.get(k, k) for k in kinds)
+    lines = [head + " | goal met on both |", "|" + " --- |" * (4 + len(kinds))]
+    for r in found:
+        goal = "-" if r["goal"] is None else f"{r['goal'][0]} {r['goal'][1]:g}x"
+        cells = [_cell(r["ratios"].get(k), r["goal"], r["dates"].get(k, "")) for k in kinds]
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        lines.append(f"| {r['what']} | {r['peer']} | {goal} | " + " | ".join(cells) + f" | {met} |")
+    if not found:
+        lines.append("| no peer comparison measured yet |" + " - |" * (3 + len(kinds)))
+    return "\n".join(lines)
