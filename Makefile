@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test docs test-gpu test-jax011 compile-h100 gpu-bundle bench clean real-model run-real
+.PHONY: run test docs test-gpu test-jax011 compile-h100 gpu-bundle bench clean real-model run-real tunix-venv
 
 $(STAMP): requirements.txt requirements-base.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
@@ -67,6 +67,21 @@ gpu-bundle:
 test-gpu: $(GPU_STAMP)
 	PIPELINERL_REQUIRE_GPU=1 $(GPU_PY) -m pytest -q -m gpu tests
 
+# Google's Tunix (google-tunix 0.1.7) for bench/bench_vs_tunix.py, in a venv of its own: it
+# needs safetensors < 0.8 and requirements-base.txt pins 0.8.0. Not part of `make test`: ~1.6 GB.
+TUNIX_VENV := .venv-tunix
+TUNIX_PY := $(TUNIX_VENV)/bin/python
+TUNIX_STAMP := $(TUNIX_VENV)/.installed
+
+$(TUNIX_STAMP): requirements-tunix.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Tunix needs Python 3.11 or newer; set PYTHON=python3.11"'
+	test -x $(TUNIX_PY) || $(PYTHON) -m venv $(TUNIX_VENV)
+	$(TUNIX_PY) -m pip install -q --upgrade pip
+	$(TUNIX_PY) -m pip install -q -r requirements-tunix.txt
+	touch $(TUNIX_STAMP)
+
+tunix-venv: $(TUNIX_STAMP)
+
 real-model: $(STAMP)
 	$(PY) -m pipelinerl_jax.models.real_model --out=models/SmolLM2-135M-Instruct
 
@@ -75,4 +90,4 @@ run-real: real-model
 	$(PY) launch.py --config=configs/smollm2_math.py --workdir=runs/smollm2-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(GPU_VENV) .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) $(TUNIX_VENV) .pytest_cache

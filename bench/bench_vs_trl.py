@@ -60,8 +60,11 @@ LORA_ALPHA, LORA_LR = 32, 1e-4
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def real_config(steps: int, mode: str, lora_rank: int = 0):
-    """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints."""
+def real_config(steps: int, mode: str, lora_rank: int = 0, weighting: str = "token_mean"):
+    """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints.
+
+    `weighting`: how token losses are aggregated; TRL's dapo is "token_mean" (the default),
+    bench/bench_vs_tunix.py passes Tunix GRPO's "sequence_mean"."""
     from configs import smollm2_math
     from pipelinerl_jax.pipeline.config_dict import from_config_dict
 
@@ -76,7 +79,7 @@ def real_config(steps: int, mode: str, lora_rank: int = 0):
     c.loss.objective = "ppo"
     c.loss.ppo_eps_low = c.loss.ppo_eps_high = 0.2
     c.batch.normalize_std = True
-    c.batch.weighting = "token_mean"
+    c.batch.weighting = weighting
     cfg = from_config_dict(c)
     assert (cfg.group_size, cfg.batch_size, cfg.max_new_tokens, cfg.temperature) == (
         GROUP,
@@ -241,12 +244,17 @@ def trl_worker(steps: int, out: Path, lora_rank: int = 0) -> None:
 
 
 def ours_worker(
-    steps: int, mode: str, budget_s: float | None, out: Path, lora_rank: int = 0
+    steps: int,
+    mode: str,
+    budget_s: float | None,
+    out: Path,
+    lora_rank: int = 0,
+    weighting: str = "token_mean",
 ) -> None:
     t_launch = time.perf_counter()
     from pipelinerl_jax.pipeline import runner as run_lib
 
-    cfg = real_config(steps, mode, lora_rank)
+    cfg = real_config(steps, mode, lora_rank, weighting)
     first_step = []
 
     def echo(line: str) -> None:
@@ -270,10 +278,12 @@ def ours_worker(
     out.write_text(json.dumps(result))
 
 
-def run_side(args: list[str]) -> dict:
+def run_side(args: list[str], cmd: list[str] | None = None) -> dict:
+    """Runs one side in its own process (`cmd`, default this script under this Python) with
+    `args` and --out=<a temporary JSON file>; returns that file's result."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
-    cmd = [sys.executable, __file__, *args, f"--out={out}"]
+    cmd = [*(cmd or [sys.executable, __file__]), *args, f"--out={out}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
     result = json.loads(out.read_text())
