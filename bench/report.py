@@ -636,10 +636,19 @@ def _real_packing(d):
 
 
 def _vs_trl(d):
-    t, p, c = d["trl"], d["pipeline"], d["conventional"]
+    return _vs_peer(d, "trl", "TRL 1.16 GRPOTrainer", "TRL")
+
+
+def _vs_tunix(d):
+    return _vs_peer(d, "tunix", "Tunix 0.1.7 GRPOLearner", "Tunix")
+
+
+def _vs_peer(d, key: str, name: str, short: str):
+    """The whole RL step against a trainer library (bench_vs_trl.py, bench_vs_tunix.py)."""
+    t, p, c = d[key], d["pipeline"], d["conventional"]
     lora = d.get("lora")
     if lora:  # both sides with rank-R adapters (TRL through peft)
-        what = f"{REAL} LoRA r{lora['rank']} RL step vs TRL 1.16 + peft LoRA r{lora['rank']}"
+        what = f"{REAL} LoRA r{lora['rank']} RL step vs {short} 1.16 + peft LoRA r{lora['rank']}"
         return [
             (
                 f"{what} (same prompts, reward, objective): pipeline mode",
@@ -660,27 +669,27 @@ def _vs_trl(d):
     )
     return [
         (
-            f"{REAL} RL step vs TRL 1.16 GRPOTrainer (objective matched, same prompts, reward, "
+            f"{REAL} RL step vs {name} (objective matched, same prompts, reward, "
             "16 x <=144 tokens): pipeline mode",
             side(p),
             side(t),
             f"{d['samples_per_s_ratio']:.2f}x (goal >= {d['goal']['samples_per_s_ratio']:g})",
         ),
         (
-            f"{REAL} RL step vs TRL: conventional mode (one step per round)",
+            f"{REAL} RL step vs {short}: conventional mode (one step per round)",
             side(c),
             side(t),
             f"{d['conventional_samples_per_s_ratio']:.2f}x",
         ),
         (
-            f"{REAL} RL run vs TRL: peak RSS",
+            f"{REAL} RL run vs {short}: peak RSS",
             f"{p['peak_rss_gib']:.2f} GiB (pipeline)",
             f"{t['peak_rss_gib']:.2f} GiB",
             f"{d['peak_rss_ratio']:.2f}x",
         ),
         (
-            f"{REAL} RL run vs TRL: sampled reward, mean of the last 3 steps within TRL's "
-            f"{t['train_s'] / 60:.0f} min of training (steps done)",
+            f"{REAL} RL run vs {short}: sampled reward, mean of the last 3 steps within "
+            f"{short}'s {t['train_s'] / 60:.0f} min of training (steps done)",
             f"{p['equal_time_reward_last3']:.3f} ({p['equal_time_steps']} steps)",
             f"{t['equal_time_reward_last3']:.3f} ({t['equal_time_steps']} steps)",
             "-",
@@ -797,6 +806,7 @@ SECTIONS = (
         _train_real,
     ),
     ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt", _real_packing),
+    ("vs_tunix", "python bench/bench_vs_tunix.py", "Tunix GRPOLearner", _vs_tunix),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", _vs_trl),
     (
         "real_learning_lora",
@@ -869,6 +879,7 @@ HEADLINE = (
     ("real_learning", _real_learning, (0,)),
     ("real_calculator", _real_calculator, (0,)),
     ("real_calculator_large", _real_calculator, (0,)),
+    ("vs_tunix", _vs_tunix, (0,)),
     ("vs_trl", _vs_trl, (0,)),
     ("real_learning_lora", _real_learning_lora, None),
     ("train_step_real", _train_real, (0,)),
