@@ -20,8 +20,9 @@ stop" scores 0.46 and stays ahead of trying a second digit, a trap every 1-5 run
 lr 2e-3 made the policy fall back to near-uniform, no entropy bonus (or 0.05) collapsed (or
 flattened) it, and zero-std group filtering or per-group std normalisation learned slower.
 1000 steps rather than 800: where the sampler outruns the trainer, nearly every token is at the
-lag bound, learning is slower, and an 800-step run sometimes ended just short of the 0.4 gain
-(bench/results/demo_seeds.json has the 1000-step figures).
+lag bound and learning is slower; the extra steps bring the last tenth nearer the plateau. A run
+still stalls now and then (about one seed-run in ten, at 800 steps and at 1000) with its reward
+near 0.35 (bench/results/demo_seeds.json).
 """
 
 from pipelinerl_jax import presets
