@@ -70,7 +70,8 @@ def make_batch(cfg: ModelConfig, num_seq: int, seq_len: int, prompt_len: int):
     return build_batch(samples, batch_cfg)[0]
 
 
-def jax_step(cfg: ModelConfig, params, batch, token_chunk: int, head_dtype: str = "float32"):
+def jax_trainer(cfg: ModelConfig, params, batch, token_chunk: int, head_dtype: str = "float32"):
+    """(Trainer, its state, the batch on its mesh) of our side's step."""
     tcfg = tr.TrainerConfig(
         learning_rate=LR,
         lr_schedule="constant",
@@ -81,8 +82,12 @@ def jax_step(cfg: ModelConfig, params, batch, token_chunk: int, head_dtype: str 
     )
     graphdef, abstract_params = decoder.abstract_init(cfg)
     trainer = tr.Trainer(tcfg, graphdef, abstract_params, tr.trainer_mesh(jax.devices()[:1]))
-    box = {"state": trainer.init_state(params)}
-    dev_batch = trainer.put_batch(batch)
+    return trainer, trainer.init_state(params), trainer.put_batch(batch)
+
+
+def jax_step(cfg: ModelConfig, params, batch, token_chunk: int, head_dtype: str = "float32"):
+    trainer, state, dev_batch = jax_trainer(cfg, params, batch, token_chunk, head_dtype)
+    box = {"state": state}
 
     def step():
         box["state"], metrics = trainer.train_step(box["state"], dev_batch)

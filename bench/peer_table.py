@@ -4,7 +4,8 @@ Each row is one comparison; each machine kind this project runs on (the 2-core A
 2-core Xeon with AMX) gets a column holding that kind's newest figure (bench/results/by_machine
 keeps one per kind, bench/common.write_result). The goal column is the issue's goal for that
 ratio, and "met" says whether every machine kind meets it: a goal is met only when it holds on
-both kinds, so a kind that has not measured the row leaves it unmet. `python bench/report.py
+both kinds, so a kind that has not measured the row leaves it unmet; an unmet goal stands
+beside what bounds it. `python bench/report.py
 --write` puts the table in the README and in docs/benchmarks.md.
 
 A row is (what, peer, ratio, goal): goal is None for ratios with no goal, else (">=", x) or
@@ -116,16 +117,30 @@ def _train_step(d: dict) -> list[Row]:
     ]
 
 
-# (result name, renderer), in the table's order: the whole RL step first.
-SOURCES: tuple[tuple[str, Callable[[dict], list[Row]]], ...] = (
-    ("vs_tunix", _rl_step("Tunix GRPO")),
-    ("vs_trl", _rl_step("TRL GRPOTrainer")),
-    ("vs_trl_lora", _rl_step("TRL + peft")),
-    ("train_step_real", _train_step_real),
-    ("decode_real", _decode_real),
-    ("train_step", _train_step),
-    ("forward", _forward),
-    ("decode", _decode),
+# (result name, renderer, what bounds a goal the figures miss), in the table's order: the
+# whole RL step first. The bounds are the measured ones docs/benchmarks.md details.
+SOURCES: tuple[tuple[str, Callable[[dict], list[Row]], str], ...] = (
+    ("vs_tunix", _rl_step("Tunix GRPO"), "run on the EPYC only so far"),
+    (
+        "vs_trl",
+        _rl_step("TRL GRPOTrainer"),
+        "Xeon: the sampler's f32 decode, ~70% of a step, at 1.1-1.6x transformers there",
+    ),
+    ("vs_trl_lora", _rl_step("TRL + peft"), "run on the EPYC only so far"),
+    (
+        "train_step_real",
+        _train_step_real,
+        "Xeon: XLA's GEMM rate at the step's shapes (f32 0.73-0.90x, bf16 0.36-0.83x "
+        "oneDNN's); every dot already runs on YNNPACK",
+    ),
+    (
+        "decode_real",
+        _decode_real,
+        "the matmul libraries' weight read rate at decode's skinny shapes",
+    ),
+    ("train_step", _train_step, ""),
+    ("forward", _forward, ""),
+    ("decode", _decode, ""),
 )
 
 
@@ -165,12 +180,19 @@ def _cell(ratio: float | None, goal, date: str) -> str:
 def rows(results: Path) -> list[dict]:
     """Every comparison with each kind's ratio: dicts of what, peer, goal, ratios, dates, met."""
     table: dict[tuple[str, str], dict] = {}
-    for name, render in SOURCES:
+    for name, render, bound in SOURCES:
         for kind, d in by_kind(results, name).items():
             for what, peer, ratio, goal in render(d):
                 row = table.setdefault(
                     (what, peer),
-                    {"what": what, "peer": peer, "goal": goal, "ratios": {}, "dates": {}},
+                    {
+                        "what": what,
+                        "peer": peer,
+                        "goal": goal,
+                        "bound": bound,
+                        "ratios": {},
+                        "dates": {},
+                    },
                 )
                 row["ratios"][kind] = ratio
                 row["dates"][kind] = str(d.get("date", "?"))[:10]
@@ -188,12 +210,14 @@ def render(results: Path) -> str:
     found = rows(results)
     kinds = found[0]["kinds"] if found else list(KINDS)
     head = "| comparison | peer | goal | " + " | ".join(KIND_LABEL.get(k, k) for k in kinds)
-    lines = [head + " | goal met on both |", "|" + " --- |" * (4 + len(kinds))]
+    lines = [head + " | goal met on both | what bounds it |", "|" + " --- |" * (5 + len(kinds))]
     for r in found:
         goal = "-" if r["goal"] is None else f"{r['goal'][0]} {r['goal'][1]:g}x"
         cells = [_cell(r["ratios"].get(k), r["goal"], r["dates"].get(k, "")) for k in kinds]
         met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        lines.append(f"| {r['what']} | {r['peer']} | {goal} | " + " | ".join(cells) + f" | {met} |")
+        bound = r["bound"] if r["met"] is False else ""
+        cells = " | ".join(cells)
+        lines.append(f"| {r['what']} | {r['peer']} | {goal} | {cells} | {met} | {bound} |")
     if not found:
-        lines.append("| no peer comparison measured yet |" + " - |" * (3 + len(kinds)))
+        lines.append("| no peer comparison measured yet |" + " - |" * (4 + len(kinds)))
     return "\n".join(lines)

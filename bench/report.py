@@ -621,6 +621,31 @@ def _train_real(d):
     return out
 
 
+def _train_xla(d):
+    t = d["timings"]
+    base = t.get("default")
+    rows = [
+        (
+            f"{REAL}: bf16 train step's matmuls on XLA:CPU's YNNPACK path (bf16 operands of "
+            "those; the rest f32)",
+            f"{d['dots_ynn']} of {d['dots_total']} dots",
+            "-",
+            "-",
+        )
+    ]
+    for name, r in t.items():
+        if name != "default" and base:
+            rows.append(
+                (
+                    f"{REAL}: bf16 train step with `{r['xla_flags']}` vs XLA's default: seconds",
+                    f"{r['median_s']:.1f} s",
+                    f"{base['median_s']:.1f} s",
+                    f"{base['median_s'] / r['median_s']:.2f}x",
+                )
+            )
+    return rows
+
+
 def _real_packing(d):
     sh, un = d["shared"], d["unshared"]
     return [
@@ -805,6 +830,7 @@ SECTIONS = (
         "torch + transformers",
         _train_real,
     ),
+    ("train_step_xla", "python bench/train_step_xla.py", "XLA's default flags", _train_xla),
     ("real_packing", "python bench/real_packing.py", "one prompt copy per attempt", _real_packing),
     ("vs_tunix", "python bench/bench_vs_tunix.py", "Tunix GRPOLearner", _vs_tunix),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", _vs_trl),

@@ -1,4 +1,4 @@
-"""bench/common.py: peers are timed in alternating rounds, medians per peer."""
+"""bench helpers: alternating-round medians (common.py), dots read from HLO (train_step_xla)."""
 
 import sys
 from pathlib import Path
@@ -34,3 +34,33 @@ def test_alternating_medians_interleaves_rounds_and_takes_each_median(monkeypatc
     assert calls == ["ours", "ours", "peer", "peer"] * 5
     assert out["ours"] == (3.0, [3.0, 2.0, 9.0, 1.0, 4.0])  # its 2nd, 4th, ... durations
     assert out["peer"] == (2.0, [4.0, 5.0, 0.125, 1.0, 2.0])
+
+
+def test_dot_inventory_names_each_dot_backend_and_dtypes():
+    """bench/train_step_xla.py reads dots out of optimized HLO: a bf16 matmul with f32
+    accumulation and an f32 one, each counted with its operand dtypes and fusion kind."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from bench import train_step_xla
+
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((64, 96), (96, 32)))
+
+    def f(a, b):
+        low = jnp.dot(
+            a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32
+        )
+        return low + jnp.dot(a, b)
+
+    hlo = jax.jit(f).lower(a, b).compile().as_text()
+    dots = train_step_xla.dot_inventory(hlo)
+    assert sum(d["count"] for d in dots) == 2
+    assert sorted(d["operands"] for d in dots) == ["bf16 x bf16", "f32 x f32"]
+    assert all(
+        d["result"] == "f32[64,32]" and d["contraction"] == "contracts {1} x {0}" for d in dots
+    )
+    # Each is named by the fusion that calls it, never by the fused computation it sits in
+    # (a fused computation is printed before its caller).
+    assert not any(d["backend"].startswith("unfused (fused_computation") for d in dots), dots

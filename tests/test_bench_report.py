@@ -447,8 +447,8 @@ def test_peer_table_has_a_column_per_machine_kind_and_meets_goals_only_on_both(t
     assert rows["SmolLM2-135M RL step: samples/s, conventional mode"]["met"] is None
     assert not any(r["peer"] == "Tunix GRPO" for r in rows.values())
     text = peer_table.render(tmp_path)
-    assert "| >= 3x | 3.02x ✓ (2026-11-25) | 2.34x ✗ (2026-11-26) | **no** |" in text
-    assert "| <= 1x | 0.70x ✓ (2026-11-25) | 0.73x ✓ (2026-11-26) | yes |" in text
+    assert "| >= 3x | 3.02x ✓ (2026-11-25) | 2.34x ✗ (2026-11-26) | **no** | Xeon: the" in text
+    assert "| <= 1x | 0.70x ✓ (2026-11-25) | 0.73x ✓ (2026-11-26) | yes |  |" in text
     # One kind alone never meets a goal: the other kind has not measured it.
     (tmp_path / "vs_trl.json").unlink()
     assert "| 3.02x ✓ (2026-11-25) | not measured | **no** |" in peer_table.render(tmp_path)
