@@ -243,6 +243,22 @@ def trl_worker(steps: int, out: Path, lora_rank: int = 0) -> None:
     out.write_text(json.dumps(result))
 
 
+def ratios(peer: dict, ours: dict, conv: dict) -> dict:
+    """Both of our modes against a peer's side, and the goals: the result's shared fields
+    (bench_vs_tunix.py writes the same ones)."""
+    ratio = ours["samples_per_s"] / peer["samples_per_s"]
+    return {
+        "pipeline": ours,
+        "conventional": conv,
+        "samples_per_s_ratio": ratio,
+        "conventional_samples_per_s_ratio": conv["samples_per_s"] / peer["samples_per_s"],
+        "peak_rss_ratio": ours["peak_rss_gib"] / peer["peak_rss_gib"],
+        "goal": GOAL,
+        "meets_speed_goal": ratio >= GOAL["samples_per_s_ratio"],
+        "meets_memory_goal": ours["peak_rss_gib"] <= peer["peak_rss_gib"],
+    }
+
+
 def ours_worker(
     steps: int,
     mode: str,
@@ -335,7 +351,6 @@ def main() -> None:
     assert ours["prompts"][:n] == trl_side["prompts"], "the two sides trained other prompts"
     trl_side["equal_time_steps"] = trl_side["steps"]
     trl_side["equal_time_reward_last3"] = statistics.mean(trl_side["reward_by_step"][-3:])
-    ratio = ours["samples_per_s"] / trl_side["samples_per_s"]
     result = {
         "load_before": load,
         "model": "SmolLM2-135M-Instruct (f32)",
@@ -346,14 +361,7 @@ def main() -> None:
         + (f" --lora_rank={args.lora_rank}" if args.lora_rank else ""),
         "config": "configs/smollm2_math.py, objective matched to TRL (see the docstring)",
         "trl": trl_side,
-        "pipeline": ours,
-        "conventional": conv,
-        "samples_per_s_ratio": ratio,
-        "conventional_samples_per_s_ratio": conv["samples_per_s"] / trl_side["samples_per_s"],
-        "peak_rss_ratio": ours["peak_rss_gib"] / trl_side["peak_rss_gib"],
-        "goal": GOAL,
-        "meets_speed_goal": ratio >= GOAL["samples_per_s_ratio"],
-        "meets_memory_goal": ours["peak_rss_gib"] <= trl_side["peak_rss_gib"],
+        **ratios(trl_side, ours, conv),
     }
     for name, side in (
         ("TRL GRPOTrainer", trl_side),
@@ -368,7 +376,7 @@ def main() -> None:
             f"({side['equal_time_steps']} steps)"
         )
     print(
-        f"pipeline / TRL samples/s: {ratio:.2f}x (goal >= {GOAL['samples_per_s_ratio']}), "
+        f"pipeline / TRL samples/s: {result['samples_per_s_ratio']:.2f}x (goal >= {GOAL['samples_per_s_ratio']}), "
         f"peak RSS {result['peak_rss_ratio']:.2f}x of TRL's"
     )
     common.write_result("vs_trl_lora" if args.lora_rank else "vs_trl", result)

@@ -72,23 +72,19 @@ def _train_step_real(d: dict) -> list[Row]:
     return out
 
 
-def _decode_real(d: dict) -> list[Row]:
-    out = []
-    for r in d["rows"]:
-        sampling = "greedy" if r["temperature"] == 0 else f"temperature {r['temperature']:g}"
-        what = f"{REAL} decode {r['dtype']}, batch {r['batch']}, {sampling}: tokens/s"
-        goal = (">=", r["goal"]) if r.get("goal") else None
-        out.append((what, "transformers generate", r["ratio"], goal))
-    return out
+def _decode_rows(model: str, with_goal: bool) -> Callable[[dict], list[Row]]:
+    """bench_decode_real.py's rows (SmolLM2, goals per row) or bench_decode.py's (none)."""
 
+    def rows(d: dict) -> list[Row]:
+        out = []
+        for r in d["rows"]:
+            sampling = "greedy" if r["temperature"] == 0 else f"temperature {r['temperature']:g}"
+            what = f"{model} decode {r['dtype']}, batch {r['batch']}, {sampling}: tokens/s"
+            goal = (">=", r["goal"]) if with_goal and r.get("goal") else None
+            out.append((what, "transformers generate", r["ratio"], goal))
+        return out
 
-def _decode(d: dict) -> list[Row]:
-    out = []
-    for r in d["rows"]:
-        sampling = "greedy" if r["temperature"] == 0 else f"temperature {r['temperature']:g}"
-        what = f"bench model decode {r['dtype']}, batch {r['batch']}, {sampling}: tokens/s"
-        out.append((what, "transformers generate", r["ratio"], None))
-    return out
+    return rows
 
 
 def _forward(d: dict) -> list[Row]:
@@ -135,12 +131,12 @@ SOURCES: tuple[tuple[str, Callable[[dict], list[Row]], str], ...] = (
     ),
     (
         "decode_real",
-        _decode_real,
+        _decode_rows(REAL, with_goal=True),
         "the matmul libraries' weight read rate at decode's skinny shapes",
     ),
     ("train_step", _train_step, ""),
     ("forward", _forward, ""),
-    ("decode", _decode, ""),
+    ("decode", _decode_rows("bench model", with_goal=False), ""),
 )
 
 
