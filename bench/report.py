@@ -673,7 +673,7 @@ def _vs_peer(d, key: str, name: str, short: str):
     t, p, c = d[key], d["pipeline"], d["conventional"]
     lora = d.get("lora")
     if lora:  # both sides with rank-R adapters (TRL through peft)
-        what = f"{REAL} LoRA r{lora['rank']} RL step vs {short} 1.16 + peft LoRA r{lora['rank']}"
+        what = f"{REAL} LoRA r{lora['rank']} RL step vs {name} + peft LoRA r{lora['rank']}"
         return [
             (
                 f"{what} (same prompts, reward, objective): pipeline mode",

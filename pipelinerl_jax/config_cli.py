@@ -309,7 +309,7 @@ def check_workdir(path: str | None, *, create: bool) -> None:
         try:
             os.makedirs(path, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=path, prefix=".write_check_"):
-                pass
+                pass  # creating and removing a file is the whole check
         except OSError as e:
             raise ConfigError(f"{where} is not a writable directory: {e.strerror or e}") from None
         return

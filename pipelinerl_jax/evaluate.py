@@ -303,8 +303,8 @@ def evaluate_cli(fv) -> dict:
             longest = max(longest, len(eval_lib.encode_problem(p, tokenizer, prompt_config)))
         except ConfigError:
             raise
-        except Exception:  # reported per problem by evaluate_problems
-            pass
+        except Exception:
+            pass  # the problem's error is reported per problem by evaluate_problems
     cfg, graphdef, params, step = _model(fv)
     max_seq_len = fv.max_seq_len or min(
         cfg.max_position_embeddings, longest + sampling.max_new_tokens

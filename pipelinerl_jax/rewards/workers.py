@@ -271,8 +271,8 @@ class RewardPool:
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
-        except OSError:  # closed during shutdown
-            pass
+        except OSError:
+            pass  # the wake pipe was closed during shutdown: nobody is left to wake
 
     def _resolve(self, task_id: int, verdict: Verdict) -> None:
         with self._lock:
