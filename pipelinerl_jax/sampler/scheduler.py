@@ -338,6 +338,11 @@ class Scheduler:
         if need > self.allocators[shard].num_free:
             self._evict_parked(shard, need - self.allocators[shard].num_free)
         if need > self.allocators[shard].num_free:
+            # Episodes queued behind this one keep their caches too; while they hold the pages
+            # it needs, nothing in the queue can start (a livelock seen with the README's
+            # environment). Their caches go, and are recomputed when their turn comes.
+            self._evict_waiting(shard, need - self.allocators[shard].num_free, but=seq)
+        if need > self.allocators[shard].num_free:
             return 0
         seq.slot = free[0]
         seq.pages += self._alloc(shard, max(need, 0))
@@ -400,6 +405,18 @@ class Scheduler:
                 self.evictions += 1
                 freed = True
         return freed
+
+    def _evict_waiting(self, shard: int, pages: int, but: Sequence) -> None:
+        """Frees the caches of resumed episodes queued in `shard` (not `but`), last queued
+        first, until `pages` more are free; they are prefilled whole when admitted."""
+        queued = [s for group in self.waiting for s in group if s.cached and s is not but]
+        for seq in reversed(queued):
+            if pages <= 0:
+                break
+            if seq.shard == shard and seq.pages:
+                pages -= len(seq.pages)
+                self._free(seq)
+                self.evictions += 1
 
     def evict_all_parked(self) -> None:
         """Drops every parked cache, and those of resumed episodes still waiting for a slot
