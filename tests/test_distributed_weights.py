@@ -5,8 +5,8 @@ with WeightClients; this file is also their entry point) exchange several versio
 random params pytree (f32 and bf16 leaves of different shapes, fresh values per version). One
 sampler polls from a background thread every few ms and lands some leaves on a 2-device
 sharding; the other pulls synchronously and decodes slowly, so it skips versions. The server
-publishes some versions while a pull is in flight. The samplers report what they pulled as
-hashes; the test checks every pulled version against what the server published under that
+publishes version 3 while the slow sampler's first pull is held in flight. The samplers report
+what they pulled as hashes; the test checks every pulled version against what the server published under that
 number, that versions only grow, that publish returned fast, that the server held at most the
 newest version plus one per in-flight pull and freed everything once the last was acked, and
 that a sampler expecting another layout gets a one-line ConfigError naming the leaf.
@@ -84,15 +84,19 @@ def _server(out: Path) -> None:
     for version in range(1, VERSIONS + 1):
         params = _params(version)
         published[version] = _digest(params)
-        if version % 3 == 0:
-            # Publish while a sampler is mid-pull: the pulled version must stay intact.
-            deadline = time.monotonic() + 10
+        if version == 3:
+            # Publish while a sampler is mid-pull: the pulled version must stay intact. The
+            # slow sampler holds its first pull open until this publish is done (_held), so
+            # the wait ends however loaded the machine is.
+            deadline = time.monotonic() + 60
             while server.pulls_in_flight() == 0 and time.monotonic() < deadline:
                 time.sleep(0.0005)
         t0 = time.perf_counter()
         server.publish(params, version)
         publish_s.append(time.perf_counter() - t0)
         live.append(server.live_versions)
+        if version == 3:
+            kv_client().key_value_set("test/released", "1")
         time.sleep(0.03)
     idle = server.wait_idle(60)
     client = kv_client()
@@ -131,6 +135,7 @@ def _sampler(process: int, out: Path) -> None:
     else:
         wc = WeightClient(like, background=False, prefix="test/weights")
         chunk_s = 0.12  # slow: some versions are replaced before it gets to them
+        _held(wc)
         bad = jax.tree.map(lambda x: x, like)
         bad["layers"][1]["w"] = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
         # The layout is checked before any claim, so this client never talks to the server.
@@ -167,6 +172,26 @@ def _sampler(process: int, out: Path) -> None:
     wc.close()
     out.write_text(json.dumps(report))
     kv_client().key_value_set(f"test/done/{process}", "1")
+
+
+def _held(wc) -> None:
+    """Holds `wc`'s first pull open, after its claim, until the server has published
+    version 3: a publish lands during a pull on any machine, not only on an idle one."""
+    from pipelinerl_jax.distributed.channel import kv_client
+
+    connect, first = wc._connection, [True]
+
+    class Held:
+        def __init__(self, connection):
+            self.connection = connection
+
+        def pull(self, *args):
+            if first:
+                first.clear()
+                kv_client().blocking_key_value_get("test/released", 60_000)
+            return self.connection.pull(*args)
+
+    wc._connection = lambda address: Held(connect(address))
 
 
 def _main(argv) -> None:

@@ -8,6 +8,8 @@ Tokens are a deterministic function of the sequence so far, so every output can 
 with the sequence generated alone.
 """
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -39,9 +41,9 @@ class FakeDevice:
         self.content.setdefault(page, {})[pos % self.sched.page_size] = (token, pos)
 
     def prefill(self, rows):
-        for row in rows:
-            for pos, tok in enumerate(row.tokens):
-                self.write(row.slot, pos, tok)
+        for row in rows:  # positions before row.start are cached already: left untouched
+            for pos in range(row.start, len(row.tokens)):
+                self.write(row.slot, pos, row.tokens[pos])
 
     def copy(self, copies):
         for src, dst in copies:
@@ -176,3 +178,56 @@ def test_preempted_sequence_resumes_with_its_tokens():
     for seq in finished:
         assert seq.tokens == solo(seq.prompt, seq.limit, stop_ids=())
         assert len(seq.tokens) == 12 and seq.finish_reason == "length"
+
+
+def _episode_run(sched, rng, episodes, turns, k, max_chunks=3000):
+    """Episodes of several turns on a tight pool: whatever finishes in a chunk is resumed at
+    once with a fresh observation (several resumed episodes queue together, each holding its
+    cache) or released after its last turn. Fails the moment a chunk boundary admits nothing
+    while nothing runs and work waits: the livelock seen with the README's environment."""
+    dev = FakeDevice(sched)
+    cap = sched.capacity_tokens() + 1
+    for rid in range(episodes):
+        prompt = rng.integers(0, VOCAB, size=rng.integers(2, 12)).tolist()
+        for seq in make_seqs(rid, prompt, n=int(rng.integers(1, 3)), max_new=6, capacity=cap - 1):
+            seq.keep, seq.stop_ids = True, ()
+            sched.enqueue([seq])
+    attempts = sched.num_waiting
+    turns_left = collections.Counter()
+    done = 0
+    for _ in range(max_chunks):
+        if not sched.has_work():
+            break
+        sched.reserve(k)
+        rows, copies = sched.admit(k, version=0)
+        dev.prefill(rows)
+        dev.copy(copies)
+        sched.check()
+        dev.verify()
+        assert sched.running or not sched.waiting, (
+            f"stalled: nothing running, {sched.num_waiting} waiting, "
+            f"{sched.allocators[0].num_free} pages free"
+        )
+        for seq in sched.record(*dev.decode(k)):
+            key = (seq.request_id, seq.attempt)
+            turns_left[key] += 1
+            obs = rng.integers(0, VOCAB, size=rng.integers(1, 6)).tolist()
+            if turns_left[key] >= turns or seq.length + len(obs) + 1 > cap:
+                sched.drop(key)
+                done += 1
+            else:
+                sched.resume(key, obs, min(seq.length + len(obs) + 4, cap))
+        sched.check()
+    assert not sched.has_work() and not sched.parked, "episodes did not finish"
+    return attempts, done
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_resumed_episodes_queued_together_never_stall_a_tight_pool(seed):
+    rng = np.random.default_rng(seed)
+    sched = Scheduler(num_slots=4, num_pages=14, page_size=4, pages_per_slot=12, max_stop_tokens=1)
+    attempts, done = _episode_run(sched, rng, episodes=6, turns=4, k=3)
+    assert done == attempts
+    assert sched.evictions > 0, "the pool should have been tight enough to evict caches"
+    for alloc in sched.allocators:
+        assert alloc.num_free == alloc.usable_pages  # everything returned

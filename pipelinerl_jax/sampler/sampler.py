@@ -333,6 +333,14 @@ class PagedSampler:
         self._run_copies(copies)
         running = sched.running
         if not running:
+            if sched.waiting:
+                # Unreachable while _make_room frees every cache a queue head could need; if
+                # it ever is reached, fail the run here rather than spin on an empty chunk.
+                raise RuntimeError(
+                    f"sampler stalled: {sched.num_waiting} sequences wait, none runs, "
+                    f"{[a.num_free for a in sched.allocators]} pages free per shard "
+                    "(a scheduler bug: please report it with this line)"
+                )
             return finished
         self._upload()
         needed = max(

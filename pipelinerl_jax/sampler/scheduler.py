@@ -15,8 +15,9 @@ At every chunk boundary the driver asks the scheduler to
 Episodes (a sequence submitted with `keep`): a finished turn is parked instead of retired: it
 leaves its slot but keeps its pages, so `resume` (the environment's observation tokens
 appended) re-admits it with only the new tokens to prefill, onto the same pages, in the shard
-that holds them. Parked pages are the first to go when the pool runs out (`_evict_parked`):
-an evicted sequence is resumed by re-prefilling all its tokens, as a preempted one is.
+that holds them. Cached pages are the first to go when the pool runs out (`_make_room`):
+parked episodes', then those of resumed episodes still queued; an evicted sequence is
+resumed by re-prefilling all its tokens, as a preempted one is.
 Observation tokens carry version -1 and logprob 0: no policy produced them.
 
 Stop strings (`SamplingParams.stop_strings`, text the environment names, e.g. "</calc>"): after
@@ -153,7 +154,7 @@ class Scheduler:
         self.parked: dict[tuple[int, int], Sequence] = {}  # (request, attempt) -> sequence
         self._admissions = itertools.count()
         self.preemptions = 0
-        self.evictions = 0  # parked episodes whose pages were taken back
+        self.evictions = 0  # episode caches (parked or queued) whose pages were taken back
         self.mirror = {name: None for name in SLOT_FIELDS}
         self.mirror.update(
             block_tables=np.zeros((num_slots, pages_per_slot), np.int32),
@@ -235,7 +236,7 @@ class Scheduler:
                     self._set_table(seq)
                     need = 0
                 except OutOfPages:
-                    if self._evict_parked(shard, need):
+                    if self._make_room(shard, need):
                         continue
                     victim = max(
                         (s for s in self.running if self.shard_of(s.slot) == shard),
@@ -300,7 +301,7 @@ class Scheduler:
             own = [pages_for(self.kv_after_chunk(s, k), self.page_size) - shared for s in members]
             alloc = self.allocators[shard]
             if members:
-                self._evict_parked(shard, shared + sum(own) - alloc.num_free)
+                self._make_room(shard, shared + sum(own), but=group)
             while members and shared + sum(own) > alloc.num_free:
                 members.pop()
                 own.pop()
@@ -335,14 +336,7 @@ class Scheduler:
         if not free:
             return 0
         need = pages_for(self.kv_after_chunk(seq, k), self.page_size) - len(seq.pages)
-        if need > self.allocators[shard].num_free:
-            self._evict_parked(shard, need - self.allocators[shard].num_free)
-        if need > self.allocators[shard].num_free:
-            # Episodes queued behind this one keep their caches too; while they hold the pages
-            # it needs, nothing in the queue can start (a livelock seen with the README's
-            # environment). Their caches go, and are recomputed when their turn comes.
-            self._evict_waiting(shard, need - self.allocators[shard].num_free, but=seq)
-        if need > self.allocators[shard].num_free:
+        if not self._make_room(shard, need, but=[seq]):
             return 0
         seq.slot = free[0]
         seq.pages += self._alloc(shard, max(need, 0))
@@ -392,31 +386,23 @@ class Scheduler:
         """Ends a parked episode: its pages go back to the pool."""
         self._free(self.parked.pop(key))
 
-    def _evict_parked(self, shard: int, pages: int) -> bool:
-        """Frees parked episodes' pages in `shard`, oldest first, until `pages` more are free
-        (or none is left); True if any was freed. Their caches are recomputed on resume."""
-        freed = False
-        for seq in list(self.parked.values()):
-            if pages <= 0:
+    def _make_room(self, shard: int, pages: int, but=()) -> bool:
+        """Frees cached pages in `shard` until `pages` are free; True if they are. Parked
+        episodes' caches go first, oldest first; then those of resumed episodes still queued
+        (not those in `but`, the group being placed), last queued first: while a queued cache
+        holds pages the queue's head needs, nothing can start and nothing runs to free them
+        (tests/test_sampler_scheduler.py's tight-pool episodes). Either kind is prefilled whole
+        when its turn comes, as a preempted sequence is. Counts free pages rather than the
+        pages dropped: pages shared with the other attempts of a prompt free with the last."""
+        alloc = self.allocators[shard]
+        queued = [s for group in self.waiting for s in group if s.cached and s not in but]
+        for seq in [*self.parked.values(), *reversed(queued)]:
+            if alloc.num_free >= pages:
                 break
             if seq.shard == shard and seq.pages:
-                pages -= len(seq.pages)
                 self._free(seq)
                 self.evictions += 1
-                freed = True
-        return freed
-
-    def _evict_waiting(self, shard: int, pages: int, but: Sequence) -> None:
-        """Frees the caches of resumed episodes queued in `shard` (not `but`), last queued
-        first, until `pages` more are free; they are prefilled whole when admitted."""
-        queued = [s for group in self.waiting for s in group if s.cached and s is not but]
-        for seq in reversed(queued):
-            if pages <= 0:
-                break
-            if seq.shard == shard and seq.pages:
-                pages -= len(seq.pages)
-                self._free(seq)
-                self.evictions += 1
+        return alloc.num_free >= pages
 
     def evict_all_parked(self) -> None:
         """Drops every parked cache, and those of resumed episodes still waiting for a slot
@@ -500,8 +486,12 @@ class Scheduler:
             holders = collections.Counter(
                 p - base for s in self.running if self.shard_of(s.slot) == shard for p in s.pages
             )
+            queued = [s for group in self.waiting for s in group]  # resumed ones keep pages
             holders.update(
-                p - base for s in self.parked.values() if s.shard == shard for p in s.pages
+                p - base
+                for s in [*self.parked.values(), *queued]
+                if s.shard == shard
+                for p in s.pages
             )
             for page in range(1, alloc.num_pages):
                 if alloc.refcount(page) != holders.get(page, 0):
