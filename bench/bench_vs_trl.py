@@ -5,6 +5,7 @@
     python bench/bench_vs_trl.py                        # TRL 6 steps; ours 24 + 12 steps
     python bench/bench_vs_trl.py --trl_steps=4 --pipeline_steps=12 --conventional_steps=6
     python bench/bench_vs_trl.py --lora_rank=16         # LoRA on both sides (TRL with peft)
+    python bench/bench_vs_trl.py --sampler_dtype=bfloat16   # ours decodes in bf16
 
 Both sides start from the same f32 weights and train on the same prompts in the same order
 (the first 4 x steps word problems of our prompt stream for configs/smollm2_math.py, with its
@@ -33,6 +34,11 @@ optimizer step). Writes bench/results/vs_trl.json.
 With `--lora_rank=R` both sides train rank-R adapters (alpha 32, all seven projections, no
 dropout) on the frozen base at LoRA's learning rate, 1e-4 (docs/lora.md says why): ours with
 `model.lora`, TRL with a `peft.LoraConfig` given to GRPOTrainer. Writes vs_trl_lora.json.
+
+With `--sampler_dtype=bfloat16` our sampler decodes in bf16 (`sampler.compute_dtype`) while
+our trainer and TRL stay f32: the sampled tokens change, so the result also carries each side's
+reward and our sampler/trainer logprob mismatch at equal version (mismatch/* of the metrics),
+for f32 and bf16 alike. Writes vs_trl_bf16_sampler.json.
 """
 
 from __future__ import annotations
@@ -60,7 +66,13 @@ LORA_ALPHA, LORA_LR = 32, 1e-4
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def real_config(steps: int, mode: str, lora_rank: int = 0, weighting: str = "token_mean"):
+def real_config(
+    steps: int,
+    mode: str,
+    lora_rank: int = 0,
+    weighting: str = "token_mean",
+    sampler_dtype: str = "float32",
+):
     """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints.
 
     `weighting`: how token losses are aggregated; TRL's dapo is "token_mean" (the default),
@@ -73,6 +85,8 @@ def real_config(steps: int, mode: str, lora_rank: int = 0, weighting: str = "tok
         c.model.lora = dict(rank=lora_rank, alpha=float(LORA_ALPHA), targets=LORA_TARGETS)
         c.trainer.learning_rate = LORA_LR
     c.steps, c.mode, c.conventional_steps = steps, mode, 1
+    if sampler_dtype != "float32":
+        c.sampler.compute_dtype = sampler_dtype
     c.eval_every, c.checkpoint_every, c.log_every = 0, 0, 1
     c.eval.at_start = False
     c.trainer.warmup_steps = 0
@@ -266,11 +280,12 @@ def ours_worker(
     out: Path,
     lora_rank: int = 0,
     weighting: str = "token_mean",
+    sampler_dtype: str = "float32",
 ) -> None:
     t_launch = time.perf_counter()
     from pipelinerl_jax.pipeline import runner as run_lib
 
-    cfg = real_config(steps, mode, lora_rank, weighting)
+    cfg = real_config(steps, mode, lora_rank, weighting, sampler_dtype)
     first_step = []
 
     def echo(line: str) -> None:
@@ -291,6 +306,11 @@ def ours_worker(
     result["launch_to_first_step_s"] = first_step[0]
     result["peak_rss_gib"] = max(r.get("memory/peak_rss_gib", 0.0) for r in train)
     result["prompts"] = [u for r in train for u in r["prompts"]]
+    # Sampler/trainer logprob gap on the tokens trained at their own version (numerics alone).
+    gaps = [r for r in train if r.get("mismatch/tokens_frac", 0) > 0]
+    for key in ("mismatch/abs_mean", "mismatch/abs_max", "mismatch/kl"):
+        values = [r[key] for r in gaps]
+        result[key.replace("/", "_")] = statistics.mean(values) if values else None
     out.write_text(json.dumps(result))
 
 
@@ -318,11 +338,24 @@ def main() -> None:
     p.add_argument("--budget_s", type=float, default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning")
+    p.add_argument(
+        "--sampler_dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="our sampler's compute dtype (the trainers stay f32)",
+    )
     args = p.parse_args()
     if args.worker == "trl":
         return trl_worker(args.steps, Path(args.out), args.lora_rank)
     if args.worker:
-        return ours_worker(args.steps, args.worker, args.budget_s, Path(args.out), args.lora_rank)
+        return ours_worker(
+            args.steps,
+            args.worker,
+            args.budget_s,
+            Path(args.out),
+            args.lora_rank,
+            sampler_dtype=args.sampler_dtype,
+        )
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
     try:
@@ -332,7 +365,7 @@ def main() -> None:
             "trl is not installed: .venv/bin/pip install -r requirements-bench.txt"
         ) from None
     load = common.warn_if_busy()
-    lora = [f"--lora_rank={args.lora_rank}"]
+    lora = [f"--lora_rank={args.lora_rank}", f"--sampler_dtype={args.sampler_dtype}"]
     trl_side = run_side(["--worker=trl", f"--steps={args.trl_steps}", *lora])
     budget = trl_side["train_s"]
     ours = run_side(
@@ -354,11 +387,13 @@ def main() -> None:
     result = {
         "load_before": load,
         "model": "SmolLM2-135M-Instruct (f32)",
+        "sampler_dtype": args.sampler_dtype,
         "lora": {"rank": args.lora_rank, "alpha": LORA_ALPHA, "targets": LORA_TARGETS}
         if args.lora_rank
         else None,
         "command": "python bench/bench_vs_trl.py"
-        + (f" --lora_rank={args.lora_rank}" if args.lora_rank else ""),
+        + (f" --lora_rank={args.lora_rank}" if args.lora_rank else "")
+        + (f" --sampler_dtype={args.sampler_dtype}" if args.sampler_dtype != "float32" else ""),
         "config": "configs/smollm2_math.py, objective matched to TRL (see the docstring)",
         "trl": trl_side,
         **ratios(trl_side, ours, conv),
@@ -374,12 +409,20 @@ def main() -> None:
             f"{side['peak_rss_gib']:.2f} GiB, mean reward {side['reward_mean']:.3f}, reward "
             f"of the last 3 steps within TRL's time {side['equal_time_reward_last3']:.3f} "
             f"({side['equal_time_steps']} steps)"
+            + (
+                f", logprob gap at equal version {side['mismatch_abs_mean']:.4f} mean"
+                if side.get("mismatch_abs_mean") is not None
+                else ""
+            )
         )
     print(
         f"pipeline / TRL samples/s: {result['samples_per_s_ratio']:.2f}x (goal >= {GOAL['samples_per_s_ratio']}), "
         f"peak RSS {result['peak_rss_ratio']:.2f}x of TRL's"
     )
-    common.write_result("vs_trl_lora" if args.lora_rank else "vs_trl", result)
+    name = "vs_trl_lora" if args.lora_rank else "vs_trl"
+    if args.sampler_dtype != "float32":
+        name += "_bf16_sampler"
+    common.write_result(name, result)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ def _rl_step(peer: str, key: str = "") -> Callable[[dict], list[Row]]:
 
     def rows(d: dict) -> list[Row]:
         what = f"{REAL} RL step" + (f", LoRA r{d['lora']['rank']}" if d.get("lora") else "")
+        if d.get("sampler_dtype") == "bfloat16":
+            what += ", our sampler in bf16"
         goal = d.get("goal", {}).get("samples_per_s_ratio")
         out = [
             (
@@ -123,6 +125,11 @@ SOURCES: tuple[tuple[str, Callable[[dict], list[Row]], str], ...] = (
         "Xeon: the sampler's f32 decode, ~70% of a step, at 1.1-1.6x transformers there",
     ),
     ("vs_trl_lora", _rl_step("TRL + peft"), "run on the EPYC only so far"),
+    (
+        "vs_trl_bf16_sampler",
+        _rl_step("TRL GRPOTrainer"),
+        "the Xeon figure, where bf16 decode ran 1.5-1.9x f32 (decode_real), is still to be run",
+    ),
     (
         "train_step_real",
         _train_step_real,

@@ -692,16 +692,31 @@ def _vs_peer(d, key: str, name: str, short: str):
         f"{s['samples_per_s']:.2f} samples/s, {s['completion_tokens_per_s']:.0f} "
         f"tok/s ({s['s_per_step']:.0f} s a step)"
     )
-    return [
+    bf16 = d.get("sampler_dtype") == "bfloat16"
+    ours = f"{REAL} RL step, our sampler in bf16," if bf16 else f"{REAL} RL step"
+    gap = (
+        [
+            (
+                f"{REAL} RL run, our sampler in bf16: sampler/trainer logprob gap at equal "
+                "version (mean |delta| per token, pipeline)",
+                f"{p['mismatch_abs_mean']:.4f} nats",
+                "-",
+                "-",
+            )
+        ]
+        if bf16 and p.get("mismatch_abs_mean") is not None
+        else []
+    )
+    return gap + [
         (
-            f"{REAL} RL step vs {name} (objective matched, same prompts, reward, "
+            f"{ours} vs {name} (objective matched, same prompts, reward, "
             "16 x <=144 tokens): pipeline mode",
             side(p),
             side(t),
             f"{d['samples_per_s_ratio']:.2f}x (goal >= {d['goal']['samples_per_s_ratio']:g})",
         ),
         (
-            f"{REAL} RL step vs {short}: conventional mode (one step per round)",
+            f"{ours} vs {short}: conventional mode (one step per round)",
             side(c),
             side(t),
             f"{d['conventional_samples_per_s_ratio']:.2f}x",
@@ -841,6 +856,12 @@ SECTIONS = (
         _real_learning_lora,
     ),
     ("vs_trl_lora", "python bench/bench_vs_trl.py --lora_rank=16", "TRL + peft", _vs_trl),
+    (
+        "vs_trl_bf16_sampler",
+        "python bench/bench_vs_trl.py --sampler_dtype=bfloat16",
+        "TRL GRPOTrainer",
+        _vs_trl,
+    ),
     ("lora_decode", "python bench/bench_lora_decode.py", "merged weights", _lora_decode),
     (
         "weight_transfer",

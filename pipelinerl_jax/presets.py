@@ -97,6 +97,9 @@ def demo_config() -> ml_collections.ConfigDict:
     c.sampler.prefill_chunk = 16
     c.sampler.max_prefill_rows = 16
     c.sampler.kv_policy = "keep"  # "keep" (the paper) | "recompute"
+    # Decode's weights and activations ("bfloat16" under an f32 trainer: half the bytes a
+    # decode step reads; docs/real_model.md#a-bf16-sampler). None: the model's compute dtype.
+    c.sampler.compute_dtype = ml_collections.config_dict.placeholder(str)
     c.sampler.attention = "auto"  # "auto": Triton paged kernel on GPU, "staged" on CPU |
     # "paged" | "staged" | "gather" (docs/gpu.md#decode-attention-strategies)
 

@@ -29,7 +29,8 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
   the next version is prepared while the current one still decodes; plus the publisher's
   copy of the trainer's params that the conversion reads (pipeline/weights.py: it never
   aliases the trainer's buffers, which the next step donates), held until the conversion is
-  done.
+  done, and already cast to what decode reads (forward.publish_dtypes). Decode's dtype is
+  `sampler.compute_dtype` when set, else the model's compute dtype.
 - kv_pool: the page pool exactly as `pages.size_pool` sizes it for the sampler config.
 - decode_stage: the staged attention's dense copy of every slot's window (staged.py), at the
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
@@ -203,7 +204,7 @@ def head_working_bytes(model_cfg: ModelConfig, tokens: int, loss_cfg) -> int:
 def _sampler_kv_pool(cfg, model_cfg: ModelConfig) -> tuple[pg.PoolSize, int]:
     """(the pool Sampler builds for cfg.sampler on one data shard, cache itemsize)."""
     s = cfg.sampler
-    itemsize = _itemsize(s.cache_dtype or model_cfg.compute_dtype)
+    itemsize = _itemsize(s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype)
     num_pages = s.num_pages
     if num_pages is None and s.kv_memory_bytes is None:
         # As Sampler.__init__: every slot gets room for max_seq_len, plus the null page.
@@ -246,22 +247,33 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     micro = cfg.trainer.micro_batches
     gradients = (2 if micro > 1 else 1) * trained * F32
 
-    # decode_params: embedding and layers in compute dtype, final norm as is, the [V, E] head
-    # in the sampler's head dtype (an untied lm_head is only ever there as that head).
+    # decode_params: embedding and layers in the sampler's compute dtype (sampler.compute_dtype,
+    # else the model's), final norm as is, the [V, E] head in the sampler's head dtype (an
+    # untied lm_head is only ever there as that head).
+    s_size = _itemsize(cfg.sampler.compute_dtype or m.compute_dtype)
     V, E = m.vocab_size, m.hidden_size
     untied_head = 0 if m.tie_word_embeddings else E * V
     head_size = _itemsize(cfg.sampler.head_dtype or "float32")
     # A tied head in the table's dtype is the table itself (forward.one_tied_table).
-    own_head = untied_head or head_size != c_size
-    decode_copy = (count - untied_head - E) * c_size + E * p_size + own_head * V * E * head_size
+    own_head = untied_head or head_size != s_size
+    decode_copy = (count - untied_head - E) * s_size + E * p_size + own_head * V * E * head_size
     if m.lora:  # the base's decode view once (param_view.py), each version's adapters twice
-        sampler_params = decode_copy + 2 * adapters * c_size + adapters * F32
-        decode_copy += adapters * c_size
-        if shared_device and c_size == p_size and head_size in (p_size, F32):
+        sampler_params = decode_copy + 2 * adapters * s_size + adapters * F32
+        decode_copy += adapters * s_size
+        if shared_device and s_size == p_size and head_size in (p_size, F32):
             # The trainer reads that view instead of a base of its own (models/shared_base.py).
             params = adapters * F32
     else:
-        sampler_params = 2 * decode_copy + params
+        # The publisher's copy is made after forward.narrow_for_decode: layers (and the
+        # embedding, unless a tied table must stay wide for the head) already in decode's
+        # dtypes, the untied head in the head dtype, the final norm as stored.
+        narrow = lambda size: min(size, p_size)  # noqa: E731
+        embed_size = narrow(s_size) if untied_head or s_size == head_size else p_size
+        layers = count - V * E - untied_head - E
+        published = (
+            layers * narrow(s_size) + V * E * embed_size + untied_head * narrow(head_size)
+        ) + E * p_size
+        sampler_params = 2 * decode_copy + published
 
     pool, cache_size = _sampler_kv_pool(cfg, m)
     s = cfg.sampler
@@ -292,7 +304,7 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
 
     evaluates = bool(cfg.eval_every or cfg.eval.at_start)
     # With LoRA the evaluation's sampler reads the main sampler's base: its adapters only.
-    eval_params = adapters * c_size if m.lora else decode_copy
+    eval_params = adapters * s_size if m.lora else decode_copy
     eval_sampler = (eval_params + pool.total_bytes + decode_stage) if evaluates else 0
     return MemoryEstimate(
         params=params,
@@ -374,7 +386,7 @@ _KNOBS = {
     "gradients": ("set model.param_dtype='bfloat16' or use a smaller model",),
     "optimizer": ("set model.param_dtype='bfloat16' or use a smaller model",),
     "params": ("set model.param_dtype='bfloat16' or use a smaller model",),
-    "sampler_params": ("set model.compute_dtype='bfloat16'",),
+    "sampler_params": ("set sampler.compute_dtype='bfloat16' (or model.compute_dtype)",),
     "kv_pool": ("lower sampler.num_slots or sampler.max_seq_len (or set sampler.num_pages)",),
     "decode_stage": ("set sampler.attention='paged'", "lower sampler.num_slots"),
     "eval_sampler": (

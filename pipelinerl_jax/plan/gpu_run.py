@@ -60,7 +60,7 @@ def kv_pool_tokens(cfg, model_cfg: ModelConfig, shards: int) -> int:
             num_layers=model_cfg.num_layers,
             num_kv_heads=model_cfg.num_kv_heads,
             head_dim=model_cfg.head_dim,
-            itemsize=roofline.itemsize(s.cache_dtype or model_cfg.compute_dtype),
+            itemsize=roofline.itemsize(s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype),
             page_size=s.page_size,
             max_seq_len=s.max_seq_len,
             memory_bytes=s.kv_memory_bytes,
@@ -82,7 +82,8 @@ def gpu_report(
     tp = cfg.devices.sampler_tp
     check_tp(model_cfg, tp)
     shards = max(sampler_devices // tp, 1)
-    s, compute = cfg.sampler, model_cfg.compute_dtype
+    s = cfg.sampler
+    compute = s.compute_dtype or model_cfg.compute_dtype  # what the sampler decodes in
     # A decoding token's context if every prompt is full length and every completion runs to
     # max_new_tokens: the prompt plus, on average, half the completion.
     decode_ctx = min(s.max_seq_len, cfg.max_prompt_tokens + cfg.max_new_tokens / 2)
@@ -92,7 +93,7 @@ def gpu_report(
         kv_len=s.max_seq_len,
         decode_ctx=decode_ctx,
         kv_tokens=kv_pool_tokens(cfg, model_cfg, shards),
-        weight_dtype=compute,  # the sampler decodes a compute-dtype copy (memory.py)
+        weight_dtype=compute,  # the sampler decodes a copy in its compute dtype (memory.py)
         cache_dtype=s.cache_dtype or compute,
         head_dtype=s.head_dtype or "float32",
     )

@@ -10,6 +10,7 @@ from pipelinerl_jax.models.mixed_matmul import HEAD_DTYPES
 # Decode attention strategies (sampler/strategies.py checks its table against these names).
 ATTENTION_IMPLS = ("auto", "staged", "paged", "gather")
 KV_POLICIES = ("keep", "recompute")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +31,11 @@ class SamplerConfig:
     #   compiled by warm_up(), so none compiles mid-run
     max_stop_tokens: int = 8  # EOS + stop ids per request
     kv_policy: str = "keep"  # "keep" | "recompute"
-    cache_dtype: str | None = None  # default: the model's compute dtype
+    compute_dtype: str | None = None  # decode's weights and activations; default: the
+    #   model's. "bfloat16" under an f32 trainer halves what
+    #   each decode step reads; the logprob mismatch it adds
+    #   is measured (mismatch/*) and corrected by the ratio
+    cache_dtype: str | None = None  # default: the sampler's compute dtype
     head_dtype: str | None = None  # the LM head's matmul operands: "float32", or
     #   "bfloat16" / "float16" accumulated in f32 (logits stay
     #   f32); default float32, and in a run the trainer's
@@ -54,6 +59,14 @@ class SamplerConfig:
         anything is built)."""
         if self.kv_policy not in KV_POLICIES:
             raise ConfigError(f"kv_policy={self.kv_policy!r}: use one of {KV_POLICIES}")
+        if self.compute_dtype not in (None, *COMPUTE_DTYPES):
+            raise ConfigError(
+                f"sampler compute_dtype={self.compute_dtype!r}: use one of {COMPUTE_DTYPES}"
+            )
+        if self.cache_dtype not in (None, *COMPUTE_DTYPES):
+            raise ConfigError(
+                f"sampler cache_dtype={self.cache_dtype!r}: use one of {COMPUTE_DTYPES}"
+            )
         if self.head_dtype not in (None, *HEAD_DTYPES):
             raise ConfigError(f"sampler head_dtype={self.head_dtype!r}: use one of {HEAD_DTYPES}")
         if self.attention not in ATTENTION_IMPLS:

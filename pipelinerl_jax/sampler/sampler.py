@@ -31,6 +31,7 @@ Mesh: a 1-D ("data",) mesh splits slots data-parallel with params replicated; a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 
@@ -84,6 +85,11 @@ class PagedSampler:
         its adapters and KV pool."""
         cfg = config
         model_cfg = decoder.config_of(graphdef)  # cfg checked itself when it was built
+        if cfg.compute_dtype not in (None, model_cfg.compute_dtype):
+            # The engine reads its model config from the graphdef: one with the sampler's
+            # compute dtype makes decode cast the (trainer's) params to it at conversion.
+            model_cfg = dataclasses.replace(model_cfg, compute_dtype=cfg.compute_dtype)
+            graphdef = _graphdef_of(model_cfg)
         self.config, self.model_cfg = cfg, model_cfg
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         cache_dtype = cfg.cache_dtype or model_cfg.compute_dtype
@@ -515,6 +521,13 @@ class PagedSampler:
             error=error,
             preemptions=seq.preemptions,
         )
+
+
+@functools.cache
+def _graphdef_of(model_cfg):
+    """One graphdef per config, so samplers of one config share an engine (engine.py keys
+    its cache on the graphdef)."""
+    return decoder.abstract_init(model_cfg)[0]
 
 
 def _pow2_at_least(n: int) -> int:
