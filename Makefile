@@ -21,7 +21,7 @@ run: $(STAMP)
 	$(PY) launch.py $(RUN_WORKDIR) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 tests
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link, anchor
 # or nav entry, as tests/test_docs.py does. `.venv/bin/python -m mkdocs serve` previews it.

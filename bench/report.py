@@ -459,8 +459,13 @@ def _real_learning(d):
     return rows
 
 
-def _real_learning_lora(d):
-    """The LoRA run against the full fine-tune's gain (real_learning.json), with its memory."""
+def _real_learning_vs_full(what: str):
+    """A variant's run (`what`: "with LoRA", ...) against the full fine-tune's gain
+    (real_learning.json, f32 sampler), with its memory."""
+    return lambda d: _real_learning_variant(d, what)
+
+
+def _real_learning_variant(d, what: str):
     full = _load("real_learning")
     full_gains = [r["accuracy_gain"] for r in full["runs"]] if full else []
     peer = (
@@ -474,7 +479,7 @@ def _real_learning_lora(d):
         wall = r.get("wall_s", r["train"][-1]["time"]) / 60
         rows.append(
             (
-                f"{REAL} with LoRA ({' '.join(d.get('overrides', []))}): held-out greedy "
+                f"{REAL} {what} ({' '.join(d.get('overrides', []))}): held-out greedy "
                 f"accuracy before -> after {r['steps']} steps, {wall:.0f} min (launch to exit)",
                 f"{r['accuracy_before']:.2f} -> {r['accuracy_after']:.2f} "
                 f"({r['accuracy_gain']:+.2f})",
@@ -488,7 +493,7 @@ def _real_learning_lora(d):
             estimate = r.get("memory_estimate_gib")
             rows.append(
                 (
-                    f"{REAL} with LoRA: peak RSS of the whole run, evaluations included, "
+                    f"{REAL} {what}: peak RSS of the whole run, evaluations included, "
                     "against the start-up estimate",
                     f"{r['peak_rss_gib']:.2f} GiB",
                     f"estimate {estimate:.1f} GiB" if estimate else "-",
@@ -853,7 +858,14 @@ SECTIONS = (
         "real_learning_lora",
         "python bench/real_learning.py --name=real_learning_lora",
         "full fine-tune",
-        _real_learning_lora,
+        _real_learning_vs_full("with LoRA"),
+    ),
+    (
+        "real_learning_bf16_sampler",
+        "python bench/real_learning.py --name=real_learning_bf16_sampler --seeds=0 "
+        "--set=sampler.compute_dtype=bfloat16",
+        "full fine-tune, f32 sampler",
+        _real_learning_vs_full("with a bf16 sampler"),
     ),
     ("vs_trl_lora", "python bench/bench_vs_trl.py --lora_rank=16", "TRL + peft", _vs_trl),
     (
@@ -928,7 +940,7 @@ HEADLINE = (
     ("real_calculator_large", _real_calculator, (0,)),
     ("vs_tunix", _vs_tunix, (0,)),
     ("vs_trl", _vs_trl, (0,)),
-    ("real_learning_lora", _real_learning_lora, None),
+    ("real_learning_lora", _real_learning_vs_full("with LoRA"), None),
     ("train_step_real", _train_real, (0,)),
     ("decode_real", _decode_real_range, None),
     ("real_profile", _real_profile, (0,)),

@@ -45,3 +45,20 @@ def pytest_terminal_summary(terminalreporter, config):
             f"PIPELINERL_WITHOUT_TORCH=1: {len(left_out)} modules that need torch left out: "
             + " ".join(left_out)
         )
+
+
+# The modules that each keep an xdist worker busy longest (several processes launched and
+# killed; minutes of the suite's ~14). `make test` hands whole modules to 2 workers in
+# collection order, so started first they overlap with the rest instead of running alone at the
+# end. `make test` prints the slowest tests: keep this list in step with them.
+_LONGEST_FIRST = (
+    "test_distributed_trainers.py",
+    "test_distributed_elastic.py",
+    "test_distributed_launch.py",
+    "test_lora_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: others keep order

@@ -19,7 +19,7 @@ import pytest
 from pipelinerl_jax import pipeline, presets
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
-from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.models.tiny_model import tiny_config
 from pipelinerl_jax.pipeline import memory
 from pipelinerl_jax.pipeline.components import model_config
 from pipelinerl_jax.sampler.config import SamplerConfig
@@ -27,22 +27,9 @@ from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ModelConfig(
-    model_type="llama",
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=1e4,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-    attention_bias=False,
-    qk_norm=False,
+# Tied: the table is the f32 head too, so publishes keep it f32 while the layers go bf16.
+MODEL = tiny_config(
+    vocab_size=96, hidden_size=64, intermediate_size=128, head_dim=16, tie_word_embeddings=True
 )
 SAMPLER = SamplerConfig(num_slots=4, max_seq_len=32, page_size=8, chunk_steps=4, prefill_chunk=16)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)

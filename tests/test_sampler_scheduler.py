@@ -95,23 +95,34 @@ def make_seqs(rid, prompt, n, max_new, capacity=10**9):
     ]
 
 
-def run(sched, groups, k, max_chunks=500):
+def drive(sched, k, on_finished, *, version, max_chunks):
+    """Chunk boundaries as the sampler runs them, on the fake device, until no work is left;
+    every finished sequence goes to `on_finished`. A boundary that admits nothing while work
+    waits and nothing runs fails at once (it would repeat forever)."""
     dev = FakeDevice(sched)
-    for g in groups:
-        sched.enqueue(g)
-    finished = []
     for _ in range(max_chunks):
         if not sched.has_work():
             break
         sched.reserve(k)
-        rows, copies = sched.admit(k, version=3)
+        rows, copies = sched.admit(k, version=version)
         dev.prefill(rows)
         dev.copy(copies)
         sched.check()
         dev.verify()
-        if sched.running:
-            finished += sched.record(*dev.decode(k))
+        assert sched.running or not sched.waiting, (
+            f"stalled: nothing running, {sched.num_waiting} waiting, "
+            f"{[a.num_free for a in sched.allocators]} pages free"
+        )
+        for seq in sched.record(*dev.decode(k)):
+            on_finished(seq)
         sched.check()
+
+
+def run(sched, groups, k, max_chunks=500):
+    for g in groups:
+        sched.enqueue(g)
+    finished = []
+    drive(sched, k, finished.append, version=3, max_chunks=max_chunks)
     assert not sched.has_work(), "scheduler did not finish"
     return finished
 
@@ -183,9 +194,9 @@ def test_preempted_sequence_resumes_with_its_tokens():
 def _episode_run(sched, rng, episodes, turns, k, max_chunks=3000):
     """Episodes of several turns on a tight pool: whatever finishes in a chunk is resumed at
     once with a fresh observation (several resumed episodes queue together, each holding its
-    cache) or released after its last turn. Fails the moment a chunk boundary admits nothing
-    while nothing runs and work waits: the livelock seen with the README's environment."""
-    dev = FakeDevice(sched)
+    cache) or released after its last turn. `drive` fails the moment a boundary admits nothing
+    while nothing runs and work waits: the livelock seen with the README's environment.
+    Returns (attempts submitted, episodes ended)."""
     cap = sched.capacity_tokens() + 1
     for rid in range(episodes):
         prompt = rng.integers(0, VOCAB, size=rng.integers(2, 12)).tolist()
@@ -193,33 +204,21 @@ def _episode_run(sched, rng, episodes, turns, k, max_chunks=3000):
             seq.keep, seq.stop_ids = True, ()
             sched.enqueue([seq])
     attempts = sched.num_waiting
-    turns_left = collections.Counter()
-    done = 0
-    for _ in range(max_chunks):
-        if not sched.has_work():
-            break
-        sched.reserve(k)
-        rows, copies = sched.admit(k, version=0)
-        dev.prefill(rows)
-        dev.copy(copies)
-        sched.check()
-        dev.verify()
-        assert sched.running or not sched.waiting, (
-            f"stalled: nothing running, {sched.num_waiting} waiting, "
-            f"{sched.allocators[0].num_free} pages free"
-        )
-        for seq in sched.record(*dev.decode(k)):
-            key = (seq.request_id, seq.attempt)
-            turns_left[key] += 1
-            obs = rng.integers(0, VOCAB, size=rng.integers(1, 6)).tolist()
-            if turns_left[key] >= turns or seq.length + len(obs) + 1 > cap:
-                sched.drop(key)
-                done += 1
-            else:
-                sched.resume(key, obs, min(seq.length + len(obs) + 4, cap))
-        sched.check()
+    turns_done = collections.Counter()
+
+    def next_turn(seq):
+        key = (seq.request_id, seq.attempt)
+        turns_done[key] += 1
+        obs = rng.integers(0, VOCAB, size=rng.integers(1, 6)).tolist()
+        if turns_done[key] >= turns or seq.length + len(obs) + 1 > cap:
+            sched.drop(key)
+            turns_done["ended"] += 1
+        else:
+            sched.resume(key, obs, min(seq.length + len(obs) + 4, cap))
+
+    drive(sched, k, next_turn, version=0, max_chunks=max_chunks)
     assert not sched.has_work() and not sched.parked, "episodes did not finish"
-    return attempts, done
+    return attempts, turns_done["ended"]
 
 
 @pytest.mark.parametrize("seed", range(6))
