@@ -245,3 +245,21 @@ def test_jax_distributed_peers_and_a_lost_one(victim):
     assert outcome.line.startswith(f"{name} was killed by SIGKILL"), outcome.line
     assert outcome.seconds_to_stop < GRACE + 2 and wall < 60
     assert _all_gone(_pids(lines))
+
+
+def test_lines_of_children_printing_at_once_never_run_together():
+    """Each child has a reader thread; an echo that writes a line and its newline in two
+    writes (as print does) must still get whole lines, one child's at a time."""
+    chatty = 'for i in range(300): print("line", i, flush=True)'
+    written = []
+
+    def two_writes(line):
+        written.append(line)
+        time.sleep(0)  # let another reader in between the line and its newline
+        written.append("\n")
+
+    outcome = supervise([_child("a", chatty), _child("b", chatty)], echo=two_writes)
+    assert outcome.returncode == 0
+    lines = "".join(written).splitlines()
+    assert sum(line.startswith(("[a] line", "[b] line")) for line in lines) == 600
+    assert all(line.count("] line") == 1 for line in lines if "line" in line), lines

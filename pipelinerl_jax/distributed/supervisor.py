@@ -125,6 +125,18 @@ class _Running:
         return f"exited with code {code}" + (f": {last}" if last else "")
 
 
+def _one_at_a_time(echo: Callable[[str], None]) -> Callable[[str], None]:
+    """`echo` behind a lock: one reader thread per child calls it, and print writes a line and
+    its newline separately, so two children's lines could run together on one line."""
+    lock = threading.Lock()
+
+    def locked(line: str) -> None:
+        with lock:
+            echo(line)
+
+    return locked
+
+
 def supervise(
     children: Sequence[Child],
     *,
@@ -137,6 +149,7 @@ def supervise(
     Ctrl-C (KeyboardInterrupt) sends SIGINT to every child, then ends them as a failure does,
     and is re-raised. Returns the Outcome; its line is also echoed.
     """
+    echo = _one_at_a_time(echo)
     running = [_Running(c, echo) for c in children]
     try:
         while True:
