@@ -395,6 +395,8 @@ class Scheduler:
         when its turn comes, as a preempted sequence is. Counts free pages rather than the
         pages dropped: pages shared with the other attempts of a prompt free with the last."""
         alloc = self.allocators[shard]
+        if alloc.num_free >= pages:  # the common case: no scan of the queue at every boundary
+            return True
         queued = [s for group in self.waiting for s in group if s.cached and s not in but]
         for seq in [*self.parked.values(), *reversed(queued)]:
             if alloc.num_free >= pages:
