@@ -6,6 +6,7 @@
     python bench/bench_vs_trl.py --trl_steps=4 --pipeline_steps=12 --conventional_steps=6
     python bench/bench_vs_trl.py --lora_rank=16         # LoRA on both sides (TRL with peft)
     python bench/bench_vs_trl.py --sampler_dtype=bfloat16   # ours decodes in bf16
+    python bench/bench_vs_trl.py --decode_widths=1      # ablation: decode every slot
 
 Both sides start from the same f32 weights and train on the same prompts in the same order
 (the first 4 x steps word problems of our prompt stream for configs/smollm2_math.py, with its
@@ -72,8 +73,10 @@ def real_config(
     lora_rank: int = 0,
     weighting: str = "token_mean",
     sampler_dtype: str = "float32",
+    decode_widths: int = 0,
 ):
     """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints.
+    decode_widths: our sampler's (0: the config's).
 
     `weighting`: how token losses are aggregated; TRL's dapo is "token_mean" (the default),
     bench/bench_vs_tunix.py passes Tunix GRPO's "sequence_mean"."""
@@ -87,6 +90,8 @@ def real_config(
     c.steps, c.mode, c.conventional_steps = steps, mode, 1
     if sampler_dtype != "float32":
         c.sampler.compute_dtype = sampler_dtype
+    if decode_widths:
+        c.sampler.decode_widths = decode_widths
     c.eval_every, c.checkpoint_every, c.log_every = 0, 0, 1
     c.eval.at_start = False
     c.trainer.warmup_steps = 0
@@ -281,11 +286,12 @@ def ours_worker(
     lora_rank: int = 0,
     weighting: str = "token_mean",
     sampler_dtype: str = "float32",
+    decode_widths: int = 0,
 ) -> None:
     t_launch = time.perf_counter()
     from pipelinerl_jax.pipeline import runner as run_lib
 
-    cfg = real_config(steps, mode, lora_rank, weighting, sampler_dtype)
+    cfg = real_config(steps, mode, lora_rank, weighting, sampler_dtype, decode_widths)
     first_step = []
 
     def echo(line: str) -> None:
@@ -306,6 +312,7 @@ def ours_worker(
     result["launch_to_first_step_s"] = first_step[0]
     result["peak_rss_gib"] = max(r.get("memory/peak_rss_gib", 0.0) for r in train)
     result["prompts"] = [u for r in train for u in r["prompts"]]
+    result["decode_widths"] = cfg.sampler.decode_widths
     # Sampler/trainer logprob gap on the tokens trained at their own version (numerics alone).
     gaps = [r for r in train if r.get("mismatch/tokens_frac", 0) > 0]
     for key in ("mismatch/abs_mean", "mismatch/abs_max", "mismatch/kl"):
@@ -344,6 +351,12 @@ def main() -> None:
         default="float32",
         help="our sampler's compute dtype (the trainers stay f32)",
     )
+    p.add_argument(
+        "--decode_widths",
+        type=int,
+        default=0,
+        help="our sampler.decode_widths (0: the config's; 1: every slot every step)",
+    )
     args = p.parse_args()
     if args.worker == "trl":
         return trl_worker(args.steps, Path(args.out), args.lora_rank)
@@ -355,6 +368,7 @@ def main() -> None:
             Path(args.out),
             args.lora_rank,
             sampler_dtype=args.sampler_dtype,
+            decode_widths=args.decode_widths,
         )
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
@@ -365,7 +379,11 @@ def main() -> None:
             "trl is not installed: .venv/bin/pip install -r requirements-bench.txt"
         ) from None
     load = common.warn_if_busy()
-    lora = [f"--lora_rank={args.lora_rank}", f"--sampler_dtype={args.sampler_dtype}"]
+    lora = [
+        f"--lora_rank={args.lora_rank}",
+        f"--sampler_dtype={args.sampler_dtype}",
+        f"--decode_widths={args.decode_widths}",
+    ]
     trl_side = run_side(["--worker=trl", f"--steps={args.trl_steps}", *lora])
     budget = trl_side["train_s"]
     ours = run_side(
@@ -393,7 +411,9 @@ def main() -> None:
         else None,
         "command": "python bench/bench_vs_trl.py"
         + (f" --lora_rank={args.lora_rank}" if args.lora_rank else "")
-        + (f" --sampler_dtype={args.sampler_dtype}" if args.sampler_dtype != "float32" else ""),
+        + (f" --sampler_dtype={args.sampler_dtype}" if args.sampler_dtype != "float32" else "")
+        + (f" --decode_widths={args.decode_widths}" if args.decode_widths else ""),
+        "decode_widths": ours["decode_widths"],
         "config": "configs/smollm2_math.py, objective matched to TRL (see the docstring)",
         "trl": trl_side,
         **ratios(trl_side, ours, conv),
@@ -422,6 +442,8 @@ def main() -> None:
     name = "vs_trl_lora" if args.lora_rank else "vs_trl"
     if args.sampler_dtype != "float32":
         name += "_bf16_sampler"
+    if args.decode_widths:  # an ablation: the tables keep the config's setting
+        name += f"_decode_widths{args.decode_widths}"
     common.write_result(name, result)
 
 

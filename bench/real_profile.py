@@ -12,7 +12,7 @@ group's 4 attempts sharing one prompt copy in rows of 448 tokens):
    they must be 0), peak RSS, and where the steady steps' time goes. Engine calls are timed to
    completion (block_until_ready): decode chunks, prefill, page copies, weight preparation and
    upload; the sampler's host work is its step time minus those; the trainer's is its step
-   time. Idle decode slots: 1 - generated tokens / (chunks x chunk_steps x slots).
+   time. Idle decode slots: 1 - generated tokens / the slot-steps the decode chunks ran.
 2. The sampler alone (Sampler.generate on fresh prompts, same sampling settings) and the
    trainer alone (train_step on the batch built from those very samples: with shared prompts
    and empty micro-batches skipped, the step's cost follows the rows the batch fills), each a
@@ -140,8 +140,8 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
         for k in ("decode", "prefill", "page_copies", "weight_prepare", "weight_upload")
     )
     d_tokens = stats[last]["decode_tokens"] - stats[first]["decode_tokens"]
-    d_chunks = stats[last]["chunks"] - stats[first]["chunks"]
-    slot_steps = d_chunks * cfg.sampler.chunk_steps * cfg.sampler.num_slots
+    # The slot-steps the chunks ran (narrower than num_slots with sampler.decode_widths > 1).
+    slot_steps = stats[last]["decode_slot_steps"] - stats[first]["decode_slot_steps"]
     figures = {
         "seconds_to_first_step": step_wall[0] - t_launch,
         "compiles_by_step": [r.get("compile/count", 0) for r in records],

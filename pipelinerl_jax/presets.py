@@ -102,6 +102,9 @@ def demo_config() -> ml_collections.ConfigDict:
     c.sampler.compute_dtype = ml_collections.config_dict.placeholder(str)
     c.sampler.attention = "auto"  # "auto": Triton paged kernel on GPU, "staged" on CPU |
     # "paged" | "staged" | "gather" (docs/gpu.md#decode-attention-strategies)
+    # Batch widths decode may run at: n > 1 packs running sequences low and decodes the
+    # narrowest of slots, slots/2, ... slots/2^(n-1) that holds them (n compiles per window).
+    c.sampler.decode_widths = 1
 
     c.reward = ml_collections.ConfigDict()
     c.reward.fn = "task"
@@ -261,7 +264,10 @@ def smollm2_math_config() -> ml_collections.ConfigDict:
     c.sampler.prefill_chunk = 144  # every prompt in one chunk
     c.sampler.max_prefill_rows = 4  # a step admits at most 16 slots / 4 attempts prompts
     c.sampler.prefill_pad_tokens = True  # 3 prefill shapes (1, 2, 4 rows), compiled at start
-    c.sampler.min_window_pages = 18  # = max_seq_len / page_size: one decode compile
+    c.sampler.min_window_pages = 18  # = max_seq_len / page_size: one window
+    # A step's 16 attempts start together and end unevenly (about half the slot-steps idle):
+    # decode 16, 8 or 4 slots, whichever holds the running ones (3 compiles, at warm-up).
+    c.sampler.decode_widths = 3
 
     c.reward.fn = "math"
     c.reward.table = "success_and_format"
@@ -314,7 +320,7 @@ def smollm2_calculator_config() -> ml_collections.ConfigDict:
     c.generation.max_new_tokens = 160  # the whole episode: turns and the calculator's values
     c.sampler.max_seq_len = 336
     c.sampler.prefill_chunk = 176
-    c.sampler.min_window_pages = 21  # = max_seq_len / page_size: one decode compile
+    c.sampler.min_window_pages = 21  # = max_seq_len / page_size: one window
     c.batch.seq_len = 512
     return c
 

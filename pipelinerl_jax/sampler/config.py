@@ -50,6 +50,11 @@ class SamplerConfig:
     #   to max_seq_len / page_size for a single compile
     attention: str = "auto"  # decode attention: "auto" | "staged" | "paged" |
     #   "gather" (steps.EngineConfig says which is which)
+    decode_widths: int = 1  # batch widths decode may run at: 1 runs every slot each
+    #   step; n > 1 packs running sequences into the lowest
+    #   slots and runs the narrowest of B, B/2, ... B/2^(n-1)
+    #   slots (per data shard) that holds them: a half-empty
+    #   batch costs less, at up to n compiles per window
 
     def __post_init__(self):
         self.validate()
@@ -75,6 +80,10 @@ class SamplerConfig:
             raise ConfigError(
                 f"prefill_chunk={self.prefill_chunk} must be a positive multiple "
                 f"of page_size={self.page_size}"
+            )
+        if self.decode_widths < 1:
+            raise ConfigError(
+                f"decode_widths={self.decode_widths}: use 1 (every slot, every step) or more"
             )
         if self.num_slots < 1 or self.chunk_steps < 1 or self.max_seq_len < 2:
             raise ConfigError(

@@ -60,7 +60,7 @@ class Engine:
     sampler mesh (module docstring). Build it with `get_engine`, so samplers of the same shapes
     share compiled functions.
 
-      decode_chunk(params, state, version, k=, window=)  prefill(params, state, tokens,
+      decode_chunk(params, state, version, k=, window=, width=)  prefill(params, state, tokens,
       positions, block_tables, window=)  copy_pages(state, src, dst)  prepare_params(params)
     """
 
@@ -105,7 +105,9 @@ class Engine:
             lambda spec: NamedSharding(mesh, spec), self.param_specs
         )
         self.decode_chunk = jax.jit(
-            self._decode_chunk, static_argnames=("k", "window"), donate_argnames=("state",)
+            self._decode_chunk,
+            static_argnames=("k", "window", "width"),
+            donate_argnames=("state",),
         )
         self.prefill = jax.jit(
             self._prefill, static_argnames=("window",), donate_argnames=("state",)
@@ -131,8 +133,11 @@ class Engine:
     def _statics(self):
         return dict(cfg=self.model_cfg, ecfg=self.ecfg, axes=self.axes)
 
-    def _decode_chunk(self, params, state: SamplerState, version, *, k: int, window: int):
-        body = functools.partial(decode_chunk, k=k, window=window, **self._statics())
+    def _decode_chunk(
+        self, params, state: SamplerState, version, *, k: int, window: int, width=None
+    ):
+        """width: slots decoded per data shard (the first ones; None: all)."""
+        body = functools.partial(decode_chunk, k=k, window=window, width=width, **self._statics())
         return self._shard_map(body, (self.param_specs, self.specs, Ps()), self.specs)(
             params, state, version
         )

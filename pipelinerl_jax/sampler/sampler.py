@@ -165,7 +165,15 @@ class PagedSampler:
         self._lock = threading.Lock()
         self._errors: list[Sample] = []
         self._next_request = 0
-        self.stats = dict(chunks=0, decode_tokens=0, prefill_tokens=0, preemptions=0, swaps=0)
+        # decode_slot_steps: rows the decode chunks ran (tokens decoded / it = slot use).
+        self.stats = dict(
+            chunks=0,
+            decode_tokens=0,
+            decode_slot_steps=0,
+            prefill_tokens=0,
+            preemptions=0,
+            swaps=0,
+        )
 
     # --- requests -------------------------------------------------------------------------
 
@@ -334,6 +342,8 @@ class PagedSampler:
         self._swap_if_staged()
         sched = self.scheduler
         self.stats["preemptions"] += len(sched.reserve(k))
+        if self.config.decode_widths > 1:
+            sched.compact()  # before admission, which then fills the slots above
         rows, copies = sched.admit(k, self.version)
         self._run_prefill(rows)
         self._run_copies(copies)
@@ -353,9 +363,11 @@ class PagedSampler:
             pg.pages_for(sched.kv_after_chunk(s, k), self.config.page_size) for s in running
         )
         window = pick_window(max(needed, self.config.min_window_pages), sched.pages_per_slot)
+        width = self._width()
         self.state = self.engine.decode_chunk(
-            self.params, self.state, np.int32(self.version), k=k, window=window
+            self.params, self.state, np.int32(self.version), k=k, window=window, width=width
         )
+        self.stats["decode_slot_steps"] += k * sched.num_shards * (width or sched.slots_per_shard)
         st = self.state
         out = jax.device_get(
             (st.out_tokens, st.out_logprobs, st.out_versions, st.out_valid, st.active)
@@ -365,6 +377,21 @@ class PagedSampler:
         done = sched.record(*out)
         finished.extend(self._to_sample(s) for s in done)
         return finished
+
+    def _widths(self) -> list[int | None]:
+        """The slots per shard a decode chunk may run, widest first: a shard's slots (None),
+        then up to `decode_widths` - 1 halvings of it."""
+        width, widths = self.scheduler.slots_per_shard, [None]
+        while len(widths) < self.config.decode_widths and width % 2 == 0:
+            width //= 2
+            widths.append(width)
+        return widths
+
+    def _width(self) -> int | None:
+        """Slots per shard the next chunk decodes: the narrowest width that holds every
+        running sequence (the scheduler packed them into the lowest slots)."""
+        used = self.scheduler.occupied_width()
+        return [w for w in self._widths() if w is None or w >= used][-1]
 
     def generate(
         self, prompts, *, n: int = 1, params: SamplingParams = SamplingParams(), progress=None
@@ -453,14 +480,38 @@ class PagedSampler:
                 start += t
 
     def warm_up(self) -> int:
-        """Compiles every prefill shape a first piece can take, by running each on padding
-        rows (positions -1 write only to the null page); returns how many shapes ran.
+        """Compiles now what a run would otherwise compile mid-run, by running it on empty
+        rows (padding positions and inactive slots write only to the null page); returns how
+        many shapes ran. Two kinds:
 
-        Only with `prefill_pad_tokens`: then a first piece is [rows, prefill_chunk] with rows a
-        power of two up to the rows a shard can prefill at once, a handful of shapes. Without
-        it the token length varies too, and shapes compile on first use. Prompts longer than
-        prefill_chunk also prefill later pieces, each with its attention window: those still
-        compile on first use."""
+        - With `prefill_pad_tokens`, every prefill shape a first piece can take: [rows,
+          prefill_chunk] with rows a power of two up to the rows a shard can prefill at once.
+          Without it the token length varies too, and shapes compile on first use. Prompts
+          longer than prefill_chunk also prefill later pieces, each with its attention window:
+          those still compile on first use.
+        - With `decode_widths` > 1 and one attention window (`min_window_pages` covers a
+          slot's table), the decode chunk at every width."""
+        return self._warm_prefill() + self._warm_decode()
+
+    def _warm_decode(self) -> int:
+        cfg, sched = self.config, self.scheduler
+        if cfg.decode_widths == 1 or cfg.min_window_pages < sched.pages_per_slot:
+            return 0
+        assert not sched.running, "warm_up() runs before the first request"
+        widths = self._widths()
+        for width in widths:
+            self.state = self.engine.decode_chunk(
+                self.params,
+                self.state,
+                np.int32(self.version),
+                k=cfg.chunk_steps,
+                window=sched.pages_per_slot,
+                width=width,
+            )
+        jax.block_until_ready(self.state)
+        return len(widths)
+
+    def _warm_prefill(self) -> int:
         cfg, sched = self.config, self.scheduler
         if not cfg.prefill_pad_tokens:
             return 0

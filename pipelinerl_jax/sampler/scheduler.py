@@ -5,6 +5,8 @@ At every chunk boundary the driver asks the scheduler to
      the most recently admitted sequence of the same shard when the pool runs out (its pages
      are freed, it goes back to the front of the queue keeping its tokens, and is resumed
      later by re-prefilling prompt + generated tokens);
+  1b. `compact()` (with sampler.decode_widths > 1): move running sequences into the lowest
+     free slots of their shard, so the decode chunk can run on a narrower batch;
   2. `admit(k)`: move waiting groups into free slots while pages last; the n attempts of a
      prompt admitted together share its prefill: one prefill row writes the prompt's K/V, its
      full pages are shared by refcount and each other attempt gets a copy of the partially
@@ -247,6 +249,41 @@ class Scheduler:
                     if victim is seq:
                         break
         return preempted
+
+    # --- 1b. pack running sequences into each shard's lowest slots ----------------------
+
+    def compact(self) -> int:
+        """Moves running sequences into the lowest free slots of their shard, so decode can
+        run on the first `occupied_width()` slots of each shard (sampler.decode_widths).
+        Returns how many moved. Free: the mirrors hold every slot field (lengths and last
+        tokens are updated by `record`) and a token's random draw depends on its sequence,
+        not its slot, so a moved sequence samples what it would have where it was."""
+        moved = 0
+        for shard in range(self.num_shards):
+            slots = self._shard_slots(shard)
+            free = [s for s in slots if self.slots[s] is None]
+            taken = [s for s in reversed(slots) if self.slots[s] is not None]
+            for dst, src in zip(free, taken):
+                if dst > src:
+                    break
+                self._move(src, dst)
+                moved += 1
+        return moved
+
+    def _move(self, src: int, dst: int) -> None:
+        seq = self.slots[src]
+        for name in SLOT_FIELDS:
+            self.mirror[name][dst] = self.mirror[name][src]
+        self.slots[dst], self.slots[src] = seq, None
+        seq.slot = dst
+        self.mirror["active"][src] = False
+        self.mirror["block_tables"][src] = self._null(src)
+        self.dirty = True
+
+    def occupied_width(self) -> int:
+        """1 + the highest occupied slot index within a shard, over the shards (0: none)."""
+        per = self.slots_per_shard
+        return max((s % per + 1 for s, seq in enumerate(self.slots) if seq is not None), default=0)
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)

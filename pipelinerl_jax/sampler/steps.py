@@ -63,7 +63,7 @@ from pipelinerl_jax.sampler import attend as attn
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import sampling, strategies
 from pipelinerl_jax.sampler.config import ATTENTION_IMPLS
-from pipelinerl_jax.sampler.state import SamplerState, init_state
+from pipelinerl_jax.sampler.state import SLOT_FIELDS, SamplerState, init_state
 
 __all__ = [
     "ATTENTION_IMPLS",
@@ -195,12 +195,31 @@ def decode_chunk(
     window: int,
     axes: MeshAxes = ONE_DEVICE,
     apply: ModelApply | None = None,
+    width: int | None = None,
 ) -> SamplerState:
     """k decode steps of every active slot (see the module docstring); params from
     `prepare_params` (or your model's own, with `apply`), state e.g. from
-    `state_from_prompts`. Jittable with cfg, ecfg, k, window, axes and apply static; donate
-    the state to update the pool in place."""
+    `state_from_prompts`. Jittable with cfg, ecfg, k, window, axes, apply and width static;
+    donate the state to update the pool in place.
+
+    width: run only the first `width` slots (of this device's share under shard_map); the
+    others must be inactive: they keep their fields and come out with no valid tokens. A
+    step's cost grows with the rows it runs, so a scheduler that packs its running
+    sequences low (Scheduler.compact) decodes a half-empty batch at a narrower width."""
     _check_apply(apply, axes)
+    if width is not None and width < state.active.shape[0]:
+        return _decode_first(
+            params,
+            state,
+            version,
+            width,
+            cfg=cfg,
+            ecfg=ecfg,
+            k=k,
+            window=window,
+            axes=axes,
+            apply=apply,
+        )
     strategy = strategy_of(ecfg)
     block_tables_BxM = _to_local(state.block_tables, state, axes)
     carry = strategy.init_carry(state, block_tables_BxM, window)
@@ -228,6 +247,30 @@ def decode_chunk(
         out_valid=valid_CxB.T,
         out_versions=jnp.where(valid_CxB.T, version, -1),
     )
+
+
+# What a row past the decoded width holds in each out_* field: nothing sampled.
+_OUT_FILL = {"out_tokens": 0, "out_logprobs": 0.0, "out_versions": -1, "out_valid": False}
+
+
+def _decode_first(params, state: SamplerState, version, width: int, **statics) -> SamplerState:
+    """decode_chunk on slots [0, width) alone, the other rows' fields put back unchanged."""
+    rows = list(SLOT_FIELDS)
+    narrow = decode_chunk(
+        params, state.replace(**{n: getattr(state, n)[:width] for n in rows}), version, **statics
+    )
+    b = state.active.shape[0]
+    kept = {n: jnp.concatenate([getattr(narrow, n), getattr(state, n)[width:]]) for n in rows}
+    empty = {
+        n: jnp.concatenate(
+            [
+                getattr(narrow, n),
+                jnp.full((b - width, statics["k"]), fill, getattr(narrow, n).dtype),
+            ]
+        )
+        for n, fill in _OUT_FILL.items()
+    }
+    return narrow.replace(**kept, **empty)
 
 
 def _decode_step(params, block_tables_BxM, loop, _, *, cfg, ecfg, strategy, window, axes, apply):
