@@ -595,6 +595,22 @@ def _lora_decode(d):
     ]
 
 
+def _decode_widths(d):
+    full, narrow = d["every_slot"], d["narrowed"]
+    ms = d["step_ms_by_width"]
+    return [
+        (
+            f"{REAL}: the sampler alone ({d['dtype']}, 4 x 4 attempts a round, <= 144 new "
+            f"tokens), decode_widths {narrow['decode_widths']} (16/8/4 slots) vs every slot "
+            f"every step; ms a decode step at 16/8/4/2/1 slots: "
+            + "/".join(f"{ms[w]:.0f}" for w in ("16", "8", "4", "2", "1")),
+            f"{narrow['median_round_s']:.1f} s a round, slot use {narrow['slot_use']:.0%}",
+            f"{full['median_round_s']:.1f} s, slot use {full['slot_use']:.0%}",
+            f"{d['speedup']:.2f}x (same tokens {d['same_tokens_frac']:.0%})",
+        )
+    ]
+
+
 def _train_real(d):
     goals = {"float32": 1.2, "bfloat16": 1.0}
     out = []
@@ -835,6 +851,7 @@ SECTIONS = (
     ("bench_episodes", "python bench/bench_episodes.py", "conventional mode", _episodes),
     ("plan_validation", "python bench/bench_plan_validation.py", "planner", _plan),
     ("real_profile", "python bench/real_profile.py", "serial prediction", _real_profile),
+    ("decode_widths", "python bench/bench_decode_widths.py", "every slot", _decode_widths),
     ("real_learning", "python bench/real_learning.py", "goals", _real_learning),
     ("real_calculator", "python bench/real_calculator.py", "the starting model", _real_calculator),
     (
