@@ -31,7 +31,10 @@ from pipelinerl_jax.sampler.scheduler import SamplingParams, Scheduler
 from tests.test_sampler_scheduler import STOP, VOCAB, FakeDevice, make_seqs, solo
 
 MODEL = tiny_config(vocab_size=96, hidden_size=64, intermediate_size=128, head_dim=16)
-SAMPLER = SamplerConfig(num_slots=8, max_seq_len=48, page_size=8, chunk_steps=4, prefill_chunk=16)
+# One attention window (the whole table), so each width is one compile.
+SAMPLER = SamplerConfig(
+    num_slots=8, max_seq_len=48, page_size=8, chunk_steps=4, prefill_chunk=16, min_window_pages=6
+)
 
 
 def test_a_narrow_chunk_decodes_its_rows_as_the_full_chunk_does():
@@ -236,9 +239,7 @@ def test_warm_up_compiles_every_width_so_none_compiles_mid_run():
     from pipelinerl_jax.pipeline.compile_watch import CompileWatch
 
     graphdef, params = decoder.init(MODEL, jax.random.key(6))
-    config = dataclasses.replace(
-        SAMPLER, decode_widths=3, prefill_pad_tokens=True, min_window_pages=6
-    )
+    config = dataclasses.replace(SAMPLER, decode_widths=3, prefill_pad_tokens=True)
     sampler = PagedSampler(graphdef, params, config)
     assert sampler.warm_up() == 4 + 3  # prefill rows 1, 2, 4, 8; decode widths 8, 4, 2
     watch = CompileWatch().install()
