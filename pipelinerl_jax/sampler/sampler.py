@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as Ps
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
+from pipelinerl_jax.sampler import packing
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.engine import get_engine
@@ -425,59 +426,21 @@ class PagedSampler:
         return NamedSharding(self.engine.mesh, Ps(self.config.data_axis))
 
     def _run_prefill(self, rows: list[PrefillRow]) -> None:
-        """Chunked, batched prefill of rows; each shard's rows fill its share of the batch."""
-        if not rows:
-            return
-        cfg, sched = self.config, self.scheduler
-        # A row's own offset: a resumed episode's tokens before `start` are cached already.
-        by_shard = [
-            sorted(
-                (r for r in rows if sched.shard_of(r.slot) == d),
-                key=lambda r: -(len(r.tokens) - r.start),
-            )
-            for d in range(sched.num_shards)
-        ]
-        sharding = self._rows_sharding()
-        while any(by_shard):
-            batch = [lst[: cfg.max_prefill_rows] for lst in by_shard]
-            by_shard = [lst[cfg.max_prefill_rows :] for lst in by_shard]
-            per_shard = _pow2_at_least(max(len(lst) for lst in batch))
-            longest = max(len(r.tokens) - r.start for lst in batch for r in lst)
-            start = 0
-            while start < longest:
-                remaining = longest - start
-                t = (
-                    cfg.prefill_chunk
-                    if remaining > cfg.prefill_chunk or cfg.prefill_pad_tokens
-                    else min(cfg.prefill_chunk, max(cfg.page_size, _pow2_at_least(remaining)))
-                )
-                n_rows = per_shard * sched.num_shards
-                tokens = np.zeros((n_rows, t), np.int32)
-                positions = np.full((n_rows, t), -1, np.int32)
-                tables = np.zeros((n_rows, sched.pages_per_slot), np.int32)
-                for d, lst in enumerate(batch):
-                    tables[d * per_shard : (d + 1) * per_shard] = d * sched.pages_per_shard
-                    for i, row in enumerate(lst):
-                        at = row.start + start
-                        piece = row.tokens[at : at + t]
-                        r = d * per_shard + i
-                        tokens[r, : len(piece)] = piece
-                        positions[r, : len(piece)] = np.arange(at, at + len(piece))
-                        tables[r] = sched.mirror["block_tables"][row.slot]
-                cached = max(
-                    min(row.start + start, len(row.tokens)) for lst in batch for row in lst
-                )
-                window = (
-                    0
-                    if cached == 0
-                    else pick_window(pg.pages_for(cached, cfg.page_size), sched.pages_per_slot)
-                )
-                put = lambda a: jax.device_put(a, sharding)
-                self.state = self.engine.prefill(
-                    self.params, self.state, put(tokens), put(positions), put(tables), window=window
-                )
-                self.stats["prefill_tokens"] += int((positions >= 0).sum())
-                start += t
+        """Chunked, batched prefill of rows (packing.prefill_pieces)."""
+        for piece in packing.prefill_pieces(rows, self.scheduler, self.config):
+            self._prefill_piece(piece)
+            self.stats["prefill_tokens"] += piece.num_tokens
+
+    def _prefill_piece(self, piece: packing.PrefillPiece) -> None:
+        put = lambda a: jax.device_put(a, self._rows_sharding())  # noqa: E731
+        self.state = self.engine.prefill(
+            self.params,
+            self.state,
+            put(piece.tokens_RxT),
+            put(piece.positions_RxT),
+            put(piece.tables_RxM),
+            window=piece.window,
+        )
 
     def warm_up(self) -> int:
         """Compiles now what a run would otherwise compile mid-run, by running it on empty
@@ -512,48 +475,16 @@ class PagedSampler:
         return len(widths)
 
     def _warm_prefill(self) -> int:
-        cfg, sched = self.config, self.scheduler
-        if not cfg.prefill_pad_tokens:
-            return 0
-        cap = _pow2_at_least(min(cfg.max_prefill_rows, -(-cfg.num_slots // sched.num_shards)))
-        sharding = self._rows_sharding()
-        put = lambda a: jax.device_put(a, sharding)
-        per_shard, shapes = 1, 0
-        while per_shard <= cap:
-            n_rows = per_shard * sched.num_shards
-            tables = np.repeat(
-                np.arange(sched.num_shards, dtype=np.int32) * sched.pages_per_shard, per_shard
-            )[:, None].repeat(sched.pages_per_slot, axis=1)
-            self.state = self.engine.prefill(
-                self.params,
-                self.state,
-                put(np.zeros((n_rows, cfg.prefill_chunk), np.int32)),
-                put(np.full((n_rows, cfg.prefill_chunk), -1, np.int32)),
-                put(tables),
-                window=0,
-            )
-            per_shard, shapes = per_shard * 2, shapes + 1
+        pieces = packing.padding_pieces(self.scheduler, self.config)
+        for piece in pieces:
+            self._prefill_piece(piece)
         jax.block_until_ready(self.state)
-        return shapes
+        return len(pieces)
 
     def _run_copies(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
-        sched = self.scheduler
-        by_shard = [
-            [c for c in copies if c[0] // sched.pages_per_shard == d]
-            for d in range(sched.num_shards)
-        ]
-        # One shape for every boundary (padded with null -> null copies): a copy is cheap, a
-        # compile per new count is not, and at most one copy per slot is ever needed.
-        per_shard = max(sched.num_slots // sched.num_shards, max(len(lst) for lst in by_shard))
-        src = np.zeros(per_shard * sched.num_shards, np.int32)
-        dst = np.zeros_like(src)
-        for d, lst in enumerate(by_shard):
-            src[d * per_shard : (d + 1) * per_shard] = d * sched.pages_per_shard
-            dst[d * per_shard : (d + 1) * per_shard] = d * sched.pages_per_shard
-            for i, (s, t) in enumerate(lst):
-                src[d * per_shard + i], dst[d * per_shard + i] = s, t
+        src, dst = packing.copy_arrays(copies, self.scheduler)
         sharding = self._rows_sharding()
         self.state = self.engine.copy_pages(
             self.state, jax.device_put(src, sharding), jax.device_put(dst, sharding)
@@ -579,7 +510,3 @@ def _graphdef_of(model_cfg):
     """One graphdef per config, so samplers of one config share an engine (engine.py keys
     its cache on the graphdef)."""
     return decoder.abstract_init(model_cfg)[0]
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
