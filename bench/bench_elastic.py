@@ -29,7 +29,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
-from tests.test_distributed_elastic import command_of, train_records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,9 +70,9 @@ def main():
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        n = lambda: len(train_records(workdir))  # noqa: E731
+        n = lambda: len(common.train_records(workdir))  # noqa: E731
         wait(lambda: n() >= args.kill_at)
-        pid, argv = command_of(workdir, 2)
+        pid, argv = common.command_of(workdir, 2)
         os.kill(pid, signal.SIGKILL)
         t_kill, kill_step = time.time(), n()
         wait(lambda: "stopped beating: dropped" in log.read_text())
@@ -86,7 +85,7 @@ def main():
         t_join, join_step = time.time(), n()
         code = run.wait()
         rejoin.wait()
-        records = train_records(workdir)
+        records = common.train_records(workdir)
         text = log.read_text()
     if code != 0:
         raise SystemExit(f"the run failed ({code}):\n{text[-3000:]}")

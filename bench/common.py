@@ -195,6 +195,32 @@ def write_result(name: str, payload: dict) -> Path:
     return path
 
 
+# --- a launched run, seen from outside (bench_elastic.py and its test) -------------------
+
+
+def train_records(workdir: Path) -> list[dict]:
+    """The train records of a run's metrics.jsonl so far ([] before its first)."""
+    from pipelinerl_jax.pipeline.metrics import METRICS_FILE, read_records
+
+    return [r for r in read_records(Path(workdir) / METRICS_FILE) if r.get("kind") == "train"]
+
+
+def command_of(workdir: Path, process_id: int) -> tuple[int, list[str]]:
+    """The pid and command line (from /proc) of process `process_id` of the run in `workdir`."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = (Path("/proc") / pid / "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        argv = [a.decode() for a in argv]
+        if f"--workdir={workdir}" in argv and f"--process_id={process_id}" in argv:
+            if "launch.py" in Path(argv[1]).name:  # the process itself, not its launcher
+                return int(pid), argv
+    raise AssertionError(f"no process {process_id} of the run found")
+
+
 def _jsonable(obj):
     if isinstance(obj, (np.floating, np.integer)):
         return obj.item()

@@ -10,13 +10,14 @@ trained exactly once in start order, the restarted process must have decoded att
 trainer must have attached three members (two at the start, one rejoined).
 """
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench.common import command_of, train_records
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, KILL_AT, MAX_LAG = 300, 30, 2
@@ -34,36 +35,12 @@ def _env():
     return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
-def train_records(workdir: Path) -> list[dict]:
-    path = workdir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    return [json.loads(l) for l in lines if '"kind": "train"' in l]
-
-
 def _wait(predicate, what: str, proc, timeout_s: float = 240):
     deadline = time.time() + timeout_s
     while not predicate():
         assert proc.poll() is None, f"the run ended before {what}"
         assert time.time() < deadline, f"no {what} within {timeout_s} s"
         time.sleep(0.1)
-
-
-def command_of(workdir: Path, process_id: int) -> tuple[int, list[str]]:
-    """The command line of this run's process `process_id` (from /proc), and its pid."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            argv = (Path("/proc") / pid / "cmdline").read_bytes().split(b"\0")[:-1]
-        except OSError:
-            continue
-        argv = [a.decode() for a in argv]
-        if f"--workdir={workdir}" in argv and f"--process_id={process_id}" in argv:
-            if "launch.py" in Path(argv[1]).name:  # the process itself, not its launcher
-                return int(pid), argv
-    raise AssertionError(f"no process {process_id} of the run found")
 
 
 def test_kill_9_of_a_sampler_then_a_rejoin_loses_and_repeats_nothing(tmp_path):

@@ -77,6 +77,27 @@ def test_state_items_match_the_model_by_hand(tiny):
     assert est.total == sum(v for _, v in est.items())
 
 
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("compute, head", [("bfloat16", "float32"), ("bfloat16", "bfloat16")])
+def test_the_publish_copy_is_counted_in_the_dtypes_a_publish_sends(tied, compute, head):
+    """The publisher's copy: the trainer's f32 params narrowed to what decode reads, by the
+    sampler's own rule (forward.publish_dtypes), whatever the table and head dtypes."""
+    cfg = _run_config(**{"sampler.compute_dtype": compute, "loss.head_dtype": head})
+    m = _model_config(cfg, tie_word_embeddings=tied)
+    est = memory.estimate(cfg, m)
+    _, abstract = decoder.abstract_init(m)
+    decode_cfg = dataclasses.replace(m, compute_dtype=compute)
+    dtypes = fwd.publish_dtypes(decode_cfg, abstract, head) or {}
+    sent = jax.eval_shape(lambda p: fwd.narrow_for_decode(p, dtypes), abstract)
+    decode = fwd.one_tied_table(
+        decode_cfg,
+        jax.eval_shape(lambda p: fwd.decode_params(decode_cfg, p, head_dtype=head), abstract),
+    )
+    unique = list({id(x): x for x in jax.tree.leaves(decode)}.values())
+    assert est.sampler_params == 2 * _nbytes(unique) + _nbytes(sent)
+    assert _nbytes(sent) < _nbytes(abstract)  # the layers at least go bf16
+
+
 def test_kv_pool_is_what_size_pool_gives_the_sampler(tiny):
     cfg, m = tiny
     s = cfg.sampler

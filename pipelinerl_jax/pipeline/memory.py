@@ -73,6 +73,7 @@ import numpy as np
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
+from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler import strategies
 
@@ -254,8 +255,10 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     V, E = m.vocab_size, m.hidden_size
     untied_head = 0 if m.tie_word_embeddings else E * V
     head_size = _itemsize(cfg.sampler.head_dtype or "float32")
-    # A tied head in the table's dtype is the table itself (forward.one_tied_table).
-    own_head = untied_head or head_size != s_size
+    # A tied head is the table itself only where both are one f32 array
+    # (forward.one_tied_table): a 16-bit table is kept as its uint16 bits, so a 16-bit head
+    # is a second array.
+    own_head = bool(untied_head) or head_size != s_size or s_size == 2
     decode_copy = (count - untied_head - E) * s_size + E * p_size + own_head * V * E * head_size
     if m.lora:  # the base's decode view once (param_view.py), each version's adapters twice
         sampler_params = decode_copy + 2 * adapters * s_size + adapters * F32
@@ -264,15 +267,25 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
             # The trainer reads that view instead of a base of its own (models/shared_base.py).
             params = adapters * F32
     else:
-        # The publisher's copy is made after forward.narrow_for_decode: layers (and the
-        # embedding, unless a tied table must stay wide for the head) already in decode's
-        # dtypes, the untied head in the head dtype, the final norm as stored.
-        narrow = lambda size: min(size, p_size)  # noqa: E731
-        embed_size = narrow(s_size) if untied_head or s_size == head_size else p_size
-        layers = count - V * E - untied_head - E
-        published = (
-            layers * narrow(s_size) + V * E * embed_size + untied_head * narrow(head_size)
-        ) + E * p_size
+        # The publisher's copy is made after forward.narrow_for_decode, in the dtypes its
+        # rule (forward.narrowed_dtypes) gives each top-level name.
+        counts = {"layers": count - V * E - untied_head - E, "embed": V * E, "final_norm": E}
+        if untied_head:
+            counts["lm_head"] = untied_head
+        sampler_model = dataclasses.replace(
+            m, compute_dtype=cfg.sampler.compute_dtype or m.compute_dtype
+        )
+        narrowed = (
+            fwd.narrowed_dtypes(
+                sampler_model,
+                {name: {m.param_dtype} for name in counts},
+                cfg.sampler.head_dtype or "float32",
+            )
+            or {}
+        )
+        published = sum(
+            n * _itemsize(narrowed.get(name, m.param_dtype)) for name, n in counts.items()
+        )
         sampler_params = 2 * decode_copy + published
 
     pool, cache_size = _sampler_kv_pool(cfg, m)

@@ -121,22 +121,27 @@ def publish_dtypes(cfg: ModelConfig, params, head_dtype: str = "float32") -> dic
 
     A publish copies these already narrowed (`narrow_for_decode`), so the trainer-to-sampler
     copy moves bf16, not the f32 master params (half the bytes). Exact: decode_params casts
-    them to the same dtype anyway. Layers (norms included) and the embedding are read in the
-    compute dtype, the untied head in head_dtype; a tied table serves both, so it is narrowed
-    only when they agree; final_norm is read as stored.
-    """
-    compute, head = jnp.dtype(cfg.compute_dtype), jnp.dtype(head_dtype)
-    wanted = {"layers": compute, "lm_head": head}
-    if not cfg.tie_word_embeddings or compute == head:
-        wanted["embed"] = compute
+    them to the same dtype anyway. The rule is `narrowed_dtypes`'."""
     stored = {
         name: {jnp.dtype(x.dtype) for x in jax.tree.leaves(tree)}
         for name, tree in decoder.arrays(params).items()
     }
+    return narrowed_dtypes(cfg, stored, head_dtype)
+
+
+def narrowed_dtypes(cfg: ModelConfig, stored: dict, head_dtype: str = "float32") -> dict | None:
+    """publish_dtypes from the dtypes alone ({top-level name: its leaves' dtypes}), as the
+    memory estimate needs them before any param exists. Layers (norms included) and the
+    embedding are read in the compute dtype, the untied head in head_dtype; a tied table
+    serves both, so it is narrowed only when they agree; final_norm is read as stored."""
+    compute, head = jnp.dtype(cfg.compute_dtype), jnp.dtype(head_dtype)
+    wanted = {"layers": compute, "lm_head": head}
+    if not cfg.tie_word_embeddings or compute == head:
+        wanted["embed"] = compute
     out = {
         name: dtype.name
         for name, dtype in wanted.items()
-        if name in stored and all(d.itemsize > dtype.itemsize for d in stored[name])
+        if name in stored and all(jnp.dtype(d).itemsize > dtype.itemsize for d in stored[name])
     }
     return out or None
 
