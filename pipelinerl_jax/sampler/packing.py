@@ -45,10 +45,14 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _nulls(sched: Scheduler, per_shard: int) -> np.ndarray:
+    """[shards x per_shard] global ids: each shard's rows at that shard's null page."""
+    return np.repeat(np.arange(sched.num_shards, dtype=np.int32) * sched.pages_per_shard, per_shard)
+
+
 def _null_tables(sched: Scheduler, per_shard: int) -> np.ndarray:
-    """Rows of each shard pointing at that shard's null page only."""
-    nulls = np.arange(sched.num_shards, dtype=np.int32) * sched.pages_per_shard
-    return np.repeat(nulls, per_shard)[:, None].repeat(sched.pages_per_slot, axis=1)
+    """Block tables of rows that name only their shard's null page."""
+    return _nulls(sched, per_shard)[:, None].repeat(sched.pages_per_slot, axis=1)
 
 
 def prefill_pieces(
@@ -127,8 +131,7 @@ def copy_arrays(copies: list[tuple[int, int]], sched: Scheduler) -> tuple[np.nda
         [c for c in copies if c[0] // sched.pages_per_shard == d] for d in range(sched.num_shards)
     ]
     per_shard = max(sched.num_slots // sched.num_shards, max(len(lst) for lst in by_shard))
-    src = np.repeat(np.arange(sched.num_shards, dtype=np.int32) * sched.pages_per_shard, per_shard)
-    dst = src.copy()
+    src, dst = _nulls(sched, per_shard), _nulls(sched, per_shard)
     for d, lst in enumerate(by_shard):
         for i, (s, t) in enumerate(lst):
             src[d * per_shard + i], dst[d * per_shard + i] = s, t
