@@ -23,7 +23,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
-from pipelinerl_jax import cli, config_cli, interrupts, malloc_arenas
+from pipelinerl_jax import cli, config_cli, glibc_malloc, interrupts
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.plan.gpu_run import gpu_for_flag
 
@@ -145,7 +145,7 @@ def main(argv, overrides):
     # job wrappers). Done before JAX starts its threads, which inherit this thread's mask.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     interrupts.install()
-    malloc_arenas.limit()  # before JAX's threads too (pipelinerl_jax/malloc_arenas.py)
+    glibc_malloc.limit_arenas()  # before JAX's threads too (pipelinerl_jax/glibc_malloc.py)
     from pipelinerl_jax.pipeline import config_dict
 
     try:

@@ -9,7 +9,9 @@ group's 4 attempts sharing one prompt copy in rows of 448 tokens):
 
 1. The pipeline, launched cold as a user launches it (no persistent compilation cache unless
    --warm_cache): seconds from launch to the first step, compilations per step (after warm-up
-   they must be 0), peak RSS, and where the steady steps' time goes. Engine calls are timed to
+   they must be 0), peak RSS (with launch.py's malloc settings: 2 glibc arenas, free heap pages
+   released before each train step; --no_trim for the ablation, into
+   real_profile_no_trim.json), and where the steady steps' time goes. Engine calls are timed to
    completion (block_until_ready): decode chunks, prefill, page copies, weight preparation and
    upload; the sampler's host work is its step time minus those; the trainer's is its step
    time. Idle decode slots: 1 - generated tokens / the slot-steps the decode chunks ran.
@@ -40,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
+from pipelinerl_jax import glibc_malloc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -73,7 +76,7 @@ class Timers:
         return {k: (self.seconds[k], self.calls[k]) for k in self.seconds}
 
 
-def real_config(steps: int, warm_cache: bool):
+def real_config(steps: int, warm_cache: bool, trim: bool = True):
     from configs import smollm2_math
     from pipelinerl_jax.pipeline.config_dict import from_config_dict
 
@@ -81,6 +84,7 @@ def real_config(steps: int, warm_cache: bool):
     c.steps, c.eval_every, c.checkpoint_every, c.log_every = steps, 0, 0, 1
     c.eval.at_start = False
     c.compile_cache = "auto" if warm_cache else ""
+    c.trim_host_memory = trim
     return from_config_dict(c)
 
 
@@ -148,6 +152,8 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
         "compile_seconds_by_step": [round(r.get("compile/seconds", 0.0), 2) for r in records],
         "compiles_after_warmup": sum(r.get("compile/count", 0) for r in records[first:]),
         "peak_rss_gib": peak_rss / 2**30,
+        # The process's peak so far at each step's end: flat once the steps' peaks repeat.
+        "peak_rss_gib_by_step": [round(r["memory/peak_rss_gib"], 3) for r in records],
         "steady_steps": n,
         "steady_s_per_step": wall / n,
         "steady_generated_tokens_per_step": d_tokens / n,
@@ -269,12 +275,18 @@ def main() -> None:
         action="store_true",
         help="use the persistent compilation cache (default: compile everything)",
     )
+    p.add_argument(
+        "--no_trim",
+        action="store_true",
+        help="trim_host_memory=false: the ablation, written to real_profile_no_trim.json",
+    )
     args = p.parse_args()
+    glibc_malloc.limit_arenas()  # as launch.py does, before JAX starts its threads
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
     load = common.warn_if_busy()
     t_launch = time.perf_counter()
-    cfg = real_config(args.steps, args.warm_cache)
+    cfg = real_config(args.steps, args.warm_cache, trim=not args.no_trim)
     pipeline, c = profile_pipeline(cfg, t_launch)
     solo = alone(c, cfg)
     tokens = pipeline["steady_generated_tokens_per_step"]
@@ -286,6 +298,7 @@ def main() -> None:
         "cpu": common.cpu_features(),
         "config": "configs/smollm2_math.py",
         "warm_cache": args.warm_cache,
+        "trim_host_memory": not args.no_trim,
         "pipeline": pipeline,
         "alone": solo,
         "serial_s_per_step": serial_s,
@@ -319,7 +332,7 @@ def main() -> None:
         {k: round(v, 2) for k, v in pipeline["per_step_seconds"].items()},
         f"idle slots {pipeline['idle_slot_fraction']:.2f}",
     )
-    common.write_result("real_profile", out)
+    common.write_result("real_profile_no_trim" if args.no_trim else "real_profile", out)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Layers. Each imports only from the layers above it (tests/test_layers.py checks 
 researcher can lift a layer and what is above it, and the application stays on top:
 
   0 foundation  errors, cli (one-line errors, exit code 2), interrupts (Ctrl-C never
-                lost), malloc_arenas (fewer glibc arenas for launched runs), sharding, kernels (paged attention: the Triton kernel and its jnp
+                lost), glibc_malloc (fewer arenas, free pages handed back between steps),
+                sharding, kernels (paged attention: the Triton kernel and its jnp
                 reference), models (families, the decoder, Hugging Face and GGUF
                 checkpoints)
   1 parts       rewards, data (prompt streams, tasks), envs (multi-turn environments and

@@ -44,6 +44,7 @@ def demo_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 100  # optimizer steps between checkpoints (0: never); needs --workdir
     c.checkpoint_keep = 3
     c.compile_cache = "auto"  # persistent XLA cache in ~/.cache/pipelinerl_jax ("": off)
+    c.trim_host_memory = True  # free heap pages back to the kernel before each train step
     # Pipeline mode that replays bit for bit from the seed, kill -9 and resume included:
     # swaps land at chunk boundaries fixed by step counts (docs/async_rl.md, what it costs).
     c.deterministic = False

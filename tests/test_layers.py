@@ -24,7 +24,7 @@ PACKAGE = ROOT / "pipelinerl_jax"
 LAYERS = (
     (
         "foundation",
-        ("errors", "cli", "interrupts", "malloc_arenas", "sharding", "kernels", "models"),
+        ("errors", "cli", "interrupts", "glibc_malloc", "sharding", "kernels", "models"),
     ),
     ("parts", ("rewards", "data", "envs", "rl", "sampler")),
     ("train", ("train",)),

@@ -146,7 +146,7 @@ def run_follower(cfg, workdir, spec, echo=print) -> dict:
         processes=range(spec.trainer_processes),
     )
     echo(f"{spec.name}: following process 0 on {len(mesh.devices.flat)} trainer device(s)")
-    counts = follow(trainer, state, open_checkpointer, spec.process_id)
+    counts = follow(trainer, state, open_checkpointer, spec.process_id, trim=cfg.trim_host_memory)
     echo(f"{spec.name}: stopped after {counts.get('step', 0)} train steps")
     return counts
 

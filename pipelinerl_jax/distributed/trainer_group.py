@@ -41,6 +41,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from pipelinerl_jax import glibc_malloc
 from pipelinerl_jax.distributed import channel
 from pipelinerl_jax.rl.batch import TrainBatch
 from pipelinerl_jax.train.checkpoint import CorruptCheckpointError, RunCheckpointer
@@ -183,11 +184,19 @@ def abstract_of(state, shardings):
 
 
 def follow(
-    trainer, state, open_checkpointer, index: int, *, prefix: str = PREFIX, client=None
+    trainer,
+    state,
+    open_checkpointer,
+    index: int,
+    *,
+    prefix: str = PREFIX,
+    client=None,
+    trim: bool = False,
 ) -> dict[str, int]:
     """A follower's whole life: the leader's calls in order until "stop"; returns how many of
     each it made. `index` is this follower's process id; `open_checkpointer()` makes the
-    RunCheckpointer over the trainer processes that the leader's "open" asks for."""
+    RunCheckpointer over the trainer processes that the leader's "open" asks for; `trim`:
+    free heap pages go back to the kernel before each step (RunConfig.trim_host_memory)."""
     client = client or channel.kv_client()
     checkpointer = None
     gather = gather_fn(trainer.mesh)
@@ -206,6 +215,8 @@ def follow(
         n += 1
         counts[op] = counts.get(op, 0) + 1
         if op == "step":
+            if trim:
+                glibc_malloc.release()
             state, _ = trainer.train_step(state, batch)
         elif op == "gather":
             gather(state.params)  # our part of the collective; the copy is dropped

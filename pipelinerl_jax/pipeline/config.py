@@ -285,6 +285,8 @@ class RunConfig(RunSpec):
     compile_cache: str = "auto"  # JAX's persistent compilation cache: "auto" (the user's
     #   cache dir, compile_watch.default_cache_dir), a path,
     #   or "" (off)
+    trim_host_memory: bool = True  # hand free heap pages back to the kernel before each
+    #   train step (glibc_malloc.release): a lower, steady peak RSS
     deterministic: bool = False  # pipeline mode replays bit for bit from the seed: swaps
     #   at chunk boundaries fixed by step counts (pipeline/determinism.py)
     swap_chunks: int = 0  # deterministic: decode chunks between two swaps (0: derived

@@ -159,6 +159,7 @@ def _own_fields(top: dict, gen: dict) -> dict:
         checkpoint_every=int(top["checkpoint_every"]),
         checkpoint_keep=int(top["checkpoint_keep"]),
         compile_cache=str(top["compile_cache"] or ""),
+        trim_host_memory=_flag(top["trim_host_memory"], "trim_host_memory"),
         deterministic=_flag(top["deterministic"], "deterministic"),
         swap_chunks=int(top["swap_chunks"]),
     )

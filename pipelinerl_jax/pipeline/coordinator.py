@@ -34,7 +34,7 @@ import traceback
 import jax
 import numpy as np
 
-from pipelinerl_jax import interrupts
+from pipelinerl_jax import glibc_malloc, interrupts
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import determinism, step_record
@@ -415,6 +415,10 @@ class Coordinator:
             self.trainer_wait_s += t1 - t0
             samples = [s for g in groups for s in g.train_samples()]
             batch, host_stats = build_batch(samples, self.cfg.batch)
+            if self.cfg.trim_host_memory:
+                # Between two steps the decode chunks' small temporaries fragment the heap the
+                # last step's freed: a step starting from what is live peaks lower.
+                glibc_malloc.release()
             self.state, device_metrics = self.trainer.train_step(self.state, batch)
             version = self.step + 1
             self.publisher.publish(self.state.params, version)
