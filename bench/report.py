@@ -475,11 +475,12 @@ def _real_learning_variant(d, what: str):
         else "full fine-tune: not measured"
     )
     rows = []
+    overrides = " ".join(d.get("overrides", []))
     for r in d["runs"]:
         wall = r.get("wall_s", r["train"][-1]["time"]) / 60
         rows.append(
             (
-                f"{REAL} {what} ({' '.join(d.get('overrides', []))}): held-out greedy "
+                f"{REAL} {what}{f' ({overrides})' if overrides else ''}: held-out greedy "
                 f"accuracy before -> after {r['steps']} steps, {wall:.0f} min (launch to exit)",
                 f"{r['accuracy_before']:.2f} -> {r['accuracy_after']:.2f} "
                 f"({r['accuracy_gain']:+.2f})",
@@ -876,6 +877,12 @@ SECTIONS = (
         "python bench/real_learning.py --name=real_learning_lora",
         "full fine-tune",
         _real_learning_vs_full("with LoRA"),
+    ),
+    (
+        "real_run_memory",
+        "python bench/real_learning.py --name=real_run_memory --seeds=0",
+        "full fine-tune",
+        _real_learning_vs_full("full fine-tune, one seed rerun for its memory"),
     ),
     (
         "real_learning_bf16_sampler",

@@ -319,17 +319,22 @@ def test_evaluation_counts_its_own_sampler(tiny):
         assert "eval sampler" in str(with_eval)
 
 
-def test_real_config_estimate_is_within_10_percent_of_its_measured_peak():
+def test_real_config_estimate_bounds_its_measured_peak_within_30_percent():
     """configs/smollm2_math.py (remat, shared prompts in 16 one-row micro-batches, a held-out
-    evaluation every 24 steps): peak RSS 6.83 GiB over a 48-step run (memory/peak_rss_gib of
-    `python bench/real_learning.py`, seed 0, 2-core AMD EPYC, 2026-11-25)."""
+    evaluation every 24 steps): peak RSS 5.14 GiB over a 48-step run with 3 evaluations
+    (memory/peak_rss_gib of `python bench/real_learning.py --name=real_run_memory --seeds=0`,
+    2-core AMD EPYC, 2026-11-27). It was 6.83 GiB, within 10% of the estimate, before
+    launch.py capped glibc's arenas and the pipeline handed free heap pages back before each
+    step; the estimate, a sum of peaks, now leans high (an RSS timeline shows why: the
+    publish-time sampler copies and the evaluation's sampler never coincide with a step's
+    gradients and activations, and the runtime beyond the arrays is ~1.2 GiB, not 0.6)."""
     from configs import smollm2_math
 
     cfg = config_dict.from_config_dict(smollm2_math.get_config())
     est = memory.estimate(cfg, dataclasses.replace(SMOLLM2_135M, remat=True))
     assert est.eval_sampler > 0 and est.sampler_params > est.params
-    ratio = est.total / (6.83 * GiB)
-    assert 0.9 <= ratio <= 1.1, f"{est}: {ratio:.2f} of the measured 6.83 GiB"
+    ratio = est.total / (5.14 * GiB)
+    assert 1.0 <= ratio <= 1.3, f"{est}: {ratio:.2f} of the measured 5.14 GiB"
 
 
 def test_peak_rss_of_a_child_is_its_own_not_its_parents():
@@ -361,10 +366,11 @@ def test_lora_on_a_shared_device_counts_the_base_once(tiny):
 
 
 def test_lora_real_config_estimate_is_within_10_percent_of_its_measured_peak():
-    """configs/smollm2_math.py with LoRA rank 16: peak RSS 2.74 GiB over a 48-step run with
-    two held-out evaluations (`python bench/real_learning.py --name=real_learning_lora
-    --set=model.lora.rank=16 --set=trainer.learning_rate=1e-4`, 2-core AMD EPYC, 2026-11-27):
-    the trainer reads the sampler's base, so the base is counted once."""
+    """configs/smollm2_math.py with LoRA rank 16: peak RSS 2.84 GiB over a 48-step run with
+    three held-out evaluations (`python bench/real_learning.py --name=real_learning_lora
+    --set=model.lora.rank=16 --set=trainer.learning_rate=1e-4`, 2-core AMD EPYC, 2026-11-27;
+    2.74 GiB in the run before): the trainer reads the sampler's base, so the base is counted
+    once."""
     from configs import smollm2_math
 
     c = smollm2_math.get_config()
@@ -374,5 +380,5 @@ def test_lora_real_config_estimate_is_within_10_percent_of_its_measured_peak():
     model = dataclasses.replace(SMOLLM2_135M, remat=True, remat_policy="matmuls", lora=lora)
     est = memory.estimate(cfg, model)  # the preset keeps the matmuls
     assert est.params < 0.05 * GiB  # the adapters alone
-    ratio = est.total / (2.74 * GiB)
-    assert 0.9 <= ratio <= 1.1, f"{est}: {ratio:.2f} of the measured 2.74 GiB"
+    ratio = est.total / (2.84 * GiB)
+    assert 0.9 <= ratio <= 1.1, f"{est}: {ratio:.2f} of the measured 2.84 GiB"

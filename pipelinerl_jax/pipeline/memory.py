@@ -52,9 +52,11 @@ with /usr/bin/time -v, see tests/test_memory.py): train step alone 14.45 GB with
 GB with remat, 4.15 GB with remat and 4 micro-batches; a whole pipeline run (plus a 16-slot x
 288-token f32 sampler, no remat) 15.85 GB. The estimates are 13.8, 3.7, 3.7 and 15.9 GiB:
 within 10% of either reading of "GB" (10^9 or 2^30 bytes). configs/smollm2_math.py (remat,
-shared prompts, 16 one-row micro-batches, evaluation on) peaked at 6.83 GiB over a 48-step run;
-its estimate is 6.6 GiB. It is a sum of peaks, so it leans high where the sampler's and the
-trainer's peaks do not coincide.
+shared prompts, 16 one-row micro-batches, evaluation on) peaked at 5.14 GiB over a 48-step
+launched run (6.83 GiB before glibc_malloc's arena cap and per-step release); its estimate is
+6.5 GiB. It is a sum of peaks, so it leans high where the sampler's and the trainer's peaks do
+not coincide (a publish's sampler copies and the evaluation's sampler come between steps).
+With LoRA rank 16 the same run peaked at 2.84 GiB; its estimate is 2.7 GiB.
 
 Not modelled: sharding (everything is counted as if one device held it; on a sharded mesh
 params, moments and gradients divide over the fsdp x tp devices), the reference model's forward
