@@ -4,6 +4,8 @@ import importlib.util
 import os
 import re
 
+from tests.xla_env import with_fast_compile
+
 # Tests run on CPU even where a GPU is visible, unless a test opts into the GPU explicitly.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Triton 3.9 warns that its fp-fusion default flips in 3.10: pin it so results do not drift.
@@ -11,6 +13,9 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 # Hugging Face libraries must never reach for the hub in tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# LLVM optimisation off for the tests and every process they start (tests/xla_env.py says why);
+# an XLA_FLAGS that chooses a level itself wins.
+os.environ["XLA_FLAGS"] = with_fast_compile(os.environ.get("XLA_FLAGS", ""))
 
 # `make test-jax011` runs the suite on jax 0.11 (Python 3.12), where the registry serves torch
 # only as its CUDA build (gigabytes of NVIDIA wheels). There PIPELINERL_WITHOUT_TORCH=1 leaves
@@ -51,22 +56,22 @@ def pytest_terminal_summary(terminalreporter, config):
 # killed; minutes of the suite's ~14). `make test` hands whole modules to 2 workers in
 # collection order, so started first they overlap with the rest instead of running alone at the
 # end. `make test` prints the slowest tests: keep this list in step with them.
-_LONGEST_FIRST = (  # longest first (seconds of one module under a loaded `make test`)
-    "test_distributed_trainers.py",  # 119
-    "test_lora_shared_base.py",  # 86
-    "test_pipeline_resume_episodes.py",  # 77 (32 alone)
-    "test_distributed_launch.py",  # 73
-    "test_pipeline_resume.py",  # 67
-    "test_pipeline_deterministic.py",  # 59
-    "test_distributed_elastic.py",  # 58
-    "test_distributed_no_supervisor.py",  # 58
-    "test_lora_pipeline.py",  # 46
-    "test_pipeline_text_task.py",  # 46
-    "test_lora_distributed.py",  # 44
-    "test_gguf_io.py",  # 41
-    "test_distributed_rollouts.py",  # 38
-    "test_docs.py",  # 37
-    "test_gpu_check.py",  # 36
+_LONGEST_FIRST = (  # longest first (seconds of one module in a cold-cache `make test`)
+    "test_distributed_trainers.py",  # 96
+    "test_distributed_launch.py",  # 82
+    "test_pipeline_resume.py",  # 68
+    "test_distributed_elastic.py",  # 60
+    "test_lora_shared_base.py",  # 57
+    "test_pipeline_deterministic.py",  # 54
+    "test_pipeline_resume_episodes.py",  # 49
+    "test_readme_env.py",  # 49
+    "test_gguf_io.py",  # 47
+    "test_distributed_no_supervisor.py",  # 47
+    "test_rl_composition.py",  # 46
+    "test_lora_pipeline.py",  # 43
+    "test_docs.py",  # 40
+    "test_distributed_rollouts.py",  # 36
+    "test_lora_distributed.py",  # 34
 )
 
 

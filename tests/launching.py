@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.xla_env import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,9 +27,7 @@ def launch(*args, timeout: float = 300, devices: int | None = None):
 
 
 def _env(devices: int | None) -> dict | None:
-    if devices is None:
-        return None
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    return None if devices is None else child_env(devices)
 
 
 def _processes_with(marker: str) -> list[int]:

@@ -322,7 +322,7 @@ def test_conventional_round_change_refused_in_conventional_mode():
 
 _SHARDED = textwrap.dedent("""
     import os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
     import jax, numpy as np
     sys.path.insert(0, sys.argv[2])
     from test_checkpoint import CFG, assert_bit_identical, randomize

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.xla_env import xla_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 VERSIONS = 10  # published: 1 .. VERSIONS
 PULLERS = (1, 2)
@@ -222,7 +224,7 @@ def test_versions_cross_processes_bit_for_bit(tmp_path):
         for process in range(3):
             env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
             if process == 1:
-                env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+                env["XLA_FLAGS"] = xla_flags(devices=2)
             log = open(tmp_path / f"log{process}.txt", "w")
             child = subprocess.Popen(
                 [

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.xla_env import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 NOT_RUN = "# not run:"
@@ -45,11 +47,7 @@ def run_page(name: str, workdir: Path) -> subprocess.CompletedProcess:
     script.write_text("\n\n".join(runnable_blocks(DOCS / name)))
     # This checkout's package first, whichever one the venv has installed.
     path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    # LLVM optimisation off (as test_trainer_sharded.py does): compiling is most of a page's
-    # time, and what is checked is that the code runs and prints what the page says, not how
-    # fast the compiled code is. The API page took 34 s of CPU, 23 s without it.
-    xla_flags = [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "XLA_FLAGS": " ".join(xla_flags)}
+    env = child_env(PYTHONPATH=os.pathsep.join(path))
     return subprocess.run(
         [sys.executable, str(script)],
         cwd=workdir,

@@ -18,6 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.xla_env import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -64,11 +66,7 @@ def _pins(path: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_cpu_rehearsal_records_every_stage_with_figures_or_a_reason(tmp_path):
     out = tmp_path / "out"
-    # LLVM optimisation off (as test_trainer_sharded.py does): the rehearsal checks the GPU
-    # check's code path, and compiling is most of its time (its CPU figures are only checked
-    # to be positive). 49 s of CPU with a cold compilation cache, 34 s without it.
-    xla_flags = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"])
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), XLA_FLAGS=xla_flags)
+    env = child_env(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu_rehearsal", f"--out={out}"],
         cwd=ROOT,

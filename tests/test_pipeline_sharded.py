@@ -8,21 +8,17 @@ starts.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.xla_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_tensor_parallel_sampler_and_trainer_run_end_to_end(tmp_path):
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-    )
+    env = child_env(8, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     cmd = [
         sys.executable,
         str(ROOT / "launch.py"),

@@ -9,7 +9,6 @@ Runs in a subprocess because simulated CPU devices must be configured before JAX
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_models import hf_greedy, save_hf_llama
+from tests.xla_env import child_env
 
 VOCAB, MAX_NEW = 96, 12
 
@@ -83,9 +83,7 @@ def test_sharded_sampler_matches_transformers(tmp_path, data, tp, attention):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (17, 5, 11, 2, 14, 9)]
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-    )
+    env = child_env(8, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [
             sys.executable,

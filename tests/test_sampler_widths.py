@@ -12,7 +12,6 @@ while decoding fewer slot-steps.
 import dataclasses
 import functools
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -29,6 +28,7 @@ from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import SamplingParams, Scheduler
 from tests.test_sampler_scheduler import STOP, VOCAB, FakeDevice, make_seqs, solo
+from tests.xla_env import child_env
 
 MODEL = tiny_config(vocab_size=96, hidden_size=64, intermediate_size=128, head_dim=16)
 # One attention window (the whole table), so each width is one compile.
@@ -217,7 +217,7 @@ CHILD = textwrap.dedent(
 
 
 def test_two_data_shards_narrow_each_shard_alike():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = child_env(2)
     done = subprocess.run(
         [sys.executable, "-c", CHILD],
         env=env,

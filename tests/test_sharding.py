@@ -72,7 +72,7 @@ def test_param_specs_cover_every_param():
 
 SCRIPT = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import sys
     import jax, jax.numpy as jnp, numpy as np

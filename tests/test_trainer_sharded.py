@@ -5,11 +5,12 @@ whose params then carry the layout those rules give. Runs in a subprocess: the d
 must be fixed (XLA_FLAGS) before JAX initialises.
 """
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.xla_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,9 +89,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_fsdp4_tp2_step_equals_single_device_step():
-    # LLVM optimisation off: halves compile time here, and run time is negligible at this size.
-    flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env = child_env(8, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT],
         cwd=ROOT,
