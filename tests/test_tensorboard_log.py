@@ -171,3 +171,35 @@ def test_a_line_cut_short_by_a_kill_is_skipped_and_ended(tmp_path):
     resumed.write("train", train_record(1))
     resumed.close()
     assert [r["step"] for r in read_records(tmp_path / METRICS_FILE)] == [0, 1]
+
+
+_WITHOUT_TORCH_CHILD = """
+import sys
+import numpy as np
+from pipelinerl_jax.pipeline.tensorboard_log import TensorBoardLog
+tb = TensorBoardLog(sys.argv[1])
+tb.write("train", {"step": 0, "loss": np.float32(0.5), "lag": {"mean": 1.0}})
+tb.close()
+assert "torch" not in sys.modules, "tensorboardX imported torch"
+import torch  # a later import is not blocked
+print(float(torch.ones(2).sum()))
+"""
+
+
+def test_the_writer_does_not_import_torch_and_leaves_it_importable(tmp_path):
+    """tensorboardX imports torch when it is installed (1 s and 190 MB of a run's start-up);
+    the log hides it while tensorboardX imports, and only then."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH_CHILD, str(tmp_path / "tb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "2.0"
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"train/loss", "train/lag/mean"}
