@@ -132,9 +132,11 @@ def test_every_strategy_decodes_the_same(model, prompts, cache_dtype):
             tol = 1e-5 if cache_dtype == "float32" else 5e-3
             np.testing.assert_allclose(got["logprobs"], want["logprobs"], rtol=tol, atol=tol)
             # The pool is the one source of truth: every strategy leaves the same K/V behind.
-            tol = 1e-5 if cache_dtype == "float32" else 1e-2
+            # f32: to rounding, since the layouts' projections ([O, I] or [I, O]) may sum in
+            # another order (measured up to 6e-5 relative with XLA's elemental emitters).
+            rtol, atol = (1e-4, 1e-5) if cache_dtype == "float32" else (1e-2, 1e-2)
             for got_pool, want_pool in zip(got["pools"], want["pools"]):
-                np.testing.assert_allclose(got_pool, want_pool, rtol=tol, atol=tol)
+                np.testing.assert_allclose(got_pool, want_pool, rtol=rtol, atol=atol)
 
 
 def test_free_decode_chunk_under_jit_matches_the_engine(model, prompts):

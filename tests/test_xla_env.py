@@ -9,7 +9,7 @@ from tests.xla_env import FAST_COMPILE, child_env, with_fast_compile, xla_flags
 
 
 def test_the_suite_runs_with_fast_compile():
-    assert FAST_COMPILE in os.environ["XLA_FLAGS"].split()
+    assert FAST_COMPILE in os.environ["XLA_FLAGS"]
 
 
 def test_a_level_the_user_chose_is_kept():
@@ -31,4 +31,4 @@ def test_a_child_gets_its_devices_and_keeps_fast_compile():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     count, *flags = done.stdout.split()
-    assert count == "3" and FAST_COMPILE in flags
+    assert count == "3" and FAST_COMPILE in " ".join(flags)
