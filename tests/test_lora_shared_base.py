@@ -84,7 +84,9 @@ def test_a_trainer_reading_the_sampler_base_steps_exactly_as_with_its_own(
         for key in ("loss", "grad_norm", "kl_ref"):
             assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-6, abs=1e-9), key
     assert float(metrics[0][1]["kl_ref"]) > 0  # the reference term took part
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-8), *states)
+    # The staged view holds each projection transposed ([O, I]): its dots may sum in another
+    # order, and two Adam steps (lr 3e-2) carry that rounding to ~1e-7 in the adapters.
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), *states)
     # The trainer holds no base of its own: its layers are the sampler's arrays themselves.
     layout_layer = sampler.params["layers"][0]
     assert shared.frozen.layers[0]["q_proj"] is layout_layer["q_proj"]
