@@ -48,15 +48,14 @@ def summary_writer_class():
     ImportError and it falls back to numpy; the entry is removed after, so a later
     `import torch` anywhere works as usual."""
     with _IMPORT_LOCK:
-        if "tensorboardX" in sys.modules or "torch" in sys.modules:
-            from tensorboardX import SummaryWriter
-
-            return SummaryWriter
-        sys.modules["torch"] = None
+        hide = "torch" not in sys.modules and "tensorboardX" not in sys.modules
+        if hide:
+            sys.modules["torch"] = None
         try:
             from tensorboardX import SummaryWriter
         finally:
-            del sys.modules["torch"]
+            if hide:
+                del sys.modules["torch"]
         return SummaryWriter
 
 
