@@ -163,7 +163,7 @@ def bench_pair(
     """One row: ours vs transformers generate, greedy (temperature 0) or plain temperature
     sampling (no top-k / top-p: how RL samples), every row forced to `new_tokens` tokens
     (no EOS on either side), from random prompts of `prompt_len` tokens."""
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     prompts = np.random.default_rng(batch).integers(0, vocab_size, (batch, prompt_len))
     sampler, params = our_sampler(
@@ -216,7 +216,7 @@ def bench_swap(sampler, params, chunk_steps: int, repeats: int) -> dict:
     """
     import jax
 
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     batch = sampler.config.num_slots
     t = time.perf_counter()

@@ -80,7 +80,7 @@ def step_ms_by_width(sampler, repeats: int = 5) -> dict[int, float]:
 
 def sampler_alone(cfg, comp, widths: int, prompts) -> dict:
     from pipelinerl_jax.sampler.sampler import PagedSampler
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     s = PagedSampler(
         comp.graphdef,

@@ -48,7 +48,7 @@ def main() -> int:
     from pipelinerl_jax.models import decoder, lora
     from pipelinerl_jax.sampler.config import SamplerConfig
     from pipelinerl_jax.sampler.sampler import PagedSampler
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     load = common.warn_if_busy()
     base_cfg = common.bench_model_config(quick=args.quick)

@@ -150,7 +150,7 @@ def sampler_loop(cfg, graphdef, params, data, num_slots, *, warmup, chunks) -> d
 
     from pipelinerl_jax.data.datasets import PromptStream
     from pipelinerl_jax.sampler.sampler import PagedSampler
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     tokenizer, source, encode = data
     g = cfg.group_size

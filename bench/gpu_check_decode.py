@@ -127,7 +127,7 @@ def stage_decode(ctx: Stage, args, sizes: Sizes, gpu) -> None:
     from bench import common
     from pipelinerl_jax.kernels import paged_attention as pa
     from pipelinerl_jax.models import decoder
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     rows, skipped = ctx.rec.setdefault("rows", []), ctx.rec.setdefault("skipped", [])
     ctx.rec["config"] = dict(

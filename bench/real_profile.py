@@ -180,7 +180,7 @@ def alone(c, cfg, rounds: int = 3) -> dict:
     import numpy as np
 
     from pipelinerl_jax.rl.batch import ScoredSample, build_batch
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     groups = cfg.batch_size // cfg.group_size

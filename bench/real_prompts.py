@@ -95,7 +95,7 @@ def main() -> None:
     from pipelinerl_jax.rewards.math import math_reward
     from pipelinerl_jax.sampler.config import SamplerConfig
     from pipelinerl_jax.sampler.sampler import PagedSampler
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
 
     load = common.warn_if_busy()
     all_variants = variants()

@@ -38,7 +38,7 @@ from pipelinerl_jax.rewards.tables import reward_fn_spec
 from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
 
 

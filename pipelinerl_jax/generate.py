@@ -28,7 +28,7 @@ from pipelinerl_jax.models import hf_io
 from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 
 def define_flags(fv: flags.FlagValues) -> None:

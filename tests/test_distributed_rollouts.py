@@ -27,7 +27,7 @@ from pipelinerl_jax.distributed.weight_server import WeightServer
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.config import SamplerConfig
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from tests.tiny_models import model_config
 
 spec = runtime.ProcessSpec(sys.argv[1], 3, int(sys.argv[2]))

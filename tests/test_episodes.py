@@ -27,7 +27,7 @@ from pipelinerl_jax.pipeline.groups import completion_text
 from pipelinerl_jax.rl.batch import ScoredSample, build_batch
 from pipelinerl_jax.rl.config import BatchConfig
 from pipelinerl_jax.sampler.protocol import Sample
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 TOK = CharTokenizer("0123456789+=:<>")
 EOS = TOK.eos_token_id

@@ -29,7 +29,7 @@ from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.pipeline import eval_lib
 from pipelinerl_jax.rewards.tables import partial_credit
 from pipelinerl_jax.rewards.workers import RewardPool
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from pipelinerl_jax.train import checkpoint as ck
 from pipelinerl_jax.train.trainer import TrainState
 from tests.tiny_models import model_config

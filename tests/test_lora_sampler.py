@@ -10,7 +10,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder, lora
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from tests.tiny_models import model_config
 
 LORA = {"rank": 4, "alpha": 8, "targets": ["q", "k", "v", "o", "gate", "up", "down"]}

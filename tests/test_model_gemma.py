@@ -20,7 +20,7 @@ import transformers
 from pipelinerl_jax.models import decoder, hf_io
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from tests.tiny_models import hf_greedy
 
 VOCAB, MAX_NEW = 96, 10

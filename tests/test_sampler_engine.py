@@ -25,7 +25,7 @@ import torch
 from pipelinerl_jax.models import attention, decoder, hf_io
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from tests.tiny_models import hf_greedy, save_hf_llama
 
 VOCAB, MAX_NEW, MAX_LEN, PAGE = 96, 12, 48, 8

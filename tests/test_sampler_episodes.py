@@ -19,7 +19,7 @@ from pipelinerl_jax import models
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 CONFIG = SamplerConfig(num_slots=4, max_seq_len=96, page_size=8, num_pages=24, chunk_steps=4)
 TURN = SamplingParams(temperature=0.0, max_new_tokens=6)

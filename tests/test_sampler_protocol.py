@@ -20,7 +20,7 @@ from pipelinerl_jax.data.datasets import PromptStream
 from pipelinerl_jax.pipeline import components
 from pipelinerl_jax.sampler.protocol import Sample, Sampler
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 EOS = 2  # the task tokenizer's <eos>; digits are ids 3..12
 

@@ -13,7 +13,8 @@ import collections
 import numpy as np
 import pytest
 
-from pipelinerl_jax.sampler.scheduler import SamplingParams, Scheduler, Sequence
+from pipelinerl_jax.sampler.scheduler import Scheduler
+from pipelinerl_jax.sampler.sequence import SamplingParams, Sequence
 
 VOCAB, STOP = 50, 7
 

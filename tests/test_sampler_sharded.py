@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(
     from pipelinerl_jax.models import hf_io
     from pipelinerl_jax.sampler.sampler import PagedSampler
     from pipelinerl_jax.sampler.config import SamplerConfig
-    from pipelinerl_jax.sampler.scheduler import SamplingParams
+    from pipelinerl_jax.sampler.sequence import SamplingParams
     ckpt, prompts_path, data, tp, attention = sys.argv[1:6]
     data, tp = int(data), int(tp)
     prompts = json.load(open(prompts_path))

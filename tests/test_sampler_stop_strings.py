@@ -27,7 +27,8 @@ from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.pages import pages_for
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams, stop_string_cut
+from pipelinerl_jax.sampler.sequence import SamplingParams
+from pipelinerl_jax.sampler.stop_strings import stop_string_cut
 from tests.test_sampler_episodes import _check_greedy
 
 VOCAB = 96

@@ -26,7 +26,8 @@ from pipelinerl_jax.models.tiny_model import tiny_config
 from pipelinerl_jax.sampler import steps
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams, Scheduler
+from pipelinerl_jax.sampler.scheduler import Scheduler
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from tests.test_sampler_scheduler import STOP, VOCAB, FakeDevice, make_seqs, solo
 from tests.xla_env import child_env
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from pipelinerl_jax.distributed import channel
 from pipelinerl_jax.sampler.protocol import Sample
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 REQUESTS = "pipelinerl/sampler/{}/requests"  # trainer -> sampler member
 RESULTS = "pipelinerl/sampler/{}/results"  # sampler member -> trainer

@@ -52,7 +52,7 @@ from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler.param_view import is_adapters_only
 from pipelinerl_jax.sampler.protocol import Sampler
 from pipelinerl_jax.sampler.sampler import PagedSampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
 from pipelinerl_jax.train.trainer import LossFn, Trainer, TrainState, trainer_mesh
 

@@ -44,7 +44,7 @@ from pipelinerl_jax.pipeline.filtering import GroupFilter
 from pipelinerl_jax.pipeline.groups import Group, ReadyBoard
 from pipelinerl_jax.rl.batch import build_batch
 from pipelinerl_jax.sampler.protocol import Sampler
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from pipelinerl_jax.train.trainer import check_skips
 
 

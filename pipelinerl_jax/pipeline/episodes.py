@@ -37,7 +37,7 @@ from pipelinerl_jax.envs.protocol import Environment, Turn
 from pipelinerl_jax.pipeline.groups import completion_text
 from pipelinerl_jax.rewards.tables import STATUSES, Verdict
 from pipelinerl_jax.sampler.protocol import Sample
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 ENDINGS = ("ok", "error", "timeout", "length")  # how an episode ended (Episode.ending)
 

@@ -3,6 +3,8 @@
 - protocol.py    the Sampler protocol the pipeline uses, and the Sample it returns
 - sampler.py     PagedSampler: submit, step one chunk, collect finished samples
 - scheduler.py   continuous batching on the host (admission, preemption, retirement)
+- sequence.py    SamplingParams, and the Sequence and PrefillRow records the scheduler moves
+- stop_strings.py  where a turn ends on a stop string
 - pages.py       the host-side page allocator and pool sizing
 - config.py      SamplerConfig: one sampler's sizes and policies
 - steps.py       the jittable device steps (decode_chunk, prefill, copy_pages,

@@ -1,6 +1,6 @@
 """Prefill rows and page copies packed into the arrays the engine takes (host side, numpy).
 
-Prefill: a chunk boundary's rows (scheduler.PrefillRow) go to the data shard of their slot,
+Prefill: a chunk boundary's rows (sequence.PrefillRow) go to the data shard of their slot,
 longest first, at most `max_prefill_rows` a shard per call; each shard's rows fill its share
 of the batch (padded to a power of two of rows), and a call's tokens are cut into pieces of at
 most `prefill_chunk` (the last one padded to a power of two, or to prefill_chunk with
@@ -23,7 +23,8 @@ import numpy as np
 
 from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.config import SamplerConfig
-from pipelinerl_jax.sampler.scheduler import PrefillRow, Scheduler
+from pipelinerl_jax.sampler.scheduler import Scheduler
+from pipelinerl_jax.sampler.sequence import PrefillRow
 from pipelinerl_jax.sampler.steps import pick_window
 
 

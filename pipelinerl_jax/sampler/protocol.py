@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 
 @dataclasses.dataclass

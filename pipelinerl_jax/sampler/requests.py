@@ -7,7 +7,7 @@ stops the others.
 from __future__ import annotations
 
 from pipelinerl_jax.sampler.config import SamplerConfig
-from pipelinerl_jax.sampler.scheduler import SamplingParams
+from pipelinerl_jax.sampler.sequence import SamplingParams
 
 
 def request_error(

@@ -49,7 +49,8 @@ from pipelinerl_jax.sampler.engine import get_engine
 from pipelinerl_jax.sampler.param_view import ParamView
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
 from pipelinerl_jax.sampler.requests import observation_error, request_error
-from pipelinerl_jax.sampler.scheduler import PrefillRow, SamplingParams, Scheduler, Sequence
+from pipelinerl_jax.sampler.scheduler import Scheduler
+from pipelinerl_jax.sampler.sequence import PrefillRow, SamplingParams, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
 from pipelinerl_jax.sampler.steps import EngineConfig, pick_window
 
