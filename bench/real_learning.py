@@ -124,6 +124,29 @@ def zero_shot(model_args: list[str], out: Path) -> dict:
     }
 
 
+def memory_estimate_gib(flags: list[str]) -> float:
+    """The start-up memory estimate of a launch with these flags (its --dry_run), beside the
+    run's measured peak RSS."""
+    dry = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *flags, "--dry_run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(re.search(r"memory estimate: ([\d.]+) GiB", dry.stdout + dry.stderr)[1])
+
+
+def re_estimate(workdir: Path) -> None:
+    """Recomputes a finished run's memory estimate with this checkout's model of it (the
+    launch flags recorded in wall_s.json, minus the workdir)."""
+    wall = workdir / "wall_s.json"
+    launched = json.loads(wall.read_text())
+    flags = [f for f in launched["command"].split()[1:] if not f.startswith("--workdir=")]
+    launched["estimate_gib"] = memory_estimate_gib(flags)
+    wall.write_text(json.dumps(launched))
+
+
 def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Path:
     workdir = root / f"seed_{seed}"
     if (workdir / "wall_s.json").exists():
@@ -144,15 +167,7 @@ def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Pa
         f"--config.checkpoint_every={steps}",
         *(f"--config.{o}" for o in overrides),
     ]
-    # The start-up memory estimate of the same config, beside the run's measured peak RSS.
-    dry = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *flags, "--dry_run"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    estimate = float(re.search(r"memory estimate: ([\d.]+) GiB", dry.stdout + dry.stderr)[1])
+    estimate = memory_estimate_gib(flags)
     cmd = [sys.executable, str(ROOT / "launch.py"), *flags, f"--workdir={workdir}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
@@ -204,6 +219,11 @@ def main() -> None:
         action="store_true",
         help="summarise the seeds' finished runs under --root, without running",
     )
+    p.add_argument(
+        "--re_estimate",
+        action="store_true",
+        help="with --summarise: recompute each run's memory estimate with this checkout",
+    )
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     args.root = args.root or str(ROOT / "runs" / args.name)
@@ -214,6 +234,9 @@ def main() -> None:
     else:
         common.warn_if_busy()
         workdirs = [run_seed(s, args.steps, Path(args.root), args.set) for s in seeds]
+    if args.re_estimate:
+        for w in workdirs:
+            re_estimate(w)
     results = [summarise(w) for w in workdirs]
     start = Path(args.root) / "zero_shot_start.json"
     zero_start = None

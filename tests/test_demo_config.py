@@ -124,7 +124,7 @@ def test_the_sampler_head_follows_the_loss_head_unless_set():
     assert mixed.sampler.head_dtype == "float32"
     m = model_config(bf16)
     saved = memory.estimate(mixed, m).sampler_params - memory.estimate(bf16, m).sampler_params
-    head = 2 * m.vocab_size * m.hidden_size  # two decode copies of a [V, E] head
+    head = m.vocab_size * m.hidden_size  # the decode copy's [V, E] head
     if m.tie_word_embeddings and m.compute_dtype == "float32":
         # A tied f32 head is the f32 table itself (forward.one_tied_table): the bf16 head is
         # an extra 2-byte copy, where the f32 one cost nothing.

@@ -2,7 +2,7 @@
 
 A run that does not fit in memory otherwise dies minutes in (after loading and compiling) from
 the kernel's OOM killer, with no message at all. `estimate` adds up, from the config alone, what
-the trainer and the sampler hold at their peaks; `check_fits` compares that with what the
+the trainer and the sampler hold at the run's peak; `check_fits` compares that with what the
 machine has (`available_bytes`) and raises a `ConfigError` naming the largest items and the
 knobs that shrink them.
 
@@ -18,19 +18,21 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 - LoRA (model.lora): params add the adapters, and are the adapters alone when the trainer
   reads the sampler's base on a shared device (models/shared_base.py); optimizer and
   gradients count the adapters only and no reference copy (the KL reference is the frozen
-  base); the sampler holds one decode view of the base and two of the adapters, and a
-  publish copies the adapters only.
+  base); the sampler holds one decode view of the base and the adapters of the version it
+  decodes, and a publish copies the adapters only.
 - optimizer: AdamW mu and nu, always f32 (2 x count x 4), plus the frozen reference params
   (param dtype) when the loss has a KL term.
 - gradients: the f32 gradient (count x 4); with A > 1 micro-batches two of them, the scan's
   accumulator and the current micro-batch's gradient.
-- sampler_params: `sampler.forward.decode_params`, the sampler's own per-version copy (embedding
-  and layers in compute dtype, plus the LM head [V, E] in the sampler's head dtype), twice:
-  the next version is prepared while the current one still decodes; plus the publisher's
-  copy of the trainer's params that the conversion reads (pipeline/weights.py: it never
-  aliases the trainer's buffers, which the next step donates), held until the conversion is
-  done, and already cast to what decode reads (forward.publish_dtypes). Decode's dtype is
-  `sampler.compute_dtype` when set, else the model's compute dtype.
+- sampler_params: `sampler.forward.decode_params`, the sampler's own copy of the version it
+  decodes (embedding and layers in compute dtype, plus the LM head [V, E] in the sampler's
+  head dtype). In deterministic pipeline mode also up to max_lag published versions waiting
+  to be taken in order (pipeline/weights.py keep_all).
+- publish: what a publish holds while it runs: the next version's decode copy, prepared while
+  the current one still decodes, and the publisher's copy of the trainer's params that the
+  conversion reads (pipeline/weights.py: it never aliases the trainer's buffers, which the
+  next step donates), already cast to what decode reads (forward.publish_dtypes). Decode's
+  dtype is `sampler.compute_dtype` when set, else the model's compute dtype.
 - kv_pool: the page pool exactly as `pages.size_pool` sizes it for the sampler config.
 - decode_stage: the staged attention's dense copy of every slot's window (staged.py), at the
   longest window, 2 * L * B * max_seq_len * K * D * itemsize.
@@ -45,18 +47,31 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
   differentiated. Either way plus the LM head's working set
   (rl/logprobs.py): two f32 logit chunks ([min(token_chunk, N), V] on the fused per-token path,
   [N, vocab_chunk] for gspo) and the f32 head gradient [E, V].
-- runtime: a fixed overhead for the interpreter, JAX/XLA and the compiled executables.
+- runtime: a fixed overhead for the interpreter, JAX/XLA and the compiled executables: the
+  trainer's (RUNTIME_BYTES) and the sampler's (SAMPLER_RUNTIME_BYTES).
+
+
+Phases. params, optimizer, sampler_params, kv_pool, decode_stage and runtime are held for the
+whole run. The rest are transients of three phases that take turns: a train step (gradients
+and activations), a publish (after a step: the copy and the conversion are
+dispatched at once and take a fraction of a second) and an evaluation (between steps, in the
+trainer's thread). So on a shared memory the peak is what is held plus the largest phase, not
+the sum of all three; on separate memories each side counts its own phases. An RSS trace of
+configs/smollm2_math.py (0.2 s samples) shows the turns: ~2.8 GiB just after the per-step
+release, ~4.8 through a train step with a ~1 s rise to 5.0 at its start (the swap), 3.4-4.0
+during publishes and decoding, 3.9-4.1 during an evaluation.
 
 Calibration (SmolLM2-135M, f32, 16 rows x 288 tokens, attention_block 128; peak RSS measured
 with /usr/bin/time -v, see tests/test_memory.py): train step alone 14.45 GB without remat, 3.89
-GB with remat, 4.15 GB with remat and 4 micro-batches; a whole pipeline run (plus a 16-slot x
-288-token f32 sampler, no remat) 15.85 GB. The estimates are 13.8, 3.7, 3.7 and 15.9 GiB:
-within 10% of either reading of "GB" (10^9 or 2^30 bytes). configs/smollm2_math.py (remat,
-shared prompts, 16 one-row micro-batches, evaluation on) peaked at 5.14 GiB over a 48-step
-launched run (6.83 GiB before glibc_malloc's arena cap and per-step release); its estimate is
-6.5 GiB. It is a sum of peaks, so it leans high where the sampler's and the trainer's peaks do
-not coincide (a publish's sampler copies and the evaluation's sampler come between steps).
-With LoRA rank 16 the same run peaked at 2.84 GiB; its estimate is 2.7 GiB.
+GB with remat, 4.15 GB with remat and 4 micro-batches (the trainer's items and RUNTIME_BYTES
+alone: 13.8, 4.0 and 3.8 GiB); a whole pipeline run (plus a 16-slot x 288-token f32 sampler,
+no remat) 15.85 GB (estimate 15.1 GiB): within 12% of either reading of "GB" (10^9 or 2^30
+bytes). configs/smollm2_math.py (remat keeping the matmuls, shared prompts, 16 one-row
+micro-batches, evaluation on) peaked at 4.98 GiB over a 48-step launched run, estimate 5.0
+GiB; with LoRA rank 16 at 2.74 GiB, estimate 2.6 (bench/real_learning.py, 2026-11-28). The
+sum of every item's peak, the model before the phases, said 6.5 and 2.7. XLA's own buffer
+assignment of that train step (compiled.memory_analysis(), CPU) has 1.44 GiB of temporaries
+where gradients + activations count 1.60.
 
 Not modelled: sharding (everything is counted as if one device held it; on a sharded mesh
 params, moments and gradients divide over the fsdp x tp devices), the reference model's forward
@@ -85,6 +100,11 @@ F32 = 4  # bytes: optimizer moments, gradient accumulators, attention scores, lo
 # tokenizer, staging copies): what a train-step-only process of SmolLM2-135M held beyond the
 # items above (its four peak-RSS measurements, see the module docstring, fit with ~0.6 GiB).
 RUNTIME_BYTES = int(0.6 * GiB)
+# What a run's process holds beyond that with the sampler in it: the decode and prefill
+# programs compiled for every width and window bucket, the evaluation's, the tokenizer and
+# the data. Measured as RSS minus jax.live_arrays() after pipeline.components.build of
+# configs/smollm2_math.py: 0.92 GiB full, 1.13 GiB with LoRA (module docstring).
+SAMPLER_RUNTIME_BYTES = int(0.4 * GiB)
 # Compute-dtype values one layer keeps per token for its backward pass, in units of E, H*D,
 # K*D and F: the residual input, two RMSNorm outputs (normalised and scaled), o_proj and down
 # outputs and the mid-layer residual (6 E); q, its RoPE pieces, its head-major copy and the
@@ -108,11 +128,19 @@ _LABELS = {
     "kv_pool": "KV pool",
     "decode_stage": "decode stage",
     "eval_sampler": "eval sampler",
+    "publish": "publish",
     "activations": "activations",
     "runtime": "runtime",
 }
-_TRAINER_ITEMS = ("params", "optimizer", "gradients", "activations")
-_SAMPLER_ITEMS = ("sampler_params", "kv_pool", "decode_stage", "eval_sampler")
+# Held for the whole run, by side.
+_TRAINER_STATE = ("params", "optimizer")
+_SAMPLER_STATE = ("sampler_params", "kv_pool", "decode_stage")
+# Held while one phase runs, then freed (module docstring: why they do not add up).
+_PHASES = {
+    "step": ("gradients", "activations"),
+    "publish": ("publish",),
+    "eval": ("eval_sampler",),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,22 +156,37 @@ class MemoryEstimate:
     activations: int
     runtime: int
     eval_sampler: int = 0
+    publish: int = 0
     remat: bool = False  # how activations were counted (the refusal names it)
     shared_device: bool = True  # trainer and sampler in one memory (else: the larger one)
 
     @property
     def trainer_bytes(self) -> int:
-        return sum(getattr(self, name) for name in _TRAINER_ITEMS)
+        """The trainer's side at its peak: its state plus a step's gradients and activations."""
+        return sum(getattr(self, name) for name in (*_TRAINER_STATE, *_PHASES["step"]))
 
     @property
     def sampler_bytes(self) -> int:
-        return sum(getattr(self, name) for name in _SAMPLER_ITEMS)
+        """The sampler's side at its peak: its state plus the larger of a publish and an eval."""
+        state = sum(getattr(self, name) for name in _SAMPLER_STATE)
+        return state + max(self.publish, self.eval_sampler)
+
+    def phase_bytes(self, phase: str) -> int:
+        """Transient bytes of one phase ("step", "publish" or "eval")."""
+        return sum(getattr(self, name) for name in _PHASES[phase])
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase whose transients set the peak of a shared memory."""
+        return max(_PHASES, key=self.phase_bytes)
 
     @property
     def total(self) -> int:
-        """Bytes one memory must hold: both sides when shared, else the larger side."""
+        """Bytes one memory must hold. Shared: runtime + both sides' state + the largest
+        phase's transients (phases take turns: module docstring); else the larger side."""
         if self.shared_device:
-            return self.runtime + self.trainer_bytes + self.sampler_bytes
+            state = sum(getattr(self, name) for name in (*_TRAINER_STATE, *_SAMPLER_STATE))
+            return self.runtime + state + self.phase_bytes(self.peak_phase)
         return self.runtime + max(self.trainer_bytes, self.sampler_bytes)
 
     def items(self) -> list[tuple[str, int]]:
@@ -156,11 +199,24 @@ class MemoryEstimate:
         return sorted(items, key=lambda kv: -kv[1])[:n]
 
     def __str__(self) -> str:
-        parts = ", ".join(
-            f"{_LABELS[name]} {value / GiB:.2f}" for name, value in self.items() if value
-        )
-        where = "" if self.shared_device else ", larger of trainer / sampler memory"
-        return f"memory estimate: {self.total / GiB:.1f} GiB ({parts}{where})"
+        def listed(names) -> str:
+            return ", ".join(
+                f"{_LABELS[n]} {getattr(self, n) / GiB:.2f}" for n in names if getattr(self, n)
+            )
+
+        held = listed((*_TRAINER_STATE, *_SAMPLER_STATE, "runtime"))
+        phases = []
+        for phase, names in _PHASES.items():
+            if not self.phase_bytes(phase):
+                continue
+            label = phase if len(names) > 1 else _LABELS[names[0]]
+            inner = f" ({listed(names)})" if len(names) > 1 else ""
+            phases.append(f"{label} {self.phase_bytes(phase) / GiB:.2f}{inner}")
+        if self.shared_device:
+            where = f"; plus the largest phase: {', '.join(phases)}"
+        else:
+            where = f"; phases: {', '.join(phases)}; larger of trainer / sampler memory"
+        return f"memory estimate: {self.total / GiB:.1f} GiB ({held}{where})"
 
 
 def _itemsize(dtype: str) -> int:
@@ -262,8 +318,10 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     # is a second array.
     own_head = bool(untied_head) or head_size != s_size or s_size == 2
     decode_copy = (count - untied_head - E) * s_size + E * p_size + own_head * V * E * head_size
-    if m.lora:  # the base's decode view once (param_view.py), each version's adapters twice
-        sampler_params = decode_copy + 2 * adapters * s_size + adapters * F32
+    if m.lora:  # the base's decode view once (param_view.py), and each version's adapters
+        version_copy = adapters * s_size  # what each version adds to the sampler
+        sampler_params = decode_copy + version_copy
+        publish = version_copy + adapters * F32  # the next version's, and the f32 one sent
         decode_copy += adapters * s_size
         if shared_device and s_size == p_size and head_size in (p_size, F32):
             # The trainer reads that view instead of a base of its own (models/shared_base.py).
@@ -288,7 +346,15 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
         published = sum(
             n * _itemsize(narrowed.get(name, m.param_dtype)) for name, n in counts.items()
         )
-        sampler_params = 2 * decode_copy + published
+        version_copy = decode_copy
+        sampler_params = decode_copy
+        publish = version_copy + published  # the next version's, and the copy it reads
+
+    if cfg.deterministic:  # pipeline mode only (RunConfig refuses it in conventional mode)
+        # Every published version is kept until the sampler takes it, in order
+        # (pipeline/weights.py keep_all): up to max_lag of them beside the one decoding,
+        # across steps, so they are state, not a publish's transient.
+        sampler_params += cfg.max_lag * version_copy
 
     pool, cache_size = _sampler_kv_pool(cfg, m)
     s = cfg.sampler
@@ -329,8 +395,9 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
         kv_pool=pool.total_bytes,
         decode_stage=decode_stage,
         activations=activations,
-        runtime=RUNTIME_BYTES,
+        runtime=RUNTIME_BYTES + SAMPLER_RUNTIME_BYTES,
         eval_sampler=eval_sampler,
+        publish=publish,
         remat=m.remat,
         shared_device=shared_device,
     )
@@ -402,6 +469,7 @@ _KNOBS = {
     "optimizer": ("set model.param_dtype='bfloat16' or use a smaller model",),
     "params": ("set model.param_dtype='bfloat16' or use a smaller model",),
     "sampler_params": ("set sampler.compute_dtype='bfloat16' (or model.compute_dtype)",),
+    "publish": ("set sampler.compute_dtype='bfloat16' (or model.compute_dtype)",),
     "kv_pool": ("lower sampler.num_slots or sampler.max_seq_len (or set sampler.num_pages)",),
     "decode_stage": ("set sampler.attention='paged'", "lower sampler.num_slots"),
     "eval_sampler": (
