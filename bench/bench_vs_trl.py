@@ -412,7 +412,16 @@ def main() -> None:
         "command": "python bench/bench_vs_trl.py"
         + (f" --lora_rank={args.lora_rank}" if args.lora_rank else "")
         + (f" --sampler_dtype={args.sampler_dtype}" if args.sampler_dtype != "float32" else "")
-        + (f" --decode_widths={args.decode_widths}" if args.decode_widths else ""),
+        + (f" --decode_widths={args.decode_widths}" if args.decode_widths else "")
+        + "".join(
+            f" --{name}={getattr(args, name)}"
+            for name, default in (
+                ("trl_steps", 6),
+                ("pipeline_steps", 24),
+                ("conventional_steps", 12),
+            )
+            if getattr(args, name) != default
+        ),
         "decode_widths": ours["decode_widths"],
         "config": "configs/smollm2_math.py, objective matched to TRL (see the docstring)",
         "trl": trl_side,

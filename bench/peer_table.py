@@ -128,9 +128,9 @@ SOURCES: tuple[tuple[str, Callable[[dict], list[Row]], str], ...] = (
     (
         "vs_trl_bf16_sampler",
         _rl_step("TRL GRPOTrainer"),
-        "EPYC: TRL's median of 2 steps varies (49.7 s a step here, 54.9 s in the same "
-        "command's run before, 3.07x); bf16 decode gains little over f32 there. The Xeon "
-        "figure, where bf16 decode ran 1.5-1.9x f32 (decode_real), is still to be run",
+        "EPYC: met at 6 TRL steps (3.30x); at 4 the ratio moved 2.82-3.07x with TRL's "
+        "noise alone. The Xeon figure, where bf16 decode ran 1.5-1.9x f32 (decode_real), is "
+        "still to be run",
     ),
     (
         "train_step_real",
