@@ -17,7 +17,9 @@ sampled reward and answered fraction per step, wall time and steady seconds per 
 prompts with one worked example (configs/smollm2_math.py), under which the starting model
 already boxes most answers; so the starting model and each seed's final policy are also
 scored zero-shot (the paper's system prompt alone, `evaluate --nofew_shot`), where the
-starting model boxes few. Writes bench/results/real_learning.json and real_learning.png.
+starting model boxes few. Each launch's RSS is sampled every 0.2 s into
+<workdir>/rss_trace.csv (bench/rss_trace.py), beside its step lines in the run's log.
+Writes bench/results/real_learning.json and real_learning.png.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
+from bench.rss_trace import RssTrace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOALS = {"accuracy": 0.10, "boxed": 0.30}
@@ -170,8 +173,14 @@ def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Pa
     estimate = memory_estimate_gib(flags)
     cmd = [sys.executable, str(ROOT / "launch.py"), *flags, f"--workdir={workdir}"]
     t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    trace = RssTrace(proc.pid, workdir / "rss_trace.csv")
+    with trace:
+        code = proc.wait()
     wall = time.perf_counter() - t0
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
+    print(trace.summary())
     print(f"seed {seed}: {wall:.0f} s")
     (workdir / "wall_s.json").write_text(
         json.dumps({"wall_s": wall, "command": " ".join(cmd[1:]), "estimate_gib": estimate})

@@ -203,6 +203,10 @@ def test_the_largest_phase_sets_the_peak(tiny):
     assert above.peak_phase == "eval" and above.total == est.total + 12345
     text = str(above)
     assert "plus the largest phase: step" in text and "eval sampler " in text
+    # A refusal names only what sets the peak: never an off-peak phase's item.
+    assert "publish" not in dict(below.largest(9))
+    assert "eval_sampler" not in dict(below.largest(9))
+    assert "eval_sampler" in dict(above.largest(9)) and "gradients" not in dict(above.largest(9))
 
 
 def test_deterministic_pipeline_keeps_max_lag_published_versions(tiny):

@@ -57,7 +57,7 @@ and activations), a publish (after a step: the copy and the conversion are
 dispatched at once and take a fraction of a second) and an evaluation (between steps, in the
 trainer's thread). So on a shared memory the peak is what is held plus the largest phase, not
 the sum of all three; on separate memories each side counts its own phases. An RSS trace of
-configs/smollm2_math.py (0.2 s samples) shows the turns: ~2.8 GiB just after the per-step
+configs/smollm2_math.py (0.2 s samples, bench/rss_trace.py) shows the turns: ~2.8 GiB just after the per-step
 release, ~4.8 through a train step with a ~1 s rise to 5.0 at its start (the swap), 3.4-4.0
 during publishes and decoding, 3.9-4.1 during an evaluation.
 
@@ -194,8 +194,14 @@ class MemoryEstimate:
         return [(name, getattr(self, name)) for name in _LABELS]
 
     def largest(self, n: int = 2) -> list[tuple[str, int]]:
-        """The n largest items (runtime excluded: no knob shrinks it)."""
-        items = [(k, v) for k, v in self.items() if k != "runtime" and v > 0]
+        """The n largest items that make up the total (runtime excluded: no knob shrinks it).
+        On a shared memory only the peak phase's transients count: shrinking another phase
+        would not lower the peak."""
+        counted = set(_LABELS)
+        if self.shared_device:
+            off_peak = (names for phase, names in _PHASES.items() if phase != self.peak_phase)
+            counted -= {name for names in off_peak for name in names}
+        items = [(k, v) for k, v in self.items() if k in counted and k != "runtime" and v > 0]
         return sorted(items, key=lambda kv: -kv[1])[:n]
 
     def __str__(self) -> str:
