@@ -73,6 +73,10 @@ sum of every item's peak, the model before the phases, said 6.5 and 2.7. XLA's o
 assignment of that train step (compiled.memory_analysis(), CPU) has 1.44 GiB of temporaries
 where gradients + activations count 1.60.
 
+The runtime items are calibrated on SmolLM2 runs and lean high for toy models: the default
+config (a 2-layer, 0.4M-parameter model) peaked at 0.54 GiB over its 1000 steps against 1.1
+estimated (bench/rss_trace.py around `python launch.py`, 2026-11-28).
+
 Not modelled: sharding (everything is counted as if one device held it; on a sharded mesh
 params, moments and gradients divide over the fsdp x tp devices), the reference model's forward
 activations, and the sampler's prefill activations (small next to the items above).
