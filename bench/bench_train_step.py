@@ -288,15 +288,17 @@ def _real_side(args, dtype: str, side: str, inputs):
 
 def peak_of(args) -> dict:
     """Child process: one side alone, 2 steps, its peak RSS on stdout (the last line); the
-    peak is this process's own (memory.peak_rss_bytes), not the parent's that spawned it."""
+    peak is this process's own (host_memory.peak_rss_bytes), not the parent's that spawned it."""
     import torch
 
-    from pipelinerl_jax.pipeline import memory
+    from pipelinerl_jax.pipeline import host_memory
 
     torch.set_num_threads(os.cpu_count())
     step = _real_side(args, args.dtypes, args.peak_of, _real_inputs(args, args.dtypes))
     losses = [step(), step()]
-    out = dict(side=args.peak_of, dtype=args.dtypes, peak_rss_gib=memory.peak_rss_bytes() / 2**30)
+    out = dict(
+        side=args.peak_of, dtype=args.dtypes, peak_rss_gib=host_memory.peak_rss_bytes() / 2**30
+    )
     print(json.dumps(dict(out, losses=losses)), flush=True)
     return out
 

@@ -91,7 +91,7 @@ def real_config(steps: int, warm_cache: bool, trim: bool = True):
 def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
     """Runs cfg.steps pipeline steps with timed engine calls; returns (figures, components)."""
     from pipelinerl_jax.pipeline import components as build_lib
-    from pipelinerl_jax.pipeline import memory
+    from pipelinerl_jax.pipeline import host_memory
     from pipelinerl_jax.pipeline import runner as run_lib
 
     timers = Timers()
@@ -123,7 +123,7 @@ def profile_pipeline(cfg, t_launch: float) -> tuple[dict, object]:
     if (workdir / "metrics.jsonl").exists():
         (workdir / "metrics.jsonl").unlink()
     run_lib.run(cfg, str(workdir), components=c, echo=echo)
-    peak_rss = memory.peak_rss_bytes()
+    peak_rss = host_memory.peak_rss_bytes()
     records = [
         r
         for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())

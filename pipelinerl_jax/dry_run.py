@@ -23,7 +23,7 @@ from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.pipeline import config as config_lib
-from pipelinerl_jax.pipeline import memory
+from pipelinerl_jax.pipeline import host_memory, memory
 from pipelinerl_jax.pipeline.components import model_config, split_devices
 from pipelinerl_jax.plan import gpu_run
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
@@ -64,7 +64,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
         f"{model_cfg.hidden_size}: {out['params']:,} parameters ({model_cfg.param_dtype})"
     )
     echo(str(est))
-    memory.check_fits(est, memory.available_bytes())
+    memory.check_fits(est, host_memory.available_bytes())
     if gpu is not None:
         report = gpu_run.gpu_report(
             cfg,

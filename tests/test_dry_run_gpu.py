@@ -16,7 +16,7 @@ from absl import logging as absl_logging
 import launch
 from pipelinerl_jax import config_cli
 from pipelinerl_jax.models.known_shapes import KNOWN_HF_CONFIGS
-from pipelinerl_jax.pipeline import config_dict, memory
+from pipelinerl_jax.pipeline import config_dict, host_memory
 from pipelinerl_jax.pipeline.components import model_config
 from pipelinerl_jax.plan import gpu_memory, gpu_run
 from pipelinerl_jax.plan.gpu_specs import gpu_spec
@@ -146,7 +146,7 @@ def test_bad_gpu_requests_are_one_line_and_exit_2(args, expected, capsys):
 def test_a_role_that_does_not_fit_is_refused_after_its_lines(capsys, monkeypatch):
     # ~26B f32 parameters: fits no H100 with its optimizer state; this host's own check is
     # taken out of the way (it would refuse first on a small machine).
-    monkeypatch.setattr(memory, "available_bytes", lambda: None)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: None)
     big = ["--config.model.init.hidden_size=8192", "--config.model.init.num_layers=32"]
     big += ["--config.model.init.intermediate_size=28672", "--config.model.init.num_heads=64"]
     code, out, err = _launch("--dry_run", "--gpu=h100", *big, capsys=capsys)

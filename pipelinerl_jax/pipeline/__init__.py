@@ -17,6 +17,8 @@ sampler's stacks.
 - checkpointing.py  resume, the save schedule, Ctrl-C, the curves
 - diagnostics.py    why a reward is what it is: statuses, warnings, sampled completions
 - summary.py        the run summary and its closing line
+- memory.py         the start-up memory estimate and its one-line refusal
+- host_memory.py    this process's peak RSS and the memory still available
 """
 
 _EXPORTS = {

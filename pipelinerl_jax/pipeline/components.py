@@ -44,7 +44,7 @@ from pipelinerl_jax.models.hf_io import load_hf, read_config
 from pipelinerl_jax.models.lora import lora_config
 from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.pipeline import config as config_lib
-from pipelinerl_jax.pipeline import memory
+from pipelinerl_jax.pipeline import host_memory, memory
 from pipelinerl_jax.pipeline.admission import Admission
 from pipelinerl_jax.pipeline.episodes import make_driver
 from pipelinerl_jax.pipeline.eval_lib import evaluate_episodes, evaluate_problems
@@ -190,7 +190,7 @@ def check_memory(cfg: config_lib.RunConfig, echo: Callable[[str], object]) -> No
 
     est = memory.estimate(cfg, model_config(cfg), shared_device=True)
     echo(str(est))
-    memory.check_fits(est, memory.available_bytes())
+    memory.check_fits(est, host_memory.available_bytes())
 
 
 def build_model(

@@ -3,12 +3,12 @@
 A run that does not fit in memory otherwise dies minutes in (after loading and compiling) from
 the kernel's OOM killer, with no message at all. `estimate` adds up, from the config alone, what
 the trainer and the sampler hold at the run's peak; `check_fits` compares that with what the
-machine has (`available_bytes`) and raises a `ConfigError` naming the largest items and the
+machine has (`host_memory.available_bytes`) and raises a `ConfigError` naming the largest items and the
 knobs that shrink them.
 
     est = memory.estimate(cfg, model_cfg)          # cfg: RunConfig, model_cfg: ModelConfig
     logging.info("%s", est)                        # memory estimate: 3.7 GiB (params 0.50, ...)
-    memory.check_fits(est, memory.available_bytes())
+    memory.check_fits(est, host_memory.available_bytes())
 
 The items (bytes; letters: L layers, E hidden, F mlp, H q heads, K kv heads, D head dim,
 V vocabulary, R rows per step, A micro-batches, T row length, N = R/A * T tokens per
@@ -86,8 +86,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import sys
 
 import numpy as np
 
@@ -411,65 +409,6 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
         remat=m.remat,
         shared_device=shared_device,
     )
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set so far (what the kernel's OOM killer would count).
-
-    On Linux, VmHWM of /proc/self/status: getrusage's ru_maxrss survives fork and exec, so a
-    child started by a large process would report its parent's peak.
-    """
-    import resource
-
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass  # no procfs (macOS): getrusage below
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # "max": no limit
-
-
-def available_bytes(
-    *, meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup"
-) -> int | None:
-    """Bytes this process can still get: MemAvailable, or the cgroup's headroom if smaller.
-
-    The cgroup (v2 memory.max / memory.current, else v1 memory.limit_in_bytes / usage_in_bytes)
-    matters in containers, where MemAvailable describes the whole host. None where neither is
-    known (not Linux)."""
-    found = []
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    found.append(int(line.split()[1]) * 1024)  # reported in kB (KiB)
-                    break
-    except (OSError, ValueError, IndexError):
-        found = []  # no readable /proc/meminfo: only a cgroup limit, if any, says what is free
-    for limit_file, usage_file in (
-        ("memory.max", "memory.current"),
-        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
-    ):
-        limit = _read_int(os.path.join(cgroup, limit_file))
-        # v1 reports "no limit" as a huge number (close to 2**63): ignore anything that large.
-        if limit is None or limit >= 2**60:
-            continue
-        usage = _read_int(os.path.join(cgroup, usage_file)) or 0
-        found.append(max(limit - usage, 0))
-        break
-    return min(found) if found else None
 
 
 # Item -> the knobs that shrink it, as the refusal lists them.

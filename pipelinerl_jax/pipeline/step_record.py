@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from pipelinerl_jax.pipeline import memory
+from pipelinerl_jax.pipeline import host_memory
 from pipelinerl_jax.pipeline import metrics as metrics_lib
 from pipelinerl_jax.pipeline.episodes import episode_metrics
 
@@ -49,7 +49,7 @@ def host_record(coord, step, groups, batch, host_stats) -> dict:
         **{f"batch/{k}": v for k, v in host_stats.items() if np.isscalar(v)},
         **metrics_lib.lag_stats(versions, step, sequence_ids=seq),
     }
-    record["memory/peak_rss_gib"] = memory.peak_rss_bytes() / 2**30
+    record["memory/peak_rss_gib"] = host_memory.peak_rss_bytes() / 2**30
     if coord.compile_watch is not None:
         record["compile/count"], record["compile/seconds"] = coord.compile_watch.take()
     if coord.diagnostics is not None:
