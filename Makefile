@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test docs test-gpu test-jax011 compile-h100 gpu-bundle bench clean real-model run-real tunix-venv
+.PHONY: run test docs test-gpu test-jax011 compile-h100 gpu-bundle bench clean real-model run-real tunix-venv machine-pass
 
 $(STAMP): requirements.txt requirements-base.txt requirements-test.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pipelinerl_jax needs Python 3.11 or newer; set PYTHON=python3.11"'
@@ -81,6 +81,12 @@ $(TUNIX_STAMP): requirements-tunix.txt
 	touch $(TUNIX_STAMP)
 
 tunix-venv: $(TUNIX_STAMP)
+
+# Every peer figure this machine kind lacks (bench/machine_pass.py), after installing what the
+# peers need: TRL (requirements-bench.txt), Tunix's venv, the real model. ARGS: e.g. --list.
+machine-pass: real-model tunix-venv
+	$(PY) -m pip install -q -r requirements-bench.txt
+	$(PY) bench/machine_pass.py $(ARGS)
 
 real-model: $(STAMP)
 	$(PY) -m pipelinerl_jax.models.real_model --out=models/SmolLM2-135M-Instruct

@@ -1,0 +1,298 @@
+"""Every peer figure a machine kind still lacks, measured in one unattended pass.
+
+    python bench/machine_pass.py --list                  # the plan: what this machine has, what not
+    python bench/machine_pass.py                         # run every step this kind lacks
+    python bench/machine_pass.py --since=2026-11-28      # ... or has only from before that date
+    python bench/machine_pass.py --only=vs_trl_bf16_sampler,train_step_real
+    python bench/machine_pass.py --all                   # re-measure everything
+
+The peer table (bench/peer_table.py) keeps one figure per comparison and machine kind (the
+2-core AMD EPYC, the 2-core Xeon with AMX). The two kinds come by chance, so the kind a session
+lands on must be measured without a person remembering a dozen commands: this runs, in order of
+what the open goals need most, each benchmark whose result this kind does not have (by
+bench/results/by_machine/<result>.<kind>.json and its date), one at a time (they time
+themselves and must not overlap), each under its own time limit, a failed step logged and
+passed over. Then `bench/report.py --write` regenerates the tables.
+
+Each step's output goes to runs/machine_pass/<stamp>/<step>.log; the pass's summary (step, exit
+code, minutes, the result it wrote) to runs/machine_pass/<stamp>/summary.json. Interrupted, it
+is resumed by running it again: finished steps now have this kind's result and are skipped.
+
+What the steps need is checked before any runs (the real model, TRL and peft in .venv, Tunix's
+venv); a missing piece is named in one line with the command that installs it (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench.common, when run as `python bench/machine_pass.py`
+
+from bench import common  # noqa: E402
+
+MODEL_DIR = "models/SmolLM2-135M-Instruct"
+PYTHON = ".venv/bin/python"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One benchmark run: `args` after the project's python, the result it writes, its limit."""
+
+    name: str
+    args: tuple[str, ...]
+    result: str  # bench/results/<result>.json (and by_machine/<result>.<kind>.json)
+    minutes: float  # a generous limit: the step is killed past it and the pass goes on
+    needs: tuple[str, ...] = ("model",)
+
+
+# In order of what the open goals need: the RL step against TRL (the 3x goal) and torch (the
+# train step), Tunix, the LoRA figures, then decode. `{root}` is this pass's run directory.
+STEPS: tuple[Step, ...] = (
+    Step(
+        "vs_trl_bf16_sampler",
+        (
+            "bench/bench_vs_trl.py",
+            "--sampler_dtype=bfloat16",
+            "--trl_steps=6",
+            "--pipeline_steps=16",
+            "--conventional_steps=8",
+        ),
+        "vs_trl_bf16_sampler",
+        45,
+        ("model", "trl"),
+    ),
+    Step("vs_trl", ("bench/bench_vs_trl.py",), "vs_trl", 40, ("model", "trl")),
+    Step(
+        "train_step_real",
+        ("bench/bench_train_step.py", f"--model_dir={MODEL_DIR}", "--head_dtype=bfloat16"),
+        "train_step_real",
+        40,
+        ("model", "torch"),
+    ),
+    Step(
+        "vs_tunix",
+        (
+            "bench/bench_vs_tunix.py",
+            "--tunix_steps=4",
+            "--pipeline_steps=12",
+            "--conventional_steps=6",
+        ),
+        "vs_tunix",
+        45,
+        ("model", "tunix"),
+    ),
+    Step(
+        "real_learning_lora",
+        (
+            "bench/real_learning.py",
+            "--name=real_learning_lora",
+            "--root={root}/real_learning_lora",
+            "--seeds=0",
+            "--set=model.lora.rank=16",
+            "--set=trainer.learning_rate=1e-4",
+        ),
+        "real_learning_lora",
+        40,
+    ),
+    Step(
+        "vs_trl_lora",
+        (
+            "bench/bench_vs_trl.py",
+            "--lora_rank=16",
+            "--trl_steps=4",
+            "--pipeline_steps=12",
+            "--conventional_steps=6",
+        ),
+        "vs_trl_lora",
+        40,
+        ("model", "trl", "peft"),
+    ),
+    Step("weight_transfer", ("bench/bench_weight_transfer.py",), "weight_transfer", 20, ()),
+    Step("lora_decode", ("bench/bench_lora_decode.py",), "lora_decode", 20, ()),
+    Step("decode_widths", ("bench/bench_decode_widths.py",), "decode_widths", 25),
+    Step("decode_real", ("bench/bench_decode_real.py",), "decode_real", 45, ("model", "torch")),
+)
+
+# What a need is, how to tell it is there, and the one command that provides it.
+NEEDS = {
+    "model": (lambda: (ROOT / MODEL_DIR / "config.json").is_file(), "make real-model"),
+    "torch": (lambda: _importable(PYTHON, "torch"), "make .venv/.installed"),
+    "trl": (
+        lambda: _importable(PYTHON, "trl"),
+        ".venv/bin/pip install -r requirements-bench.txt",
+    ),
+    "peft": (lambda: _importable(PYTHON, "peft"), "make .venv/.installed"),
+    "tunix": (lambda: (ROOT / ".venv-tunix" / ".installed").is_file(), "make tunix-venv"),
+}
+
+
+def _importable(python: str, module: str) -> bool:
+    exe = ROOT / python
+    if not exe.exists():
+        return False
+    probe = [
+        str(exe),
+        "-c",
+        f"import importlib.util, sys; sys.exit(not importlib.util.find_spec({module!r}))",
+    ]
+    return subprocess.run(probe, cwd=ROOT, capture_output=True).returncode == 0
+
+
+def result_date(results: Path, result: str, kind: str) -> str | None:
+    """The date (YYYY-MM-DD) of this kind's newest `result`, or None when it has none."""
+    path = results / "by_machine" / f"{result}.{kind}.json"
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text()).get("date", ""))[:10] or None
+    except (OSError, ValueError):
+        return None
+
+
+def plan(
+    steps: Sequence[Step],
+    results: Path,
+    kind: str,
+    *,
+    since: str | None = None,
+    only: Sequence[str] = (),
+    rerun_all: bool = False,
+) -> list[tuple[Step, str | None, bool]]:
+    """(step, this kind's result date or None, whether to run it) for every step, in order.
+
+    A step runs when named in `only`; otherwise (without `only`) when `rerun_all`, when this
+    kind has no result of it, or when that result is older than `since`."""
+    out = []
+    for step in steps:
+        date = result_date(results, step.result, kind)
+        if only:
+            run = step.name in only
+        else:
+            run = rerun_all or date is None or (since is not None and date < since)
+        out.append((step, date, run))
+    return out
+
+
+def missing_needs(steps: Sequence[Step], needs=None) -> list[str]:
+    """One line per need of the steps to run that is absent: what, and the command for it."""
+    needs = NEEDS if needs is None else needs
+    lines = []
+    for need in dict.fromkeys(n for s in steps for n in s.needs):
+        present, fix = needs[need]
+        if not present():
+            users = ", ".join(s.name for s in steps if need in s.needs)
+            lines.append(f"{need} is missing (needed by {users}): run `{fix}`")
+    return lines
+
+
+def run_step(step: Step, root: Path, python: str) -> dict:
+    """Runs one step to completion or its limit; its output into root/<name>.log."""
+    args = [a.replace("{root}", str(root)) for a in step.args]
+    log = root / f"{step.name}.log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.monotonic()
+    with log.open("w") as out:
+        print(f"$ {python} {' '.join(args)}", file=out, flush=True)
+        try:
+            rc = subprocess.run(
+                [python, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=step.minutes * 60,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return {
+        "step": step.name,
+        "command": f"python {' '.join(args)}",
+        "rc": rc,
+        "minutes": round((time.monotonic() - start) / 60, 1),
+        "log": str(log.relative_to(ROOT) if log.is_relative_to(ROOT) else log),
+    }
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--list", action="store_true", help="print the plan and stop")
+    p.add_argument("--only", default="", help="comma-separated step names (see --list)")
+    p.add_argument("--since", default=None, help="YYYY-MM-DD: re-measure results older than it")
+    p.add_argument("--all", action="store_true", help="re-measure every step")
+    p.add_argument("--root", default=None, help="default: runs/machine_pass/<UTC stamp>")
+    p.add_argument("--no_report", action="store_true", help="skip bench/report.py --write")
+    p.add_argument("--python", default=PYTHON, help="the interpreter the steps run under")
+    return p.parse_args(argv)
+
+
+def _fail(message: str) -> int:
+    print(f"machine_pass.py: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, needs=None) -> int:
+    args = _parse(argv)
+    only = [s for s in args.only.split(",") if s]
+    unknown = sorted(set(only) - {s.name for s in steps})
+    if unknown:
+        return _fail(
+            f"--only names no step {', '.join(unknown)}; the steps are: "
+            + ", ".join(s.name for s in steps)
+        )
+    if args.since is not None:
+        try:
+            datetime.date.fromisoformat(args.since)
+        except ValueError:
+            return _fail(f"--since={args.since!r} is not a date; give YYYY-MM-DD")
+    if only and (args.all or args.since):
+        return _fail("--only picks the steps itself; drop --all / --since")
+    kind = common.machine_kind(common.cpu_features())
+    chosen = plan(steps, common.RESULTS_DIR, kind, since=args.since, only=only, rerun_all=args.all)
+    print(f"machine kind: {kind}")
+    for step, date, run in chosen:
+        have = f"has {date}" if date else "not measured"
+        print(f"  {'run ' if run else 'skip'} {step.name:22s} {have:16s} <= {step.minutes} min")
+    to_run = [step for step, _, run in chosen if run]
+    if args.list:
+        return 0
+    if not to_run:
+        print("nothing to measure: every step has this kind's result (--all re-measures)")
+        return 0
+    absent = missing_needs(to_run, needs)
+    if absent:
+        return _fail(absent[0] + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""))
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+    root = Path(args.root) if args.root else ROOT / "runs" / "machine_pass" / stamp
+    if root.exists() and any(root.iterdir()):
+        return _fail(f"--root={root} is not empty; name a new directory")
+    root.mkdir(parents=True, exist_ok=True)
+    summary = {"kind": kind, "started": stamp, "steps": []}
+    for step in to_run:
+        print(f"[{time.strftime('%H:%M:%S')}] {step.name} (<= {step.minutes} min)", flush=True)
+        row = run_step(step, root, args.python)
+        row["result_date"] = result_date(common.RESULTS_DIR, step.result, kind)
+        summary["steps"].append(row)
+        print(f"  rc {row['rc']}, {row['minutes']} min, log {row['log']}", flush=True)
+        (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    if not args.no_report:
+        subprocess.run([args.python, "bench/report.py", "--write"], cwd=ROOT, check=False)
+    failed = [r["step"] for r in summary["steps"] if r["rc"] != 0]
+    print(
+        f"done: {len(to_run) - len(failed)} of {len(to_run)} steps measured"
+        + (f"; failed: {', '.join(failed)} (logs in {root})" if failed else "")
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
