@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -145,7 +146,9 @@ def re_estimate(workdir: Path) -> None:
     launch flags recorded in wall_s.json, minus the workdir)."""
     wall = workdir / "wall_s.json"
     launched = json.loads(wall.read_text())
-    flags = [f for f in launched["command"].split()[1:] if not f.startswith("--workdir=")]
+    # Runs before the flags were stored whole kept only the command line (no quoted flags).
+    flags = launched.get("flags") or shlex.split(launched["command"])[1:]
+    flags = [f for f in flags if not f.startswith("--workdir=")]
     launched["estimate_gib"] = memory_estimate_gib(flags)
     wall.write_text(json.dumps(launched))
 
@@ -183,7 +186,14 @@ def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Pa
     print(trace.summary())
     print(f"seed {seed}: {wall:.0f} s")
     (workdir / "wall_s.json").write_text(
-        json.dumps({"wall_s": wall, "command": " ".join(cmd[1:]), "estimate_gib": estimate})
+        json.dumps(
+            {
+                "wall_s": wall,
+                "command": shlex.join(cmd[1:]),
+                "flags": flags,
+                "estimate_gib": estimate,
+            }
+        )
     )
     return workdir
 
