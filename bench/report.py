@@ -891,6 +891,13 @@ SECTIONS = (
         "full fine-tune, f32 sampler",
         _real_learning_vs_full("with a bf16 sampler"),
     ),
+    (
+        "real_learning_bf16",
+        "python bench/real_learning.py --name=real_learning_bf16 --seeds=0 "
+        "--set=model.compute_dtype=bfloat16",
+        "full fine-tune, f32 compute",
+        _real_learning_vs_full("with bf16 compute (trainer and sampler)"),
+    ),
     ("vs_trl_lora", "python bench/bench_vs_trl.py --lora_rank=16", "TRL + peft", _vs_trl),
     (
         "vs_trl_bf16_sampler",
