@@ -6,6 +6,7 @@
     python bench/bench_vs_trl.py --trl_steps=4 --pipeline_steps=12 --conventional_steps=6
     python bench/bench_vs_trl.py --lora_rank=16         # LoRA on both sides (TRL with peft)
     python bench/bench_vs_trl.py --sampler_dtype=bfloat16   # ours decodes in bf16
+    python bench/bench_vs_trl.py --compute_dtype=bfloat16   # both sides train in bf16
     python bench/bench_vs_trl.py --decode_widths=1      # ablation: decode every slot
 
 Both sides start from the same f32 weights and train on the same prompts in the same order
@@ -40,6 +41,11 @@ With `--sampler_dtype=bfloat16` our sampler decodes in bf16 (`sampler.compute_dt
 our trainer and TRL stay f32: the sampled tokens change, so the result also carries each side's
 reward and our sampler/trainer logprob mismatch at equal version (mismatch/* of the metrics),
 for f32 and bf16 alike. Writes vs_trl_bf16_sampler.json.
+
+With `--compute_dtype=bfloat16` both sides train with bf16 matmuls on f32 master weights, each
+its own way: ours with `model.compute_dtype=bfloat16` (the sampler follows it, so it decodes
+in bf16 too), TRL with `bf16=True` (torch autocast on CPU, as its Trainer sets it up). Writes
+vs_trl_bf16.json.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ def real_config(
     weighting: str = "token_mean",
     sampler_dtype: str = "float32",
     decode_widths: int = 0,
+    compute_dtype: str = "float32",
 ):
     """configs/smollm2_math.py with TRL's objective, no evaluation and no checkpoints.
     decode_widths: our sampler's (0: the config's).
@@ -90,6 +97,7 @@ def real_config(
     c.steps, c.mode, c.conventional_steps = steps, mode, 1
     if sampler_dtype != "float32":
         c.sampler.compute_dtype = sampler_dtype
+    c.model.compute_dtype = compute_dtype
     if decode_widths:
         c.sampler.decode_widths = decode_widths
     c.eval_every, c.checkpoint_every, c.log_every = 0, 0, 1
@@ -147,7 +155,7 @@ def steady(
     return out
 
 
-def trl_worker(steps: int, out: Path, lora_rank: int = 0) -> None:
+def trl_worker(steps: int, out: Path, lora_rank: int = 0, compute_dtype: str = "float32") -> None:
     t_launch = time.perf_counter()
     import torch
     from datasets import Dataset
@@ -204,7 +212,7 @@ def trl_worker(steps: int, out: Path, lora_rank: int = 0) -> None:
         args = GRPOConfig(
             output_dir=tmp,
             use_cpu=True,
-            bf16=False,
+            bf16=compute_dtype == "bfloat16",  # torch autocast, f32 master weights
             seed=0,
             max_steps=steps,
             learning_rate=LORA_LR if lora_rank else LR,
@@ -287,11 +295,14 @@ def ours_worker(
     weighting: str = "token_mean",
     sampler_dtype: str = "float32",
     decode_widths: int = 0,
+    compute_dtype: str = "float32",
 ) -> None:
     t_launch = time.perf_counter()
     from pipelinerl_jax.pipeline import runner as run_lib
 
-    cfg = real_config(steps, mode, lora_rank, weighting, sampler_dtype, decode_widths)
+    cfg = real_config(
+        steps, mode, lora_rank, weighting, sampler_dtype, decode_widths, compute_dtype
+    )
     first_step = []
 
     def echo(line: str) -> None:
@@ -335,7 +346,7 @@ def run_side(args: list[str], cmd: list[str] | None = None) -> dict:
     return result
 
 
-def main() -> None:
+def main() -> int | None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trl_steps", type=int, default=6)
     p.add_argument("--pipeline_steps", type=int, default=24)
@@ -352,14 +363,27 @@ def main() -> None:
         help="our sampler's compute dtype (the trainers stay f32)",
     )
     p.add_argument(
+        "--compute_dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="both sides' matmuls (f32 master weights): ours model.compute_dtype, TRL bf16=True",
+    )
+    p.add_argument(
         "--decode_widths",
         type=int,
         default=0,
         help="our sampler.decode_widths (0: the config's; 1: every slot every step)",
     )
     args = p.parse_args()
+    if args.compute_dtype != "float32" and args.sampler_dtype != "float32":
+        print(
+            "bench_vs_trl.py: --compute_dtype already sets our sampler's dtype (it follows the "
+            "model's); drop --sampler_dtype",
+            file=sys.stderr,
+        )
+        return 2
     if args.worker == "trl":
-        return trl_worker(args.steps, Path(args.out), args.lora_rank)
+        return trl_worker(args.steps, Path(args.out), args.lora_rank, args.compute_dtype)
     if args.worker:
         return ours_worker(
             args.steps,
@@ -369,6 +393,7 @@ def main() -> None:
             args.lora_rank,
             sampler_dtype=args.sampler_dtype,
             decode_widths=args.decode_widths,
+            compute_dtype=args.compute_dtype,
         )
     if not (MODEL_DIR / "config.json").exists():
         raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
@@ -383,6 +408,7 @@ def main() -> None:
         f"--lora_rank={args.lora_rank}",
         f"--sampler_dtype={args.sampler_dtype}",
         f"--decode_widths={args.decode_widths}",
+        f"--compute_dtype={args.compute_dtype}",
     ]
     trl_side = run_side(["--worker=trl", f"--steps={args.trl_steps}", *lora])
     budget = trl_side["train_s"]
@@ -406,12 +432,14 @@ def main() -> None:
         "load_before": load,
         "model": "SmolLM2-135M-Instruct (f32)",
         "sampler_dtype": args.sampler_dtype,
+        "compute_dtype": args.compute_dtype,
         "lora": {"rank": args.lora_rank, "alpha": LORA_ALPHA, "targets": LORA_TARGETS}
         if args.lora_rank
         else None,
         "command": "python bench/bench_vs_trl.py"
         + (f" --lora_rank={args.lora_rank}" if args.lora_rank else "")
         + (f" --sampler_dtype={args.sampler_dtype}" if args.sampler_dtype != "float32" else "")
+        + (f" --compute_dtype={args.compute_dtype}" if args.compute_dtype != "float32" else "")
         + (f" --decode_widths={args.decode_widths}" if args.decode_widths else "")
         + "".join(
             f" --{name}={getattr(args, name)}"
@@ -451,10 +479,12 @@ def main() -> None:
     name = "vs_trl_lora" if args.lora_rank else "vs_trl"
     if args.sampler_dtype != "float32":
         name += "_bf16_sampler"
+    if args.compute_dtype != "float32":
+        name += "_bf16"
     if args.decode_widths:  # an ablation: the tables keep the config's setting
         name += f"_decode_widths{args.decode_widths}"
     common.write_result(name, result)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -73,6 +73,13 @@ STEPS: tuple[Step, ...] = (
     ),
     Step("vs_trl", ("bench/bench_vs_trl.py",), "vs_trl", 40, ("model", "trl")),
     Step(
+        "vs_trl_bf16",
+        ("bench/bench_vs_trl.py", "--compute_dtype=bfloat16"),
+        "vs_trl_bf16",
+        45,
+        ("model", "trl"),
+    ),
+    Step(
         "train_step_real",
         ("bench/bench_train_step.py", f"--model_dir={MODEL_DIR}", "--head_dtype=bfloat16"),
         "train_step_real",

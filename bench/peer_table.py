@@ -34,6 +34,8 @@ def _rl_step(peer: str, key: str = "") -> Callable[[dict], list[Row]]:
         what = f"{REAL} RL step" + (f", LoRA r{d['lora']['rank']}" if d.get("lora") else "")
         if d.get("sampler_dtype") == "bfloat16":
             what += ", our sampler in bf16"
+        if d.get("compute_dtype") == "bfloat16":
+            what += ", bf16 compute on both sides"
         goal = d.get("goal", {}).get("samples_per_s_ratio")
         out = [
             (
@@ -131,6 +133,11 @@ SOURCES: tuple[tuple[str, Callable[[dict], list[Row]], str], ...] = (
         "EPYC: met at 6 TRL steps (3.30x); at 4 the ratio moved 2.82-3.07x with TRL's "
         "noise alone. The Xeon figure, where bf16 decode ran 1.5-1.9x f32 (decode_real), is "
         "still to be run",
+    ),
+    (
+        "vs_trl_bf16",
+        _rl_step("TRL GRPOTrainer, bf16 autocast"),
+        "run on the EPYC only so far",
     ),
     (
         "train_step_real",

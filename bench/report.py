@@ -716,6 +716,8 @@ def _vs_peer(d, key: str, name: str, short: str):
     )
     bf16 = d.get("sampler_dtype") == "bfloat16"
     ours = f"{REAL} RL step, our sampler in bf16," if bf16 else f"{REAL} RL step"
+    if d.get("compute_dtype") == "bfloat16":  # both sides train with bf16 matmuls
+        ours, name, short = f"{REAL} RL step, bf16 compute,", f"{name} (bf16=True)", short
     gap = (
         [
             (
@@ -903,6 +905,12 @@ SECTIONS = (
         "vs_trl_bf16_sampler",
         "python bench/bench_vs_trl.py --sampler_dtype=bfloat16",
         "TRL GRPOTrainer",
+        _vs_trl,
+    ),
+    (
+        "vs_trl_bf16",
+        "python bench/bench_vs_trl.py --compute_dtype=bfloat16",
+        "TRL GRPOTrainer, bf16 autocast",
         _vs_trl,
     ),
     ("lora_decode", "python bench/bench_lora_decode.py", "merged weights", _lora_decode),
