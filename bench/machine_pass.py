@@ -128,6 +128,18 @@ STEPS: tuple[Step, ...] = (
     Step("lora_decode", ("bench/bench_lora_decode.py",), "lora_decode", 20, ()),
     Step("decode_widths", ("bench/bench_decode_widths.py",), "decode_widths", 25),
     Step("decode_real", ("bench/bench_decode_real.py",), "decode_real", 45, ("model", "torch")),
+    Step(
+        "real_learning_bf16",
+        (
+            "bench/real_learning.py",
+            "--name=real_learning_bf16",
+            "--root={root}/real_learning_bf16",
+            "--seeds=0",
+            "--set=model.compute_dtype=bfloat16",
+        ),
+        "real_learning_bf16",
+        40,
+    ),
 )
 
 # What a need is, how to tell it is there, and the one command that provides it.
