@@ -46,11 +46,11 @@ PYTHON = ".venv/bin/python"
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One benchmark run: `args` after the project's python, the result it writes, its limit."""
+    """One benchmark run: `args` after the project's python, and its limit. `name` is also the
+    result it writes: bench/results/<name>.json and by_machine/<name>.<kind>.json."""
 
     name: str
     args: tuple[str, ...]
-    result: str  # bench/results/<result>.json (and by_machine/<result>.<kind>.json)
     minutes: float  # a generous limit: the step is killed past it and the pass goes on
     needs: tuple[str, ...] = ("model",)
 
@@ -67,22 +67,19 @@ STEPS: tuple[Step, ...] = (
             "--pipeline_steps=16",
             "--conventional_steps=8",
         ),
-        "vs_trl_bf16_sampler",
         45,
         ("model", "trl"),
     ),
-    Step("vs_trl", ("bench/bench_vs_trl.py",), "vs_trl", 40, ("model", "trl")),
+    Step("vs_trl", ("bench/bench_vs_trl.py",), 40, ("model", "trl")),
     Step(
         "vs_trl_bf16",
         ("bench/bench_vs_trl.py", "--compute_dtype=bfloat16"),
-        "vs_trl_bf16",
         45,
         ("model", "trl"),
     ),
     Step(
         "train_step_real",
         ("bench/bench_train_step.py", f"--model_dir={MODEL_DIR}", "--head_dtype=bfloat16"),
-        "train_step_real",
         40,
         ("model", "torch"),
     ),
@@ -94,7 +91,6 @@ STEPS: tuple[Step, ...] = (
             "--pipeline_steps=12",
             "--conventional_steps=6",
         ),
-        "vs_tunix",
         45,
         ("model", "tunix"),
     ),
@@ -108,7 +104,6 @@ STEPS: tuple[Step, ...] = (
             "--set=model.lora.rank=16",
             "--set=trainer.learning_rate=1e-4",
         ),
-        "real_learning_lora",
         40,
     ),
     Step(
@@ -120,14 +115,13 @@ STEPS: tuple[Step, ...] = (
             "--pipeline_steps=12",
             "--conventional_steps=6",
         ),
-        "vs_trl_lora",
         40,
         ("model", "trl", "peft"),
     ),
-    Step("weight_transfer", ("bench/bench_weight_transfer.py",), "weight_transfer", 20, ()),
-    Step("lora_decode", ("bench/bench_lora_decode.py",), "lora_decode", 20, ()),
-    Step("decode_widths", ("bench/bench_decode_widths.py",), "decode_widths", 25),
-    Step("decode_real", ("bench/bench_decode_real.py",), "decode_real", 45, ("model", "torch")),
+    Step("weight_transfer", ("bench/bench_weight_transfer.py",), 20, ()),
+    Step("lora_decode", ("bench/bench_lora_decode.py",), 20, ()),
+    Step("decode_widths", ("bench/bench_decode_widths.py",), 25),
+    Step("decode_real", ("bench/bench_decode_real.py",), 45, ("model", "torch")),
     Step(
         "real_learning_bf16",
         (
@@ -137,7 +131,6 @@ STEPS: tuple[Step, ...] = (
             "--seeds=0",
             "--set=model.compute_dtype=bfloat16",
         ),
-        "real_learning_bf16",
         40,
     ),
 )
@@ -193,7 +186,7 @@ def plan(
     kind has no result of it, or when that result is older than `since`."""
     out = []
     for step in steps:
-        date = result_date(results, step.result, kind)
+        date = result_date(results, step.name, kind)
         if only:
             run = step.name in only
         else:
@@ -299,7 +292,7 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
     for step in to_run:
         print(f"[{time.strftime('%H:%M:%S')}] {step.name} (<= {step.minutes} min)", flush=True)
         row = run_step(step, root, args.python)
-        row["result_date"] = result_date(common.RESULTS_DIR, step.result, kind)
+        row["result_date"] = result_date(common.RESULTS_DIR, step.name, kind)
         summary["steps"].append(row)
         print(f"  rc {row['rc']}, {row['minutes']} min, log {row['log']}", flush=True)
         (root / "summary.json").write_text(json.dumps(summary, indent=2))

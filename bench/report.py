@@ -717,7 +717,7 @@ def _vs_peer(d, key: str, name: str, short: str):
     bf16 = d.get("sampler_dtype") == "bfloat16"
     ours = f"{REAL} RL step, our sampler in bf16," if bf16 else f"{REAL} RL step"
     if d.get("compute_dtype") == "bfloat16":  # both sides train with bf16 matmuls
-        ours, name, short = f"{REAL} RL step, bf16 compute,", f"{name} (bf16=True)", short
+        ours, name = f"{REAL} RL step, bf16 compute,", f"{name} (bf16=True)"
     gap = (
         [
             (

@@ -24,7 +24,7 @@ def _result(results: Path, name: str, kind: str, date: str) -> None:
 
 
 def _steps(*names: str) -> tuple[Step, ...]:
-    return tuple(Step(n, ("-c", "pass"), n, 1, ()) for n in names)
+    return tuple(Step(n, ("-c", "pass"), 1, ()) for n in names)
 
 
 def test_plan_runs_what_this_kind_lacks_or_has_only_from_before_since(tmp_path):
@@ -51,7 +51,7 @@ def test_a_result_file_that_does_not_parse_counts_as_missing(tmp_path):
 
 
 def test_missing_needs_name_the_steps_and_the_command(tmp_path):
-    steps = (Step("x", (), "x", 1, ("model", "trl")), Step("y", (), "y", 1, ("trl",)))
+    steps = (Step("x", (), 1, ("model", "trl")), Step("y", (), 1, ("trl",)))
     needs = {"model": (lambda: True, "make real-model"), "trl": (lambda: False, "pip install trl")}
     assert machine_pass.missing_needs(steps, needs) == [
         "trl is missing (needed by x, y): run `pip install trl`"
@@ -82,7 +82,7 @@ def test_bad_flags_are_refused_in_one_line(argv, says, capsys, tmp_path):
 
 def test_a_missing_prerequisite_stops_the_pass_before_any_step(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
-    steps = (Step("x", ("-c", "open('ran', 'w')"), "x", 1, ("trl",)),)
+    steps = (Step("x", ("-c", "open('ran', 'w')"), 1, ("trl",)),)
     needs = {"trl": (lambda: False, "pip install trl")}
     rc = machine_pass.main([f"--root={tmp_path / 'r'}", "--no_report"], steps=steps, needs=needs)
     assert rc == 2
@@ -93,10 +93,10 @@ def test_a_missing_prerequisite_stops_the_pass_before_any_step(capsys, tmp_path,
 def test_the_pass_runs_each_step_logs_it_and_carries_on_past_failures(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
     steps = (
-        Step("ok", ("-c", "print('measured')"), "ok", 1, ()),
-        Step("fails", ("-c", "import sys; sys.exit(3)"), "fails", 1, ()),
-        Step("hangs", ("-c", "import time; time.sleep(30)"), "hangs", 0.02, ()),
-        Step("after", ("-c", "import sys; print(sys.argv[1])", "{root}/out"), "after", 1, ()),
+        Step("ok", ("-c", "print('measured')"), 1, ()),
+        Step("fails", ("-c", "import sys; sys.exit(3)"), 1, ()),
+        Step("hangs", ("-c", "import time; time.sleep(30)"), 0.02, ()),
+        Step("after", ("-c", "import sys; print(sys.argv[1])", "{root}/out"), 1, ()),
     )
     root = tmp_path / "r"
     rc = machine_pass.main(
