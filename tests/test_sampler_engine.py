@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from pipelinerl_jax.models import attention, decoder, hf_io
+from pipelinerl_jax.sampler import steps
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.sequence import SamplingParams
@@ -252,7 +253,7 @@ def test_bf16_sampler_tracks_f32(models, prompts, tmp_path):
     sp = SamplingParams(temperature=0.0, max_new_tokens=2)
     f32 = PagedSampler(graphdef, params, CONFIG).generate(prompts, params=sp)
     bf16 = PagedSampler(graphdef16, params16, CONFIG)
-    assert bf16.state.k_pages.dtype == jnp.bfloat16
+    assert all(p.dtype == jnp.bfloat16 for p in steps.pool_values(bf16.state, bf16.engine.ecfg))
     low = bf16.generate(prompts, params=sp)
     checked = 0
     for p, a, b in zip(prompts, f32, low):
@@ -269,7 +270,8 @@ def test_bf16_sampler_tracks_f32(models, prompts, tmp_path):
 def test_bf16_decode_chunk_makes_no_f32_copy_of_the_pool(models, prompts, tmp_path):
     """XLA:CPU has no bf16 scatter: written naively, every K/V write upcasts the whole pool
     to f32 and back (attend.set_at). The compiled bf16 decode chunk must hold no f32 array of
-    the pool's shape."""
+    the pool's shape, and no bf16 one either: the pool is stored as its uint16 bits, and a
+    per-chunk view of it as bf16 was a copy of the whole pool on entry and on exit."""
     hf, _, _, _ = models
     hf.save_pretrained(tmp_path, safe_serialization=True)
     _, graphdef16, params16 = hf_io.load_hf(tmp_path, param_dtype="bfloat16")
@@ -282,7 +284,7 @@ def test_bf16_decode_chunk_makes_no_f32_copy_of_the_pool(models, prompts, tmp_pa
         .as_text()
     )
     pool = ",".join(str(d) for d in state.k_pages.shape)
-    assert f"bf16[{pool}]" in hlo
+    assert f"u16[{pool}]" in hlo and f"bf16[{pool}]" not in hlo
     # A fusion, scatter or copy whose result is an f32 pool is a materialised copy (before the
     # fix: 48 of them in this chunk); an f32 convert inside a fused gather reads only the
     # gathered elements and is fine.

@@ -6,8 +6,8 @@
 * the free `decode_chunk` under jax.jit equals the Engine's (shard_map over a 1-device mesh);
 * `state_from_prompts` + greedy `decode_chunk` equals the model's own full forward
   (`decoder.jit_forward`) argmax token by token, logprobs its log_softmax, for every strategy;
-* only the staged strategy carries 16-bit pools as uint16 bit patterns (a CPU trick), and no
-  compiled decode chunk or prefill copies the pool.
+* the CPU strategies store 16-bit pools as uint16 bit patterns (a CPU trick), and no
+  compiled decode chunk or prefill copies or converts the pool.
 """
 
 import functools
@@ -92,7 +92,7 @@ def _decode(model_params, prompts, attention, cache_dtype="float32", temperature
             )
         )
     tokens, logprobs, valid, versions = (np.concatenate(x, axis=1) for x in zip(*outs))
-    pools = [np.asarray(p, np.float32) for p in (state.k_pages, state.v_pages)]
+    pools = [np.asarray(p, np.float32) for p in steps.pool_values(state, ecfg)]
     return dict(tokens=tokens, logprobs=logprobs, valid=valid, versions=versions, pools=pools)
 
 
@@ -247,24 +247,33 @@ def _small_pool():
     )
 
 
-@pytest.mark.parametrize("attention, bits", [("staged", True), ("paged", False)])
-def test_only_the_staged_strategy_carries_bit_patterns(model, prompts, attention, bits):
-    """bf16 pools: the staged (CPU) strategy scatters uint16 bit patterns; the paged (GPU)
-    strategy writes bf16 with a plain .at[].set (StableHLO, before any XLA rewrite)."""
+@pytest.mark.parametrize("attention, bits", [("staged", True), ("gather", True), ("paged", False)])
+def test_only_the_cpu_strategies_store_bit_patterns(model, prompts, attention, bits):
+    """bf16 pools: the CPU strategies store and scatter uint16 bit patterns; the paged (GPU)
+    strategy keeps a bf16 pool written with a plain .at[].set (StableHLO, before any XLA
+    rewrite). Either way `pool_values` reads back the same bf16 K/V."""
     _, params = model
     ecfg = _ecfg(attention, "bfloat16")
     dparams = steps.prepare_params(params, cfg=CFG, ecfg=ecfg)
     state = steps.state_from_prompts(dparams, prompts, cfg=CFG, ecfg=ecfg, chunk_steps=2)
+    assert state.k_pages.dtype == (jnp.uint16 if bits else jnp.bfloat16) == steps.pool_dtype(ecfg)
+    assert all(p.dtype == jnp.bfloat16 for p in steps.pool_values(state, ecfg))
     text = decode_jit.lower(dparams, state, 0, cfg=CFG, ecfg=ecfg, k=2, window=WINDOW).as_text()
     assert ("xui16>" in text) == bits
 
 
-@pytest.mark.parametrize("attention", NAMES)
-def test_no_compiled_chunk_or_prefill_copies_the_pool(model, prompts, attention):
+# Not the GPU strategy's bf16 pool: XLA:CPU upcasts its plain bf16 scatter (set_at says why).
+@pytest.mark.parametrize(
+    "attention, cache_dtype",
+    [(name, "float32") for name in NAMES] + [("staged", "bfloat16"), ("gather", "bfloat16")],
+)
+def test_no_compiled_chunk_or_prefill_copies_the_pool(model, prompts, attention, cache_dtype):
     """Each hook writes its layer's K/V before it reads the pool: reading first made XLA copy
-    the whole pool per layer and step (attend.py)."""
+    the whole pool per layer and step (attend.py). 16-bit pools: stored as the bits the CPU
+    strategies scatter, so no call converts the pool between views either (a per-call view
+    was a copy of the pool on entry and on exit)."""
     _, params = model
-    ecfg = _ecfg(attention)
+    ecfg = _ecfg(attention, cache_dtype)
     dparams = steps.prepare_params(params, cfg=CFG, ecfg=ecfg)
     state = steps.state_from_prompts(dparams, prompts, cfg=CFG, ecfg=ecfg, chunk_steps=2)
     rows = (np.ones((SLOTS, PAGE), np.int32), np.zeros((SLOTS, PAGE), np.int32))
@@ -276,4 +285,4 @@ def test_no_compiled_chunk_or_prefill_copies_the_pool(model, prompts, attention)
     # The state is donated to both: without donation the pool is copied once, into the output.
     for lowered in compiled:
         hlo = lowered.compile().as_text()
-        assert not re.findall(r"\[" + pool + r"\]\{[^}]*\} copy\(", hlo)
+        assert not re.findall(r"\[" + pool + r"\]\{[^}]*\} (copy|convert|bitcast-convert)\(", hlo)

@@ -86,12 +86,15 @@ def _window_valid(window: int, page_size: int, before_B):
     return window_positions_WxS[None] < before_B[:, None, None]
 
 
-def decode_attend(block_tables_BxM, positions_B, write_B, window: int, *, scale: float, scatter):
+def decode_attend(
+    block_tables_BxM, positions_B, write_B, window: int, *, scale: float, scatter, cache_dtype=None
+):
     """attend() for one new token per row at `positions_B` (it sees positions < its own + itself).
 
     Writes the token's K/V into the layer's pages with `scatter` (rows with write False,
     inactive slots, write to the null page), reads the positions before the token from the
     first `window` pages of each row, and merges the token's own K/V into the same softmax.
+    cache_dtype: the float dtype the pool holds when it is stored as its bits (`pool_dtype`).
     """
     batch = block_tables_BxM.shape[0]
     block_tables_BxW = block_tables_BxM[:, :window]
@@ -104,25 +107,26 @@ def decode_attend(block_tables_BxM, positions_B, write_B, window: int, *, scale:
         f32 = jnp.float32
         # Written first, read after: the reads only see positions < the token's (masked
         # below), and a read of the pool before its in-place write would make XLA copy it.
+        dtype = cache_dtype or k_pages.dtype
         at = (block_tables_BxM, positions_B[:, None], write_B[:, None])
-        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, *at, scatter=scatter)
-        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, *at, scatter=scatter)
+        k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, *at, scatter=scatter, dtype=dtype)
+        v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, *at, scatter=scatter, dtype=dtype)
         old_valid_BxWxS = _window_valid(window, k_pages.shape[3], positions_B)
-        k_old_BxWxKxSxD = _gather_old(k_pages, layer, block_tables_BxW)
-        v_old_BxWxKxSxD = _gather_old(v_pages, layer, block_tables_BxW)
+        k_old_BxWxKxSxD = values_of(_gather_old(k_pages, layer, block_tables_BxW), dtype, f32)
+        v_old_BxWxKxSxD = values_of(_gather_old(v_pages, layer, block_tables_BxW), dtype, f32)
         # Zeroed, not just given zero weight: 0 * NaN from a corrupted page would leak in.
         v_old_BxWxKxSxD = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old_BxWxKxSxD, 0)
         q_BxKxGxD = q_Bx1xHxD.reshape(batch, kv_heads, group, head_dim).astype(f32)
         # The token's own K/V rounded as the pool stores it: it attends to itself exactly as
         # later steps (and the strategies that write before reading) see it. Both dots in f32
         # (probabilities not rounded to a 16-bit V), as the other strategies compute them.
-        k_Bx1xKxD = k_Bx1xKxD.astype(k_pages.dtype)
-        v_Bx1xKxD = v_Bx1xKxD.astype(v_pages.dtype)
+        k_Bx1xKxD = k_Bx1xKxD.astype(dtype)
+        v_Bx1xKxD = v_Bx1xKxD.astype(dtype)
         s_old_BxKxGxWxS = (
             jnp.einsum(
                 "bkgd,bwksd->bkgws",
                 q_BxKxGxD,
-                k_old_BxWxKxSxD.astype(f32),
+                k_old_BxWxKxSxD,
                 preferred_element_type=f32,
             )
             * scale
@@ -134,7 +138,7 @@ def decode_attend(block_tables_BxM, positions_B, write_B, window: int, *, scale:
         out_BxKxGxD, denom_BxKxG = _merge_softmax(
             s_old_BxKxGxWxS,
             s_new_BxKxGx1,
-            v_old_BxWxKxSxD.astype(f32),
+            v_old_BxWxKxSxD,
             v_Bx1xKxD[:, 0, :, None, :].astype(f32),
             "bkgws,bwksd->bkgd",
             "bkgn,bknd->bkgd",
@@ -184,12 +188,15 @@ def decode_attend_paged(
     return attend
 
 
-def prefill_attend(block_tables_BxM, window: int, positions_BxT, *, scale: float, scatter):
+def prefill_attend(
+    block_tables_BxM, window: int, positions_BxT, *, scale: float, scatter, cache_dtype=None
+):
     """attend() for a chunk of T tokens per row (padding at position -1, at the end of a row).
 
     The chunk's K/V is written into the layer's pages (padding: the null page); a query at
     position p sees the row's cached positions before the chunk start (read from its first
     `window` pages; 0 for a first chunk) and the chunk's own tokens at positions <= p.
+    cache_dtype: as in decode_attend.
     """
     start_B = positions_BxT[:, 0]  # chunk start; -1 for an all-padding row (sees nothing old)
     block_tables_BxW = block_tables_BxM[:, :window]
@@ -213,14 +220,15 @@ def prefill_attend(block_tables_BxM, window: int, positions_BxT, *, scale: float
         s_new = jnp.where(new_valid_BxTxT[:, None, None], s_new, -jnp.inf)
         # Written first, read after (as in decode_attend: the reads are masked to positions
         # before the chunk, and reading before the in-place write would copy the pool).
+        dtype = cache_dtype or k_pages.dtype
         at = (block_tables_BxM, positions_BxT, valid_BxT)
-        k_pages = write_layer_kv(k_pages, layer, k_BxTxKxD, *at, scatter=scatter)
-        v_pages = write_layer_kv(v_pages, layer, v_BxTxKxD, *at, scatter=scatter)
+        k_pages = write_layer_kv(k_pages, layer, k_BxTxKxD, *at, scatter=scatter, dtype=dtype)
+        v_pages = write_layer_kv(v_pages, layer, v_BxTxKxD, *at, scatter=scatter, dtype=dtype)
         s_old = v_old = None  # first chunk: nothing cached yet
         if window:
             old_valid_BxWxS = _window_valid(window, k_pages.shape[3], start_B)
-            k_old = _gather_old(k_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
-            v_old = _gather_old(v_pages, layer, block_tables_BxW).astype(q_BxTxHxD.dtype)
+            k_old = values_of(_gather_old(k_pages, layer, block_tables_BxW), dtype, q_BxTxHxD.dtype)
+            v_old = values_of(_gather_old(v_pages, layer, block_tables_BxW), dtype, q_BxTxHxD.dtype)
             v_old = jnp.where(old_valid_BxWxS[:, :, None, :, None], v_old, 0)
             s_old = (
                 jnp.einsum(
@@ -266,6 +274,21 @@ def float_view(x, dtype):
     if x.dtype == jnp.uint16 and _is_half(dtype):
         return jax.lax.bitcast_convert_type(x, dtype)
     return x
+
+
+def pool_dtype(cache_dtype, *, as_bits: bool):
+    """The dtype a page pool of `cache_dtype` values is stored in: a 16-bit float pool as its
+    uint16 bits when `as_bits` (the CPU strategies: XLA:CPU has no 16-bit float scatter, see
+    `set_at`, and converting a pool between its two views is a copy of the whole pool)."""
+    dtype = jnp.dtype(cache_dtype)
+    return jnp.dtype(jnp.uint16) if as_bits and _is_half(dtype) else dtype
+
+
+def values_of(x, dtype, out_dtype):
+    """Pool values of float `dtype` as `out_dtype`, from the array or from its `bits_view`."""
+    if x.dtype == jnp.uint16 and _is_half(dtype):
+        return f32_of(x, dtype).astype(out_dtype)
+    return x.astype(out_dtype)
 
 
 def f32_of(x, dtype):

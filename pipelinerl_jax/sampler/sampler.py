@@ -52,7 +52,7 @@ from pipelinerl_jax.sampler.requests import observation_error, request_error
 from pipelinerl_jax.sampler.scheduler import Scheduler
 from pipelinerl_jax.sampler.sequence import PrefillRow, SamplingParams, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
-from pipelinerl_jax.sampler.steps import EngineConfig, pick_window
+from pipelinerl_jax.sampler.steps import EngineConfig, pick_window, pool_dtype
 
 
 def _mix32(*values: int) -> int:
@@ -150,7 +150,7 @@ class PagedSampler:
             page_size=cfg.page_size,
             num_kv_heads=model_cfg.num_kv_heads,
             head_dim=model_cfg.head_dim,
-            cache_dtype=cache_dtype,
+            pool_dtype=pool_dtype(self.engine.ecfg),
             num_slots=cfg.num_slots,
             pages_per_slot=pages_per_slot,
             max_stop_tokens=cfg.max_stop_tokens,

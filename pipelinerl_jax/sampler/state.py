@@ -40,8 +40,9 @@ SLOT_FIELDS = {
 class SamplerState:
     """Device state of the sampler (a registered pytree; all fields are arrays)."""
 
-    k_pages: jax.Array  # [L, P, K, S, D] cache dtype: keys; page 0 is the null page
-    v_pages: jax.Array  # [L, P, K, S, D] cache dtype: values
+    # Pool dtype (steps.pool_dtype): the cache dtype, or a 16-bit cache's uint16 bits on CPU.
+    k_pages: jax.Array  # [L, P, K, S, D]: keys; page 0 is the null page
+    v_pages: jax.Array  # [L, P, K, S, D]: values
     block_tables: jax.Array  # [B, M] int32: page of each slot's m-th S-token block (0 = none)
     last_token: jax.Array  # [B] int32: token at position lengths-1, input of the next step
     lengths: jax.Array  # [B] int32: tokens in the sequence; K/V cached for lengths-1
@@ -68,7 +69,7 @@ def init_state(
     page_size: int,
     num_kv_heads: int,
     head_dim: int,
-    cache_dtype,
+    pool_dtype,
     num_slots: int,
     pages_per_slot: int,
     max_stop_tokens: int,
@@ -106,7 +107,7 @@ def init_state(
     fields = {name: put(name, v) for name, v in host.items() if v is not None}
     for name in ("k_pages", "v_pages"):
         sharding = getattr(shardings, name) if shardings is not None else None
-        fields[name] = jax.jit(lambda: jnp.zeros(page_shape, cache_dtype), out_shardings=sharding)()
+        fields[name] = jax.jit(lambda: jnp.zeros(page_shape, pool_dtype), out_shardings=sharding)()
     return SamplerState(**fields)
 
 

@@ -74,6 +74,8 @@ __all__ = [
     "decode_chunk",
     "empty_state",
     "pick_window",
+    "pool_dtype",
+    "pool_values",
     "prefill",
     "prepare_params",
     "state_from_prompts",
@@ -140,6 +142,17 @@ def pick_window(needed_pages: int, max_pages: int) -> int:
 
 def strategy_of(ecfg: EngineConfig) -> strategies.DecodeAttention:
     return strategies.pick(ecfg.attention, ecfg.cache_dtype)
+
+
+def pool_dtype(ecfg: EngineConfig):
+    """The dtype the engine stores its page pool in: cache_dtype, or a 16-bit cache as its
+    uint16 bits on the CPU strategies (`attend.pool_dtype`; `attend.float_view` reads it)."""
+    return strategy_of(ecfg).pool_dtype
+
+
+def pool_values(state: SamplerState, ecfg: EngineConfig):
+    """(keys, values) of the page pool as cache_dtype arrays, however the engine stores them."""
+    return tuple(attn.float_view(p, ecfg.cache_dtype) for p in (state.k_pages, state.v_pages))
 
 
 def _to_local(page_ids, state: SamplerState, axes: MeshAxes):
@@ -338,7 +351,12 @@ def prefill(
     strategy = strategy_of(ecfg)
     block_tables_RxM = _to_local(block_tables_RxM, state, axes)
     attend = attn.prefill_attend(
-        block_tables_RxM, window, positions_RxT, scale=scale_of(cfg), scatter=strategy.scatter
+        block_tables_RxM,
+        window,
+        positions_RxT,
+        scale=scale_of(cfg),
+        scatter=strategy.scatter,
+        cache_dtype=ecfg.cache_dtype,
     )
     pool = (state.k_pages, state.v_pages)
     if apply is not None:
@@ -382,7 +400,7 @@ def empty_state(
         page_size=ecfg.page_size,
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
-        cache_dtype=ecfg.cache_dtype,
+        pool_dtype=pool_dtype(ecfg),
         num_slots=ecfg.num_slots,
         pages_per_slot=ecfg.pages_per_slot,
         max_stop_tokens=ecfg.max_stop_tokens,

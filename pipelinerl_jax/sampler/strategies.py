@@ -34,7 +34,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from pipelinerl_jax.kernels.paged_attention import triton_available
@@ -54,12 +53,21 @@ CPU_LAYOUT = "feature_major"
 PLAIN_LAYOUT = "token_major"
 
 
+@dataclasses.dataclass(frozen=True)
 class DecodeAttention(abc.ABC):
     """Base: the pool itself is the carry (as it is for "paged" and "gather")."""
 
-    name: str
-    layout: str
+    cache_dtype: str = "float32"  # the values the pool holds (`pool_dtype`: how it stores them)
+
+    name = ""
+    layout = ""
     scatter = staticmethod(attn.plain_set)
+    pool_as_bits = False  # a 16-bit pool stored as its uint16 bits (attend.pool_dtype)
+
+    @property
+    def pool_dtype(self):
+        """The dtype of state.k_pages / v_pages (steps.empty_state makes the pool in it)."""
+        return attn.pool_dtype(self.cache_dtype, as_bits=self.pool_as_bits)
 
     def init_carry(self, state, block_tables_BxM, window: int):
         """Once per chunk, before the scan: what the forward threads through its layers."""
@@ -117,29 +125,27 @@ class StagedAttention(DecodeAttention):
     while the chunk runs (pipeline/memory.py counts it).
     """
 
-    cache_dtype: str = "float32"  # the pool's dtype: 16-bit pools are carried as their bits
-
     name = "staged"
     layout = CPU_LAYOUT
     scatter = staticmethod(attn.set_at)
+    # 16-bit pools (and so their stages) are stored as their uint16 bit patterns, so each step's
+    # writes are integer scatters in place with no conversion copies: XLA:CPU has no bf16
+    # scatter and otherwise upcasts the whole pool to f32 and back per write, most of a bf16
+    # decode step, and a view of the pool as bits made per chunk is itself a copy of the pool
+    # on entry and on exit (docs/cpu_measurements.md#16-bit-pools-as-bits).
+    pool_as_bits = True
 
     def init_carry(self, state, block_tables_BxM, window: int):
-        if state.k_pages.dtype != jnp.dtype(self.cache_dtype):
+        if state.k_pages.dtype != self.pool_dtype:
             raise ValueError(
                 f"staged attention: the pool is {state.k_pages.dtype}, the engine's "
-                f"cache_dtype {self.cache_dtype}"
+                f"cache_dtype {self.cache_dtype} is stored as {self.pool_dtype}"
             )
         # K/V are cached for positions < lengths - 1 (the last token's come this step).
         k_stage, v_stage = staged.stage(
             state.k_pages, state.v_pages, block_tables_BxM[:, :window], state.lengths - 1
         )
-        # 16-bit pools and stages travel through the loop as their uint16 bit patterns, so each
-        # step's writes are integer scatters in place with no conversion copies: XLA:CPU has no
-        # bf16 scatter and otherwise upcasts the whole pool to f32 and back per write, most of a
-        # bf16 decode step (docs/cpu_measurements.md#16-bit-pools-as-bits). Converted back in
-        # `finish`.
-        carry = (state.k_pages, state.v_pages, k_stage, v_stage)
-        return jax.tree.map(attn.bits_view, carry)
+        return (state.k_pages, state.v_pages, k_stage, v_stage)
 
     def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
         del window  # the stage already holds the window
@@ -148,11 +154,8 @@ class StagedAttention(DecodeAttention):
         )
 
     def finish(self, state, carry):
-        dtype = jnp.dtype(self.cache_dtype)
-        k_bits, v_bits = carry[:2]  # the stage is dropped
-        return state.replace(
-            k_pages=attn.float_view(k_bits, dtype), v_pages=attn.float_view(v_bits, dtype)
-        )
+        k_pages, v_pages = carry[:2]  # the stage is dropped
+        return state.replace(k_pages=k_pages, v_pages=v_pages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,10 +167,17 @@ class GatherAttention(DecodeAttention):
     name = "gather"
     layout = CPU_LAYOUT
     scatter = staticmethod(attn.set_at)
+    pool_as_bits = True  # as StagedAttention's
 
     def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
         return attn.decode_attend(
-            block_tables_BxM, positions_B, active_B, window, scale=scale, scatter=attn.set_at
+            block_tables_BxM,
+            positions_B,
+            active_B,
+            window,
+            scale=scale,
+            scatter=attn.set_at,
+            cache_dtype=self.cache_dtype,
         )
 
 
@@ -187,7 +197,4 @@ def resolve(attention: str) -> str:
 
 def pick(attention: str, cache_dtype: str = "float32") -> DecodeAttention:
     """The strategy for an `EngineConfig.attention` value (hashable: a jit static is fine)."""
-    name = resolve(attention)
-    if name == "staged":
-        return StagedAttention(cache_dtype=jnp.dtype(cache_dtype).name)
-    return STRATEGIES[name]()
+    return STRATEGIES[resolve(attention)](cache_dtype=jnp.dtype(cache_dtype).name)
