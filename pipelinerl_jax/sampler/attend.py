@@ -311,8 +311,8 @@ def set_at(array, index, values, *, dtype=None, **at_kwargs):
     written layer. On the bench model (bf16, batch 64, a 42 MB pool per layer) those copies
     took ~85% of a decode step. A uint16 scatter of the same bits is exact and in place.
 
-    dtype: the float dtype `array` holds when it is already a `bits_view` (the staged decode
-    loop carries 16-bit caches that way, so the views are not copies made every step).
+    dtype: the float dtype `array` holds when it is already a `bits_view` (the CPU strategies
+    store 16-bit pools that way, so no view of a pool is a copy made per call).
     """
     dtype = jnp.dtype(dtype or array.dtype)
     values = values.astype(dtype)

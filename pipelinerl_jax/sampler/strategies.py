@@ -18,7 +18,7 @@ scan, so the pool is carried once). Besides the three methods a strategy names
 - "paged" (`PagedAttention`, what "auto" picks where the Triton kernel runs): plain JAX, the
   model's token-major block, `.at[].set` writes, `kernels.paged_decode_attention`.
 - "staged" (`StagedAttention`, what "auto" picks elsewhere: the CPU path): the feature-major
-  block, a dense copy of the window per chunk, 16-bit pools carried as bit patterns.
+  block, a dense copy of the window per chunk, 16-bit pools stored as bit patterns.
 - "gather" (`GatherAttention`): the feature-major block, each step gathers the window and
   merges the new token itself (attend.decode_attend).
 All three compute the same attention (tests/test_sampler_strategies.py decodes with each and
@@ -162,7 +162,7 @@ class StagedAttention(DecodeAttention):
 class GatherAttention(DecodeAttention):
     """Each step and layer gathers the row's window from the pool, merges the new token into
     the same f32 softmax (attend.decode_attend), then writes its K/V. A CPU strategy: the
-    feature-major block, 16-bit writes as bit patterns (attend.set_at)."""
+    feature-major block, 16-bit pools stored as bit patterns (attend.set_at)."""
 
     name = "gather"
     layout = CPU_LAYOUT
