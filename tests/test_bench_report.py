@@ -453,3 +453,18 @@ def test_peer_table_has_a_column_per_machine_kind_and_meets_goals_only_on_both(t
     (tmp_path / "vs_trl.json").unlink()
     assert "| 3.02x ✓ (2026-11-25) | not measured | **no** |" in peer_table.render(tmp_path)
     assert "no peer comparison measured yet" in peer_table.render(tmp_path / "none")
+
+
+def test_peer_table_names_what_bounds_each_decode_batch(tmp_path):
+    """decode_real's rows: weight reads bound batch 1, attention over the window batch 64."""
+    from bench import peer_table
+
+    (tmp_path / "by_machine").mkdir()
+    row = {"dtype": "float32", "temperature": 0.0, "goal": 2.5}
+    rows = [{**row, "batch": b, "ratio": r} for b, r in ((1, 2.4), (16, 2.0), (64, 1.7))]
+    payload = {"cpu": {"model": "AMD EPYC"}, "date": "2026-11-28T01:00:00", "rows": rows}
+    (tmp_path / "by_machine" / "decode_real.epyc.json").write_text(json.dumps(payload))
+    bounds = {r["what"].split(", ")[1]: r["bound"] for r in peer_table.rows(tmp_path)}
+    assert bounds["batch 1"].startswith("reading every weight")
+    assert "skinny shapes" in bounds["batch 16"]
+    assert bounds["batch 64"].startswith("attention over the staged K/V window")
