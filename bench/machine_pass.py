@@ -121,8 +121,8 @@ STEPS: tuple[Step, ...] = (
     Step("weight_transfer", ("bench/bench_weight_transfer.py",), 20, ()),
     Step("lora_decode", ("bench/bench_lora_decode.py",), 20, ()),
     Step("decode_widths", ("bench/bench_decode_widths.py",), 25),
-    # 16 rows, each side timed 3 times: ~65 min on the EPYC (it writes its JSON only at the end).
-    Step("decode_real", ("bench/bench_decode_real.py",), 90, ("model", "torch")),
+    # 16 rows, each side timed 3 times: ~82 min on the EPYC (it writes its JSON only at the end).
+    Step("decode_real", ("bench/bench_decode_real.py",), 110, ("model", "torch")),
     Step(
         "real_learning_bf16",
         (
