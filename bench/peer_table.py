@@ -119,6 +119,11 @@ def _train_step(d: dict) -> list[Row]:
 
 def _decode_bound(what: str) -> str:
     """What bounds a decode row, by batch (the profiles docs/benchmarks.md details)."""
+    if "bfloat16, batch 1," in what:
+        return (
+            "EPYC: XLA:CPU's bf16 matrix-vector products (no AMX there) run slower than its f32 "
+            "ones: 27-30 against 37-39 tokens/s"
+        )
     if "batch 1," in what:
         return (
             "reading every weight each token (538 MB in f32) at 17-22 GB/s, the bytes "

@@ -468,3 +468,6 @@ def test_peer_table_names_what_bounds_each_decode_batch(tmp_path):
     assert bounds["batch 1"].startswith("reading every weight")
     assert "skinny shapes" in bounds["batch 16"]
     assert bounds["batch 64"].startswith("attention over the staged K/V window")
+    payload["rows"] = [{**rows[0], "dtype": "bfloat16"}]
+    (tmp_path / "by_machine" / "decode_real.epyc.json").write_text(json.dumps(payload))
+    assert "bf16 matrix-vector" in peer_table.rows(tmp_path)[0]["bound"]
