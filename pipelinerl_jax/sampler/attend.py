@@ -105,9 +105,9 @@ def decode_attend(
         kv_heads = k_Bx1xKxD.shape[2]
         group = heads // kv_heads
         f32 = jnp.float32
+        dtype = cache_dtype or k_pages.dtype
         # Written first, read after: the reads only see positions < the token's (masked
         # below), and a read of the pool before its in-place write would make XLA copy it.
-        dtype = cache_dtype or k_pages.dtype
         at = (block_tables_BxM, positions_B[:, None], write_B[:, None])
         k_pages = write_layer_kv(k_pages, layer, k_Bx1xKxD, *at, scatter=scatter, dtype=dtype)
         v_pages = write_layer_kv(v_pages, layer, v_Bx1xKxD, *at, scatter=scatter, dtype=dtype)
