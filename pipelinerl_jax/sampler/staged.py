@@ -65,7 +65,7 @@ def decode_attend_staged(block_tables_BxM, positions_B, write_B, *, scale: float
     pool and into this layer's staged arrays (rows with write False write to the null page
     and not at all into the stage), then attention reads positions <= positions_B.
     cache_dtype: given when the pool (and so its stage) holds 16-bit floats stored as their
-    uint16 bits (`StagedAttention.pool_as_bits`; `attend.set_at` says why).
+    uint16 bits (`DecodeAttention.pool_dtype`; `attend.set_at` says why).
     """
 
     def attend(q_Bx1xHxD, k_Bx1xKxD, v_Bx1xKxD, layer_and_carry):

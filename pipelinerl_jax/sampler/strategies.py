@@ -62,12 +62,13 @@ class DecodeAttention(abc.ABC):
     name = ""
     layout = ""
     scatter = staticmethod(attn.plain_set)
-    pool_as_bits = False  # a 16-bit pool stored as its uint16 bits (attend.pool_dtype)
 
     @property
     def pool_dtype(self):
-        """The dtype of state.k_pages / v_pages (steps.empty_state makes the pool in it)."""
-        return attn.pool_dtype(self.cache_dtype, as_bits=self.pool_as_bits)
+        """The dtype of state.k_pages / v_pages (steps.empty_state makes the pool in it): a
+        strategy that writes with `attend.set_at` stores a 16-bit pool as its uint16 bits, the
+        bits set_at scatters (a view made per call would be a copy of the whole pool)."""
+        return attn.pool_dtype(self.cache_dtype, as_bits=self.scatter is attn.set_at)
 
     def init_carry(self, state, block_tables_BxM, window: int):
         """Once per chunk, before the scan: what the forward threads through its layers."""
@@ -127,13 +128,13 @@ class StagedAttention(DecodeAttention):
 
     name = "staged"
     layout = CPU_LAYOUT
+    # With set_at, 16-bit pools (and so their stages) are stored as their uint16 bit patterns
+    # (`pool_dtype`), so each step's writes are integer scatters in place with no conversion
+    # copies: XLA:CPU has no bf16 scatter and otherwise upcasts the whole pool to f32 and back
+    # per write, most of a bf16 decode step, and a view of the pool as bits made per chunk is
+    # itself a copy of the pool on entry and on exit
+    # (docs/cpu_measurements.md#16-bit-pools-as-bits).
     scatter = staticmethod(attn.set_at)
-    # 16-bit pools (and so their stages) are stored as their uint16 bit patterns, so each step's
-    # writes are integer scatters in place with no conversion copies: XLA:CPU has no bf16
-    # scatter and otherwise upcasts the whole pool to f32 and back per write, most of a bf16
-    # decode step, and a view of the pool as bits made per chunk is itself a copy of the pool
-    # on entry and on exit (docs/cpu_measurements.md#16-bit-pools-as-bits).
-    pool_as_bits = True
 
     def init_carry(self, state, block_tables_BxM, window: int):
         if state.k_pages.dtype != self.pool_dtype:
@@ -167,7 +168,6 @@ class GatherAttention(DecodeAttention):
     name = "gather"
     layout = CPU_LAYOUT
     scatter = staticmethod(attn.set_at)
-    pool_as_bits = True  # as StagedAttention's
 
     def attend(self, block_tables_BxM, positions_B, active_B, window: int, scale: float):
         return attn.decode_attend(
