@@ -53,6 +53,9 @@ class Step:
     args: tuple[str, ...]
     minutes: float  # a generous limit: the step is killed past it and the pass goes on
     needs: tuple[str, ...] = ("model",)
+    # Added to `args` when this kind's result is partial (a bench that writes row by row,
+    # bench/row_results.py): the run then measures only the rows the file lacks.
+    resume: tuple[str, ...] = ()
 
 
 # In order of what the open goals need: the RL step against TRL (the 3x goal) and torch (the
@@ -121,8 +124,15 @@ STEPS: tuple[Step, ...] = (
     Step("weight_transfer", ("bench/bench_weight_transfer.py",), 20, ()),
     Step("lora_decode", ("bench/bench_lora_decode.py",), 20, ()),
     Step("decode_widths", ("bench/bench_decode_widths.py",), 25),
-    # 16 rows, each side timed 3 times: ~82 min on the EPYC (it writes its JSON only at the end).
-    Step("decode_real", ("bench/bench_decode_real.py",), 110, ("model", "torch")),
+    # 16 rows, each side timed 3 times: ~82 min on the EPYC. Written row by row: a pass cut
+    # short leaves a partial result, and the next pass measures only the rows it lacks.
+    Step(
+        "decode_real",
+        ("bench/bench_decode_real.py",),
+        110,
+        ("model", "torch"),
+        resume=("--resume",),
+    ),
     Step(
         "real_learning_bf16",
         (
@@ -134,6 +144,12 @@ STEPS: tuple[Step, ...] = (
         ),
         40,
     ),
+    # The bench model's rows (no goals) and the batch-1 product forms behind the bf16 bound:
+    # 2, 5, 11 and 2 min on the EPYC.
+    Step("forward", ("bench/bench_forward.py",), 15, ("torch",)),
+    Step("train_step", ("bench/bench_train_step.py",), 20, ("torch",)),
+    Step("decode", ("bench/bench_decode.py",), 30, ("torch",)),
+    Step("matvec_forms", ("bench/bench_matvec_forms.py",), 15, ("torch",)),
 )
 
 # What a need is, how to tell it is there, and the one command that provides it.
@@ -161,15 +177,22 @@ def _importable(python: str, module: str) -> bool:
     return subprocess.run(probe, cwd=ROOT, capture_output=True).returncode == 0
 
 
+def _result(results: Path, result: str, kind: str) -> dict:
+    path = results / "by_machine" / f"{result}.{kind}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def result_date(results: Path, result: str, kind: str) -> str | None:
     """The date (YYYY-MM-DD) of this kind's newest `result`, or None when it has none."""
-    path = results / "by_machine" / f"{result}.{kind}.json"
-    if not path.is_file():
-        return None
-    try:
-        return str(json.loads(path.read_text()).get("date", ""))[:10] or None
-    except (OSError, ValueError):
-        return None
+    return str(_result(results, result, kind).get("date", ""))[:10] or None
+
+
+def is_partial(results: Path, result: str, kind: str) -> bool:
+    """Whether this kind's `result` is a row-by-row one that stopped before its last row."""
+    return _result(results, result, kind).get("complete") is False
 
 
 def plan(
@@ -184,14 +207,16 @@ def plan(
     """(step, this kind's result date or None, whether to run it) for every step, in order.
 
     A step runs when named in `only`; otherwise (without `only`) when `rerun_all`, when this
-    kind has no result of it, or when that result is older than `since`."""
+    kind has no result of it or only a partial one, or when that result is older than
+    `since`."""
     out = []
     for step in steps:
         date = result_date(results, step.name, kind)
         if only:
             run = step.name in only
         else:
-            run = rerun_all or date is None or (since is not None and date < since)
+            stale = since is not None and date is not None and date < since
+            run = rerun_all or date is None or stale or is_partial(results, step.name, kind)
         out.append((step, date, run))
     return out
 
@@ -208,9 +233,10 @@ def missing_needs(steps: Sequence[Step], needs=None) -> list[str]:
     return lines
 
 
-def run_step(step: Step, root: Path, python: str) -> dict:
-    """Runs one step to completion or its limit; its output into root/<name>.log."""
-    args = [a.replace("{root}", str(root)) for a in step.args]
+def run_step(step: Step, root: Path, python: str, *, resume: bool = False) -> dict:
+    """Runs one step to completion or its limit; its output into root/<name>.log. `resume`
+    adds the step's resume flags (its result is partial)."""
+    args = [a.replace("{root}", str(root)) for a in (*step.args, *(step.resume if resume else ()))]
     log = root / f"{step.name}.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.monotonic()
@@ -272,10 +298,15 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
     kind = common.machine_kind(common.cpu_features())
     chosen = plan(steps, common.RESULTS_DIR, kind, since=args.since, only=only, rerun_all=args.all)
     print(f"machine kind: {kind}")
+    partial = {s.name for s, _, _ in chosen if is_partial(common.RESULTS_DIR, s.name, kind)}
     for step, date, run in chosen:
-        have = f"has {date}" if date else "not measured"
+        have = f"{'partial' if step.name in partial else 'has'} {date}" if date else "not measured"
         print(f"  {'run ' if run else 'skip'} {step.name:22s} {have:16s} <= {step.minutes} min")
     to_run = [step for step, _, run in chosen if run]
+    # A partial result is finished, not redone: unless everything is re-measured or its rows
+    # are older than --since.
+    stale = {s.name for s, d, _ in chosen if args.since and d and d < args.since}
+    resumed = {name for name in partial if not args.all and name not in stale}
     if args.list:
         return 0
     if not to_run:
@@ -292,7 +323,7 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
     summary = {"kind": kind, "started": stamp, "steps": []}
     for step in to_run:
         print(f"[{time.strftime('%H:%M:%S')}] {step.name} (<= {step.minutes} min)", flush=True)
-        row = run_step(step, root, args.python)
+        row = run_step(step, root, args.python, resume=step.name in resumed)
         row["result_date"] = result_date(common.RESULTS_DIR, step.name, kind)
         summary["steps"].append(row)
         print(f"  rc {row['rc']}, {row['minutes']} min, log {row['log']}", flush=True)

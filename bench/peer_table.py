@@ -8,8 +8,10 @@ both kinds, so a kind that has not measured the row leaves it unmet; an unmet go
 beside what bounds it. `python bench/report.py
 --write` puts the table in the README and in docs/benchmarks.md.
 
-A row is (what, peer, ratio, goal): goal is None for ratios with no goal, else (">=", x) or
-("<=", x): higher is better for speed, lower for memory.
+A row is (what, peer, ratio, goal), or with a fifth element, its own date (results written row
+by row carry one per row, bench/row_results.py; otherwise the result's date is the row's): goal
+is None for ratios with no goal, else (">=", x) or ("<=", x): higher is better for speed, lower
+for memory.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ MEMORY_GOAL = ("<=", 1.0)  # "at no more than the peer's memory"
 SPEED_GOAL = (">=", 3.0)  # the whole RL step, against TRL and Tunix (issue 33)
 REAL = "SmolLM2-135M"
 
-Row = tuple[str, str, float, tuple[str, float] | None]
+Row = tuple  # (what, peer, ratio, goal) or (what, peer, ratio, goal, date): see above
 
 
 def _rl_step(peer: str, key: str = "") -> Callable[[dict], list[Row]]:
@@ -83,9 +85,12 @@ def _decode_rows(model: str, with_goal: bool) -> Callable[[dict], list[Row]]:
         out = []
         for r in d["rows"]:
             sampling = "greedy" if r["temperature"] == 0 else f"temperature {r['temperature']:g}"
+            if r.get("head_dtype", r["dtype"]) != r["dtype"]:
+                sampling += f", {r['head_dtype']} head"
             what = f"{model} decode {r['dtype']}, batch {r['batch']}, {sampling}: tokens/s"
             goal = (">=", r["goal"]) if with_goal and r.get("goal") else None
-            out.append((what, "transformers generate", r["ratio"], goal))
+            date = r.get("date") or d.get("date", "?")
+            out.append((what, "transformers generate", r["ratio"], goal, date))
         return out
 
     return rows
@@ -121,8 +126,9 @@ def _decode_bound(what: str) -> str:
     """What bounds a decode row, by batch (the profiles docs/benchmarks.md details)."""
     if "bfloat16, batch 1," in what:
         return (
-            "EPYC: XLA:CPU's bf16 matrix-vector products (no AMX there) run slower than its f32 "
-            "ones: 27-30 against 37-39 tokens/s"
+            "EPYC: XLA:CPU's bf16 matrix-vector products: a token's take 30 ms in the fastest "
+            "form the sampler can use, 25 ms in f32, 23 ms in torch's F.linear bf16 "
+            "(bench_matvec_forms.py); 1.45-1.49x with 5 repeats"
         )
     if "batch 1," in what:
         return (
@@ -215,7 +221,7 @@ def rows(results: Path) -> list[dict]:
     table: dict[tuple[str, str], dict] = {}
     for name, render, bound in SOURCES:
         for kind, d in by_kind(results, name).items():
-            for what, peer, ratio, goal in render(d):
+            for what, peer, ratio, goal, *own_date in render(d):
                 row = table.setdefault(
                     (what, peer),
                     {
@@ -228,7 +234,7 @@ def rows(results: Path) -> list[dict]:
                     },
                 )
                 row["ratios"][kind] = ratio
-                row["dates"][kind] = str(d.get("date", "?"))[:10]
+                row["dates"][kind] = str(own_date[0] if own_date else d.get("date", "?"))[:10]
     kinds = list(KINDS) + sorted({k for r in table.values() for k in r["ratios"]} - set(KINDS))
     for row in table.values():
         goal = row["goal"]

@@ -120,3 +120,33 @@ def test_a_non_empty_root_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "r" / "summary.json").write_text("{}")
     rc = machine_pass.main([f"--root={tmp_path / 'r'}", "--no_report"], steps=_steps("a"), needs={})
     assert rc == 2 and "is not empty" in capsys.readouterr().err
+
+
+def test_a_partial_result_is_run_again_with_its_resume_flags(tmp_path, monkeypatch, capsys):
+    """A row-by-row result cut short (`complete: false`) counts as lacking, and its step runs
+    with the flags that finish it; a complete one is skipped, --all redoes a partial one whole."""
+    results = tmp_path / "results"
+    monkeypatch.setattr(common, "RESULTS_DIR", results)
+    kind = common.machine_kind(common.cpu_features())
+    _result(results, "done", kind, "2026-11-28")
+    (results / "by_machine" / f"cut.{kind}.json").write_text(
+        json.dumps({"date": "2026-11-28T10:00:00+00:00", "complete": False})
+    )
+    echo = ("-c", "import sys; print('args', sys.argv[1:])")
+    steps = (
+        Step("done", echo, 1, (), resume=("--resume",)),
+        Step("cut", echo, 1, (), resume=("--resume",)),
+    )
+    assert machine_pass.is_partial(results, "cut", kind)
+    assert not machine_pass.is_partial(results, "done", kind)
+    python = f"--python={sys.executable}"
+    assert machine_pass.main([f"--root={tmp_path / 'r'}", "--no_report", python], steps=steps) == 0
+    assert "partial 2026-11-28" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert [r["step"] for r in summary["steps"]] == ["cut"]
+    assert "args ['--resume']" in (tmp_path / "r" / "cut.log").read_text()
+    rc = machine_pass.main(
+        [f"--root={tmp_path / 'all'}", "--no_report", "--all", python], steps=steps
+    )
+    assert rc == 0
+    assert "args []" in (tmp_path / "all" / "cut.log").read_text()
