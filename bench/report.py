@@ -208,6 +208,27 @@ def _projections(d):
     return out
 
 
+def _matvec_forms(d):
+    """Each way of writing batch 1's products, against torch's F.linear in the same dtype."""
+    torch = {r["dtype"]: r for r in d["rows"] if r["form"].startswith("torch_")}
+    out = []
+    for r in d["rows"]:
+        if r["form"].startswith("torch_"):
+            continue
+        peer = torch[r["dtype"]]
+        weights = "f32 weights" if r["dtype"] == "float32" else "bf16 weights"
+        out.append(
+            (
+                f"one decode token's matmuls, SmolLM2-135M shapes, batch 1, {weights}, form "
+                f"`{r['form']}`: ms (weight read rate)",
+                f"{r['ms_per_token']:.1f} ({r['weight_gb_s']:.1f} GB/s)",
+                f"{peer['ms_per_token']:.1f} ({peer['weight_gb_s']:.1f} GB/s)",
+                f"{peer['ms_per_token'] / r['ms_per_token']:.2f}x",
+            )
+        )
+    return out
+
+
 def _gemm(d):
     return [
         (
@@ -835,6 +856,7 @@ SECTIONS = (
     ("decode", "python bench/bench_decode.py", "transformers generate", _decode),
     ("decode_real", "python bench/bench_decode_real.py", "transformers generate", _decode_real),
     ("projections", "python bench/bench_projections.py", "torch", _projections),
+    ("matvec_forms", "python bench/bench_matvec_forms.py", "torch F.linear", _matvec_forms),
     ("train_step", "python bench/bench_train_step.py", "torch + transformers", _train),
     ("gemm", "python bench/bench_gemm.py", "torch", _gemm),
     ("pipeline_vs_conventional", "python bench/bench_pipeline.py", "conventional mode", _pipeline),
