@@ -11,13 +11,15 @@ layer its own weights, 106M parameters, streamed as a real step streams them) an
 [49152, 576] LM head, each product feeding the next layer as in the model. Forms (weights as
 the sampler lays them out, output-major [O, I], x [I, N]):
 
-- `two_columns`: the sampler's form for one 16-bit token (models/block.output_major_matmul):
-  the vector as two identical columns, bf16 operands, f32 accumulation;
+- `two_columns`: the sampler's form for one 16-bit token on a CPU with AMX
+  (models/block.one_16bit_token): the vector as two identical columns, bf16 operands, f32
+  accumulation;
+- `multiply_reduce`: its form without AMX: an elementwise product and an f32 sum over I,
+  which XLA:CPU fuses with the weights' conversion (the sampler's exact function);
 - `vector`: the plain [O, I] x [I, 1] product with f32 accumulation;
 - `bf16_result`: the same with a bf16 result;
 - `input_major`: [1, I] x [I, O] on weights stored input-major (as TokenMajor runs);
 - `both_minor`: [1, I] . [O, I] contracting both minor dimensions;
-- `multiply_reduce`: elementwise product and a sum over I, in f32;
 - `f32_upcast`: the weights converted to f32 in the program, then the f32 product;
 - `f32_weights`: f32 weights (twice the bytes): the rate the bf16 forms are measured against.
 
@@ -74,11 +76,15 @@ def product(form: str):
     import jax
     import jax.numpy as jnp
 
+    from pipelinerl_jax.models import block
+
     f32 = jnp.float32
 
+    def multiply_reduce(w, x):
+        return block.one_16bit_token(w, x, amx=False)
+
     def two_columns(w, x):
-        x2 = jnp.concatenate([x, x], axis=1)
-        return jnp.matmul(w, x2, preferred_element_type=f32)[:, :1]
+        return block.one_16bit_token(w, x, amx=True)
 
     forms = {
         "two_columns": two_columns,
@@ -88,9 +94,7 @@ def product(form: str):
         "both_minor": lambda w, x: (
             jax.lax.dot_general(x.T, w, (((1,), (1,)), ((), ())), preferred_element_type=f32).T
         ),
-        "multiply_reduce": lambda w, x: jnp.sum(
-            w.astype(f32) * x[:, 0].astype(f32)[None, :], axis=1, keepdims=True
-        ),
+        "multiply_reduce": multiply_reduce,
         "f32_upcast": lambda w, x: jnp.matmul(w.astype(f32), x.astype(f32)),
         "f32_weights": lambda w, x: jnp.matmul(w, x, preferred_element_type=f32),
     }

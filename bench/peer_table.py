@@ -124,15 +124,9 @@ def _train_step(d: dict) -> list[Row]:
 
 def _decode_bound(what: str) -> str:
     """What bounds a decode row, by batch (the profiles docs/benchmarks.md details)."""
-    if "bfloat16, batch 1," in what:
-        return (
-            "EPYC: XLA:CPU's bf16 matrix-vector products: a token's take 30 ms in the fastest "
-            "form the sampler can use, 25 ms in f32, 23 ms in torch's F.linear bf16 "
-            "(bench_matvec_forms.py); 1.45-1.49x with 5 repeats"
-        )
     if "batch 1," in what:
         return (
-            "reading every weight each token (538 MB in f32) at 17-22 GB/s, the bytes "
+            "reading every weight each token (538 MB in f32, 269 in bf16), the bytes "
             "transformers reads too"
         )
     if "batch 64," in what:

@@ -126,7 +126,7 @@ def test_rms_norm_over_the_feature_axis_equals_token_major(norm):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_project_accumulates_in_f32_in_both_forms(dtype, tokens):
-    """FeatureMajor.project (two columns for one 16-bit token, the plain product otherwise) equals
+    """FeatureMajor.project (`one_16bit_token` for one 16-bit token, the plain product otherwise) equals
     the f32 product of the same values, rounded once to the input dtype."""
     rng = np.random.default_rng(tokens)
     w = jnp.asarray(rng.standard_normal((24, 40)), dtype)
@@ -138,12 +138,66 @@ def test_project_accumulates_in_f32_in_both_forms(dtype, tokens):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 
+@pytest.fixture(params=[True, False], ids=["amx", "no_amx"])
+def amx(request, monkeypatch):
+    """Both forms of `one_16bit_token`, whatever CPU runs the test."""
+    monkeypatch.setattr(block.cpu_matrix_units, "has_amx", lambda: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_one_16bit_token_is_the_f32_product_of_its_values_in_both_forms(amx, dtype):
+    rng = np.random.default_rng(7)
+    w = jnp.asarray(rng.standard_normal((96, 160)), dtype)
+    x = jnp.asarray(rng.standard_normal((160, 1)), dtype)
+    got = jax.jit(block.output_major_matmul)(w, x)
+    assert got.shape == (96, 1) and got.dtype == jnp.float32
+    want = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_16bit_token_in_a_loop_reads_its_weights_as_16_bits(amx):
+    """Inside a decode-like loop the weights are loop-invariant: XLA must not hoist their
+    conversion out of the loop (an f32 copy of every weight each call, twice the bytes read
+    each step): the compiled program's scratch memory has no room for an f32 copy of them."""
+    rng = np.random.default_rng(8)
+    w = jnp.asarray(rng.standard_normal((96, 96)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((96, 1)), jnp.float32)
+
+    def steps(w, x):
+        def body(_, x):
+            y = block.output_major_matmul(w, x.astype(w.dtype))
+            return y * jax.lax.rsqrt(jnp.mean(y * y) + 1e-6)
+
+        return jax.lax.fori_loop(0, 4, body, x)
+
+    scratch = jax.jit(steps).lower(w, x).compile().memory_analysis().temp_size_in_bytes
+    assert scratch < 96 * 96 * 4
+    want = np.asarray(x, np.float64)
+    w64 = np.asarray(w, np.float64)
+    for _ in range(4):
+        y = w64 @ np.asarray(jnp.asarray(want, jnp.bfloat16), np.float64)
+        want = y / np.sqrt(np.mean(y * y) + 1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(steps)(w, x)), want, rtol=2e-2, atol=2e-2)
+
+
+def test_has_amx_reads_the_cpu_flags(tmp_path):
+    from pipelinerl_jax.models import cpu_matrix_units
+
+    with_amx, without = tmp_path / "a", tmp_path / "b"
+    with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
+    without.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
+    assert cpu_matrix_units.has_amx(str(with_amx)) is True
+    assert cpu_matrix_units.has_amx(str(without)) is False
+    assert cpu_matrix_units.has_amx(str(tmp_path / "missing")) is False
+
+
 @pytest.mark.parametrize("head_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_sampler_head_runs_in_its_dtype_with_f32_accumulation(head_dtype, tokens):
     """decode_params' head_dtype: the head and the hidden state rounded to it, the product
     accumulated in f32 (what rl/logprobs computes with the same loss.head_dtype), at one token
-    (the two-column product) and several."""
+    (`one_16bit_token`) and several."""
     cfg = dataclasses.replace(CFG, tie_word_embeddings=True, compute_dtype="bfloat16")
     _, params = _model(cfg, seed=5)
     dparams = fwd.decode_params(cfg, params, head_dtype=head_dtype)

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pipelinerl_jax.models import lora, rope
+from pipelinerl_jax.models import cpu_matrix_units, lora, rope
 from pipelinerl_jax.models.mixed_matmul import mixed_matmul
 
 # attend(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, layer_cache) -> (out_BxTxHxD, new_layer_cache)
@@ -160,18 +160,37 @@ class FeatureMajor:
 def output_major_matmul(w_OxI: jax.Array, x_IxN: jax.Array) -> jax.Array:
     """w @ x with x in w's dtype, accumulated in f32: the f32 [O, N] product (CPU layout).
 
-    For 16-bit weights the f32 accumulation is what lets XLA:CPU take its fast path. One
-    16-bit token (N = 1) runs as two identical columns: XLA rewrites a matrix-vector product
-    into an f32 multiply-reduce that converts the weights to f32, far slower than either
-    (docs/cpu_measurements.md#f32-accumulation). f32 weights keep the plain product, the
-    fast one for them at every N.
+    For 16-bit weights the f32 accumulation is what lets XLA:CPU take its fast path
+    (docs/cpu_measurements.md#f32-accumulation). One 16-bit token (N = 1) is a
+    matrix-vector product, which XLA would rewrite into a slow multiply-reduce over weights
+    converted to f32; it runs as `one_16bit_token` instead. f32 weights keep the plain
+    product, the fast one for them at every N.
     """
     f32 = jnp.float32
     x_IxN = x_IxN.astype(w_OxI.dtype)
     if x_IxN.shape[1] == 1 and w_OxI.dtype != f32:
-        x_Ix2 = jnp.concatenate([x_IxN, x_IxN], axis=1)
-        return jnp.matmul(w_OxI, x_Ix2, preferred_element_type=f32)[:, :1]
+        return one_16bit_token(w_OxI, x_IxN)
     return jnp.matmul(w_OxI, x_IxN, preferred_element_type=f32)
+
+
+def one_16bit_token(w_OxI: jax.Array, x_Ix1: jax.Array, *, amx: bool | None = None) -> jax.Array:
+    """[O, I] 16-bit weights times one token [I, 1] -> f32 [O, 1], in the form that reads
+    the weights fastest on a CPU with (`amx`; default: this host's) or without AMX
+    (docs/cpu_measurements.md#one-16-bit-token).
+
+    With AMX: the token as two identical columns, an [O, I] x [I, 2] product XLA:CPU runs
+    on the tiles. Without: an f32 multiply-reduce over I, which XLA:CPU fuses with the
+    weights' conversion so they are read once as 16 bits. The barrier ties the weights to
+    the token: inside the decode loop the weights are loop-invariant, and without it XLA
+    hoists their f32 conversion out of the loop, writing an f32 copy of every weight each
+    chunk and reading twice the bytes each step.
+    """
+    f32 = jnp.float32
+    if cpu_matrix_units.has_amx() if amx is None else amx:
+        x_Ix2 = jnp.concatenate([x_Ix1, x_Ix1], axis=1)
+        return jnp.matmul(w_OxI, x_Ix2, preferred_element_type=f32)[:, :1]
+    w_OxI, x_Ix1 = jax.lax.optimization_barrier((w_OxI, x_Ix1))
+    return jnp.sum(w_OxI.astype(f32) * x_Ix1[:, 0].astype(f32)[None, :], axis=1, keepdims=True)
 
 
 TOKEN_MAJOR = TokenMajor()

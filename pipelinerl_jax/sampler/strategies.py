@@ -46,7 +46,7 @@ from pipelinerl_jax.sampler.config import ATTENTION_IMPLS
 # splits work over the rows of the left operand, so token-major [N, E] @ [E, O] products at
 # decode batches (N = 8-64 rows) ran on one core (docs/cpu_measurements.md#feature-major-layout).
 # The layout brings its own CPU measures (an optimization_barrier keeping the q/k/v transposes
-# out of their matmuls, one 16-bit token run as two columns), explained in models/block.py.
+# out of their matmuls, one 16-bit token in its own form), explained in models/block.py.
 # None of these was measured on a GPU, so the GPU strategy runs the model's plain token-major
 # block instead.
 CPU_LAYOUT = "feature_major"
