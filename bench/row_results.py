@@ -12,7 +12,7 @@ under the same config keeps the rows it does not re-measure:
   the other rows.
 
 Every row carries its own `date`; the file's `date` is the oldest row's, so nothing in it looks
-newer than it is. Rows made under another config (model, lengths, repeats) are dropped.
+newer than it is. Rows made under another config (model, lengths) are dropped.
 """
 
 from __future__ import annotations
