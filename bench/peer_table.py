@@ -8,10 +8,12 @@ both kinds, so a kind that has not measured the row leaves it unmet; an unmet go
 beside what bounds it. `python bench/report.py
 --write` puts the table in the README and in docs/benchmarks.md.
 
-A row is (what, peer, ratio, goal), or with a fifth element, its own date (results written row
-by row carry one per row, bench/row_results.py; otherwise the result's date is the row's): goal
-is None for ratios with no goal, else (">=", x) or ("<=", x): higher is better for speed, lower
-for memory.
+A renderer turns one result into `Row`s: goal is None for ratios with no goal, else (">=", x)
+or ("<=", x): higher is better for speed, lower for memory. A row may carry its own date
+(results written row by row carry one per row, bench/row_results.py; otherwise the result's
+date is the row's) and what the figure's own numbers say bounds it on that machine kind (the
+decode rows: how much of the machine's rate the goal would need); an unmet goal shows both
+that and the source's measured bound.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 KINDS = ("epyc", "xeon")  # this project's machines, in column order
 KIND_LABEL = {"epyc": "AMD EPYC (AVX-512)", "xeon": "Intel Xeon (AMX)"}
@@ -26,7 +29,14 @@ MEMORY_GOAL = ("<=", 1.0)  # "at no more than the peer's memory"
 SPEED_GOAL = (">=", 3.0)  # the whole RL step, against TRL and Tunix (issue 33)
 REAL = "SmolLM2-135M"
 
-Row = tuple  # (what, peer, ratio, goal) or (what, peer, ratio, goal, date): see above
+
+class Row(NamedTuple):
+    what: str
+    peer: str
+    ratio: float
+    goal: tuple[str, float] | None
+    date: str | None = None  # the row's own date, else the result's
+    bound: str | None = None  # what this figure's numbers say bounds it, on its machine kind
 
 
 def _rl_step(peer: str, key: str = "") -> Callable[[dict], list[Row]]:
@@ -40,7 +50,7 @@ def _rl_step(peer: str, key: str = "") -> Callable[[dict], list[Row]]:
             what += ", bf16 compute on both sides"
         goal = d.get("goal", {}).get("samples_per_s_ratio")
         out = [
-            (
+            Row(
                 f"{what}: samples/s, pipeline mode",
                 peer,
                 d["samples_per_s_ratio"],
@@ -49,14 +59,14 @@ def _rl_step(peer: str, key: str = "") -> Callable[[dict], list[Row]]:
         ]
         if "conventional_samples_per_s_ratio" in d:
             out.append(
-                (
+                Row(
                     f"{what}: samples/s, conventional mode",
                     peer,
                     d["conventional_samples_per_s_ratio"],
                     None,
                 )
             )
-        out.append((f"{what}: peak RSS", peer, d["peak_rss_ratio"], MEMORY_GOAL))
+        out.append(Row(f"{what}: peak RSS", peer, d["peak_rss_ratio"], MEMORY_GOAL))
         return out
 
     return rows
@@ -71,10 +81,12 @@ def _train_step_real(d: dict) -> list[Row]:
         what = f"{REAL} train step {r['dtype']}, {d['config']['sequences']} x "
         what += f"{d['config']['seq_len']} tokens: tokens/s"
         peer = "torch" + (" autocast" if r["dtype"] != "float32" else "")
-        out.append((what, peer, r["ratio"], (">=", goals[r["dtype"]])))
+        out.append(Row(what, peer, r["ratio"], (">=", goals[r["dtype"]])))
         if "ours_peak_gib" in r and r.get("torch_peak_gib"):
             ratio = r["ours_peak_gib"] / r["torch_peak_gib"]
-            out.append((f"{REAL} train step {r['dtype']}: peak memory", peer, ratio, MEMORY_GOAL))
+            out.append(
+                Row(f"{REAL} train step {r['dtype']}: peak memory", peer, ratio, MEMORY_GOAL)
+            )
     return out
 
 
@@ -90,15 +102,41 @@ def _decode_rows(model: str, with_goal: bool) -> Callable[[dict], list[Row]]:
             what = f"{model} decode {r['dtype']}, batch {r['batch']}, {sampling}: tokens/s"
             goal = (">=", r["goal"]) if with_goal and r.get("goal") else None
             date = r.get("date") or d.get("date", "?")
-            out.append((what, "transformers generate", r["ratio"], goal, date))
+            need = _decode_need(r, d) if goal else None
+            out.append(Row(what, "transformers generate", r["ratio"], goal, date, need))
         return out
 
     return rows
 
 
+def _decode_need(r: dict, d: dict) -> str | None:
+    """What an f32 decode row's goal asks of the machine, from the row's own numbers: at batch 1
+    a weight read rate (every weight is read once a token), above it a share of this machine's
+    f32 matmul rate over the whole step (attention and sampling included). None for bf16 rows
+    (their compute is not f32) and for results without the figures."""
+    keys = ("ours_tok_s", "hf_tok_s", "goal")
+    if r["dtype"] != "float32" or not all(r.get(k) for k in keys):
+        return None
+    need_tok_s = r["goal"] * r["hf_tok_s"]
+    if r["batch"] == 1 and d.get("flop_per_token"):
+        gb_per_token = d["flop_per_token"] / 2 * 4 / 1e9  # one multiply-add per f32 weight
+        return (
+            f"{r['goal']:g}x needs {need_tok_s * gb_per_token:.1f} GB/s of weight reads, "
+            f"ours {r['ours_tok_s'] * gb_per_token:.1f}"
+        )
+    if r["batch"] > 1 and r.get("ours_frac_f32_matmul_peak") and d.get("f32_matmul_gflops"):
+        need = r["ours_frac_f32_matmul_peak"] * need_tok_s / r["ours_tok_s"]
+        return (
+            f"{r['goal']:g}x needs {need:.0%} of the f32 matmul rate "
+            f"({d['f32_matmul_gflops']:.0f} GFLOP/s) over the whole step, ours "
+            f"{r['ours_frac_f32_matmul_peak']:.0%}"
+        )
+    return None
+
+
 def _forward(d: dict) -> list[Row]:
     return [
-        (
+        Row(
             f"bench model forward {r['dtype']}, {r['batch']} x {r['seq']} tokens: tokens/s",
             "transformers",
             r["ratio_vs_transformers"],
@@ -111,7 +149,7 @@ def _forward(d: dict) -> list[Row]:
 
 def _train_step(d: dict) -> list[Row]:
     return [
-        (
+        Row(
             f"bench model train step {r['dtype']}: tokens/s",
             "torch + transformers",
             r["ratio"],
@@ -133,6 +171,11 @@ def _decode_bound(what: str) -> str:
         return (
             "attention over the staged K/V window (~0.9 GB a step in f32 at 320 positions) at "
             "~8-10 GB/s beside the matmuls, where torch runs a fused attention kernel"
+        )
+    if "float32" in what:
+        return (
+            "the projections at decode's skinny shapes: one product per core at that core's "
+            "f32 rate, and products running at once share the weight read rate"
         )
     return "the matmul libraries' weight read rate at decode's skinny shapes"
 
@@ -215,20 +258,23 @@ def rows(results: Path) -> list[dict]:
     table: dict[tuple[str, str], dict] = {}
     for name, render, bound in SOURCES:
         for kind, d in by_kind(results, name).items():
-            for what, peer, ratio, goal, *own_date in render(d):
+            for r in render(d):
                 row = table.setdefault(
-                    (what, peer),
+                    (r.what, r.peer),
                     {
-                        "what": what,
-                        "peer": peer,
-                        "goal": goal,
-                        "bound": bound(what) if callable(bound) else bound,
+                        "what": r.what,
+                        "peer": r.peer,
+                        "goal": r.goal,
+                        "bound": bound(r.what) if callable(bound) else bound,
                         "ratios": {},
                         "dates": {},
+                        "kind_bounds": {},
                     },
                 )
-                row["ratios"][kind] = ratio
-                row["dates"][kind] = str(own_date[0] if own_date else d.get("date", "?"))[:10]
+                row["ratios"][kind] = r.ratio
+                row["dates"][kind] = str(r.date or d.get("date", "?"))[:10]
+                if r.bound:
+                    row["kind_bounds"][kind] = r.bound
     kinds = list(KINDS) + sorted({k for r in table.values() for k in r["ratios"]} - set(KINDS))
     for row in table.values():
         goal = row["goal"]
@@ -236,7 +282,19 @@ def rows(results: Path) -> list[dict]:
         if goal is not None:
             row["met"] = all(k in row["ratios"] and _meets(row["ratios"][k], goal) for k in KINDS)
         row["kinds"] = kinds
+        row["unmet_bound"] = _unmet_bound(row) if row["met"] is False else ""
     return list(table.values())
+
+
+def _unmet_bound(row: dict) -> str:
+    """The source's measured bound, then each kind that misses the goal with what its own
+    figure says the goal needs."""
+    parts = [row["bound"]] if row["bound"] else []
+    for kind in row["kinds"]:
+        text = row["kind_bounds"].get(kind)
+        if text and not _meets(row["ratios"][kind], row["goal"]):
+            parts.append(f"{KIND_LABEL.get(kind, kind).split(' (')[0]}: {text}")
+    return "; ".join(parts)
 
 
 def render(results: Path) -> str:
@@ -248,9 +306,10 @@ def render(results: Path) -> str:
         goal = "-" if r["goal"] is None else f"{r['goal'][0]} {r['goal'][1]:g}x"
         cells = [_cell(r["ratios"].get(k), r["goal"], r["dates"].get(k, "")) for k in kinds]
         met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        bound = r["bound"] if r["met"] is False else ""
         cells = " | ".join(cells)
-        lines.append(f"| {r['what']} | {r['peer']} | {goal} | {cells} | {met} | {bound} |")
+        lines.append(
+            f"| {r['what']} | {r['peer']} | {goal} | {cells} | {met} | {r['unmet_bound']} |"
+        )
     if not found:
         lines.append("| no peer comparison measured yet |" + " - |" * (4 + len(kinds)))
     return "\n".join(lines)
