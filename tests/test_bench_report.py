@@ -500,7 +500,6 @@ def test_unmet_decode_goals_say_what_they_would_need_of_the_machine(tmp_path):
         "date": "2026-11-28T01:00:00",
         "rows": rows,
         "flop_per_token": 2e8,
-        "f32_matmul_gflops": 191.2,
     }
     (tmp_path / "by_machine" / "decode_real.epyc.json").write_text(json.dumps(payload))
     found = {r["what"].split(" decode ")[1].split(":")[0]: r for r in peer_table.rows(tmp_path)}
@@ -508,8 +507,7 @@ def test_unmet_decode_goals_say_what_they_would_need_of_the_machine(tmp_path):
     assert b1["unmet_bound"].endswith("; AMD EPYC: 2.5x needs 16.0 GB/s of weight reads, ours 15.2")
     b16 = found["float32, batch 16, greedy"]["unmet_bound"]
     assert b16.endswith(
-        "; AMD EPYC: 2.5x needs 44% of the f32 matmul rate (191 GFLOP/s) over the whole step, "
-        "ours 35%"
+        "; AMD EPYC: 2.5x needs 44% of the machine's f32 matmul rate over the whole step, ours 35%"
     )
     assert b16.startswith("the projections at decode's skinny shapes")
     # Met here, unmet only because the Xeon has not measured it: nothing to say of the EPYC.
