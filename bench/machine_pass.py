@@ -56,6 +56,9 @@ class Step:
     # Added to `args` when this kind's result is partial (a bench that writes row by row,
     # bench/row_results.py): the run then measures only the rows the file lacks.
     resume: tuple[str, ...] = ()
+    # YYYY-MM-DD of the last change that moved this step's figure: a kind's result from before
+    # it describes code that no longer runs, so the pass measures it again without --since.
+    current_since: str | None = None
 
 
 # In order of what the open goals need: the RL step against TRL (the 3x goal) and torch (the
@@ -73,7 +76,8 @@ STEPS: tuple[Step, ...] = (
         45,
         ("model", "trl"),
     ),
-    Step("vs_trl", ("bench/bench_vs_trl.py",), 40, ("model", "trl")),
+    # Decode widths (the sampler decodes fewer slots as attempts finish) landed 2026-11-27.
+    Step("vs_trl", ("bench/bench_vs_trl.py",), 40, ("model", "trl"), current_since="2026-11-27"),
     Step(
         "vs_trl_bf16",
         ("bench/bench_vs_trl.py", "--compute_dtype=bfloat16"),
@@ -126,12 +130,14 @@ STEPS: tuple[Step, ...] = (
     Step("decode_widths", ("bench/bench_decode_widths.py",), 25),
     # 16 rows, each side timed 3 times: ~82 min on the EPYC. Written row by row: a pass cut
     # short leaves a partial result, and the next pass measures only the rows it lacks.
+    # 16-bit pools stored as bits and the batch-1 16-bit product form landed 2026-11-28.
     Step(
         "decode_real",
         ("bench/bench_decode_real.py",),
         110,
         ("model", "torch"),
         resume=("--resume",),
+        current_since="2026-11-28",
     ),
     Step(
         "real_learning_bf16",
@@ -148,7 +154,7 @@ STEPS: tuple[Step, ...] = (
     # 2, 5, 11 and 2 min on the EPYC.
     Step("forward", ("bench/bench_forward.py",), 15, ("torch",)),
     Step("train_step", ("bench/bench_train_step.py",), 20, ("torch",)),
-    Step("decode", ("bench/bench_decode.py",), 30, ("torch",)),
+    Step("decode", ("bench/bench_decode.py",), 30, ("torch",), current_since="2026-11-28"),
     Step("matvec_forms", ("bench/bench_matvec_forms.py",), 15, ("torch",)),
 )
 
@@ -207,18 +213,24 @@ def plan(
     """(step, this kind's result date or None, whether to run it) for every step, in order.
 
     A step runs when named in `only`; otherwise (without `only`) when `rerun_all`, when this
-    kind has no result of it or only a partial one, or when that result is older than
-    `since`."""
+    kind has no result of it or only a partial one, or when that result is stale: older than
+    `since` or than the step's `current_since`."""
     out = []
     for step in steps:
         date = result_date(results, step.name, kind)
         if only:
             run = step.name in only
         else:
-            stale = since is not None and date is not None and date < since
+            stale = is_stale(step, date, since)
             run = rerun_all or date is None or stale or is_partial(results, step.name, kind)
         out.append((step, date, run))
     return out
+
+
+def is_stale(step: Step, date: str | None, since: str | None = None) -> bool:
+    """Whether a result dated `date` is older than `since` or the step's `current_since`."""
+    bounds = [d for d in (since, step.current_since) if d]
+    return date is not None and any(date < d for d in bounds)
 
 
 def missing_needs(steps: Sequence[Step], needs=None) -> list[str]:
@@ -301,11 +313,13 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
     partial = {s.name for s, _, _ in chosen if is_partial(common.RESULTS_DIR, s.name, kind)}
     for step, date, run in chosen:
         have = f"{'partial' if step.name in partial else 'has'} {date}" if date else "not measured"
+        if is_stale(step, date) and not args.since:
+            have += f", older than the step's last change ({step.current_since})"
         print(f"  {'run ' if run else 'skip'} {step.name:22s} {have:16s} <= {step.minutes} min")
     to_run = [step for step, _, run in chosen if run]
     # A partial result is finished, not redone: unless everything is re-measured or its rows
-    # are older than --since.
-    stale = {s.name for s, d, _ in chosen if args.since and d and d < args.since}
+    # are stale (older than --since or than the step's last change).
+    stale = {s.name for s, d, _ in chosen if is_stale(s, d, args.since)}
     resumed = {name for name in partial if not args.all and name not in stale}
     if args.list:
         return 0

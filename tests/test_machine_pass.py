@@ -4,6 +4,7 @@ The plan is read from by_machine result files and their dates; the pass runs eac
 own process under a time limit, logs it, carries on past a failure or a timeout, and refuses
 bad flags and missing prerequisites in one line before running anything."""
 
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -42,6 +43,29 @@ def test_plan_runs_what_this_kind_lacks_or_has_only_from_before_since(tmp_path):
     assert runs(only=["b"]) == ["b"]
     dates = {s.name: d for s, d, _ in machine_pass.plan(steps, tmp_path, "xeon")}
     assert dates == {"a": "2026-11-20", "b": "2026-11-27", "c": None}
+
+
+def test_a_result_from_before_the_steps_last_change_is_measured_again(tmp_path):
+    """A step names the date of the last change that moved its figure: a kind's older result
+    is re-measured by a plain pass, a newer one is kept, and --since still applies on top."""
+    _result(tmp_path, "a", "xeon", "2026-11-26")
+    _result(tmp_path, "b", "xeon", "2026-11-28")
+    _result(tmp_path, "c", "xeon", "2026-11-26")
+    steps = (
+        Step("a", ("-c", "pass"), 1, (), current_since="2026-11-27"),
+        Step("b", ("-c", "pass"), 1, (), current_since="2026-11-27"),
+        Step("c", ("-c", "pass"), 1, ()),
+    )
+
+    def runs(**kw):
+        return [s.name for s, _, run in machine_pass.plan(steps, tmp_path, "xeon", **kw) if run]
+
+    assert runs() == ["a"]
+    assert runs(since="2026-11-27") == ["a", "c"]
+    assert machine_pass.is_stale(steps[0], None) is False  # missing, not stale
+    for step in machine_pass.STEPS:  # real steps: real dates
+        if step.current_since:
+            datetime.date.fromisoformat(step.current_since)
 
 
 def test_a_result_file_that_does_not_parse_counts_as_missing(tmp_path):
