@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 KINDS = ("epyc", "xeon")  # this project's machines, in column order
-KIND_LABEL = {"epyc": "AMD EPYC (AVX-512)", "xeon": "Intel Xeon (AMX)"}
+KIND_NAME = {"epyc": "AMD EPYC", "xeon": "Intel Xeon"}
+KIND_LABEL = {"epyc": "AMD EPYC (AVX-512)", "xeon": "Intel Xeon (AMX)"}  # column heads
 MEMORY_GOAL = ("<=", 1.0)  # "at no more than the peer's memory"
 SPEED_GOAL = (">=", 3.0)  # the whole RL step, against TRL and Tunix (issue 33)
 REAL = "SmolLM2-135M"
@@ -294,7 +295,7 @@ def _unmet_bound(row: dict) -> str:
     for kind in row["kinds"]:
         text = row["kind_bounds"].get(kind)
         if text and not _meets(row["ratios"][kind], row["goal"]):
-            parts.append(f"{KIND_LABEL.get(kind, kind).split(' (')[0]}: {text}")
+            parts.append(f"{KIND_NAME.get(kind, kind)}: {text}")
     return "; ".join(parts)
 
 
