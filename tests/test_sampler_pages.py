@@ -66,3 +66,49 @@ def test_pool_sizing_errors():
         pg.size_pool(page_size=12, num_pages=4, **kw)
     with pytest.raises(ConfigError, match="null page"):
         pg.PageAllocator(1)
+
+
+def test_sampler_pool_resolves_a_sampler_config_one_way():
+    """The pool from a SamplerConfig (the sampler, the memory estimate and the GPU planner all
+    read it through pages.sampler_pool): default room, a page count, a byte budget, shards."""
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from tests.tiny_models import model_config
+
+    m = model_config()  # 2 layers, 2 kv heads of 8, f32
+    per_page = 2 * 2 * 16 * 2 * 8 * 4
+    default = SamplerConfig(num_slots=3, max_seq_len=40, page_size=16)  # 3 pages a slot
+    assert pg.sampler_pool(default, m).num_pages == 3 * 3 + 1  # plus the null page
+    assert pg.sampler_pool(default, m, shards=2).num_pages == 3 * 3 + 2 - 1  # rounded to 2s
+    pages = SamplerConfig(num_slots=3, max_seq_len=40, page_size=16, num_pages=11)
+    assert pg.sampler_pool(pages, m, shards=4).num_pages == 8
+    budget = SamplerConfig(num_slots=3, max_seq_len=40, kv_memory_bytes=per_page * 7 + 5)
+    pool = pg.sampler_pool(budget, m)
+    assert (pool.num_pages, pool.bytes_per_page) == (7, per_page)
+    half = SamplerConfig(
+        num_slots=3, max_seq_len=40, kv_memory_bytes=per_page * 7, cache_dtype="bfloat16"
+    )
+    assert pg.sampler_pool(half, m).num_pages == 14  # 2-byte cache: twice the pages
+    with pytest.raises(ConfigError, match="too small for 4 data shards"):
+        pg.sampler_pool(SamplerConfig(num_slots=1, max_seq_len=16, num_pages=7), m, shards=4)
+
+
+def test_the_sampler_and_the_memory_estimate_size_one_pool():
+    import jax
+
+    from pipelinerl_jax.models import decoder
+    from pipelinerl_jax.pipeline import memory
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from pipelinerl_jax.sampler.sampler import PagedSampler
+    from tests.tiny_models import model_config
+
+    m = model_config()
+    graphdef, params = decoder.init(m, jax.random.key(0))
+    scfg = SamplerConfig(num_slots=2, max_seq_len=48, page_size=8, cache_dtype="bfloat16")
+    sampler = PagedSampler(graphdef, params, scfg)
+    assert sampler.pool == pg.sampler_pool(scfg, m)
+    assert sampler.state.k_pages.shape[1] == sampler.pool.num_pages
+
+    class _Cfg:  # the fields of a RunConfig the estimate's pool reads
+        sampler = scfg
+
+    assert memory._sampler_kv_pool(_Cfg, m) == (sampler.pool, 2)

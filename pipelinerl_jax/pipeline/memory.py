@@ -272,21 +272,7 @@ def _sampler_kv_pool(cfg, model_cfg: ModelConfig) -> tuple[pg.PoolSize, int]:
     """(the pool Sampler builds for cfg.sampler on one data shard, cache itemsize)."""
     s = cfg.sampler
     itemsize = _itemsize(s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype)
-    num_pages = s.num_pages
-    if num_pages is None and s.kv_memory_bytes is None:
-        # As Sampler.__init__: every slot gets room for max_seq_len, plus the null page.
-        num_pages = s.num_slots * pg.max_pages_per_slot(s.max_seq_len, s.page_size) + 1
-    pool = pg.size_pool(
-        num_layers=model_cfg.num_layers,
-        num_kv_heads=model_cfg.num_kv_heads,
-        head_dim=model_cfg.head_dim,
-        itemsize=itemsize,
-        page_size=s.page_size,
-        max_seq_len=s.max_seq_len,
-        num_pages=num_pages,
-        memory_bytes=None if num_pages is not None else s.kv_memory_bytes,
-    )
-    return pool, itemsize
+    return pg.sampler_pool(s, model_cfg), itemsize
 
 
 def _uses_staged(attention: str) -> bool:

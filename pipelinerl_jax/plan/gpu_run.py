@@ -17,7 +17,7 @@ import math
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts
 from pipelinerl_jax.models.config import ModelConfig
-from pipelinerl_jax.plan import gpu_profile, gpu_roles, roofline
+from pipelinerl_jax.plan import gpu_profile, gpu_roles
 from pipelinerl_jax.plan.gpu_memory import Memory
 from pipelinerl_jax.plan.gpu_specs import GPUS, GpuSpec, gpu_spec
 from pipelinerl_jax.sampler import pages as pg
@@ -50,22 +50,8 @@ def gpu_for_flag(name: str) -> GpuSpec:
 def kv_pool_tokens(cfg, model_cfg: ModelConfig, shards: int) -> int:
     """KV tokens one data shard (a tp-device replica) holds, the pool as PagedSampler.__init__
     sizes it: num_pages, or kv_memory_bytes' worth, or room for max_seq_len in every slot."""
-    s = cfg.sampler
-    pages_per_slot = pg.max_pages_per_slot(s.max_seq_len, s.page_size)
-    num_pages = s.num_pages
-    if num_pages is None and s.kv_memory_bytes is None:
-        num_pages = s.num_slots * pages_per_slot + shards  # plus one null page a shard
-    elif num_pages is None:
-        num_pages = pg.size_pool(
-            num_layers=model_cfg.num_layers,
-            num_kv_heads=model_cfg.num_kv_heads,
-            head_dim=model_cfg.head_dim,
-            itemsize=roofline.itemsize(s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype),
-            page_size=s.page_size,
-            max_seq_len=s.max_seq_len,
-            memory_bytes=s.kv_memory_bytes,
-        ).num_pages
-    return (num_pages - num_pages % shards) // shards * s.page_size
+    pool = pg.sampler_pool(cfg.sampler, model_cfg, shards=shards)
+    return pool.num_pages // shards * pool.page_size
 
 
 def gpu_report(

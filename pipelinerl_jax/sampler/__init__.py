@@ -7,6 +7,7 @@
 - stop_strings.py  where a turn ends on a stop string
 - pages.py       the host-side page allocator and pool sizing
 - config.py      SamplerConfig: one sampler's sizes and policies
+- statics.py     what a compiled engine depends on: EngineConfig, MeshAxes, window buckets
 - steps.py       the jittable device steps (decode_chunk, prefill, copy_pages,
                  state_from_prompts), free functions over SamplerState; `apply=` decodes a
                  model of your own

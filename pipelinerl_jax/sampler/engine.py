@@ -27,16 +27,8 @@ from pipelinerl_jax import sharding
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import forward as fwd
 from pipelinerl_jax.sampler.state import SamplerState, state_shardings
-from pipelinerl_jax.sampler.steps import (
-    EngineConfig,
-    MeshAxes,
-    copy_pages,
-    decode_chunk,
-    prefill,
-    prepare_params,
-    scale_of,
-    strategy_of,
-)
+from pipelinerl_jax.sampler.statics import EngineConfig, MeshAxes, strategy_of
+from pipelinerl_jax.sampler.steps import copy_pages, decode_chunk, prefill, prepare_params, scale_of
 
 _ENGINES: dict = {}
 

@@ -25,7 +25,7 @@ from pipelinerl_jax.sampler import pages as pg
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.scheduler import Scheduler
 from pipelinerl_jax.sampler.sequence import PrefillRow
-from pipelinerl_jax.sampler.steps import pick_window
+from pipelinerl_jax.sampler.statics import pick_window
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,14 +7,17 @@ sequence owns. Pages carry reference counts so that the n attempts of a group ca
 full pages of their prompt (prefilled once) and each free them independently.
 
 Sizing: a page holds K and V for every layer, i.e. 2 * L * S * K * D * itemsize bytes; the pool
-is sized from a page count or from a memory budget, and `describe_pool` says how many
-sequences of which length fit.
+is sized from a page count or from a memory budget (`size_pool`; `sampler_pool` resolves a
+SamplerConfig the one way the sampler, the memory estimate and the GPU planner all read it),
+and `describe_pool` says how many sequences of which length fit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
 
 from pipelinerl_jax.errors import ConfigError
 
@@ -164,6 +167,35 @@ def size_pool(
     if num_pages < 2:
         raise ConfigError(f"num_pages={num_pages} must be >= 2 (page 0 is the null page)")
     return pool
+
+
+def sampler_pool(sampler_cfg, model_cfg, *, shards: int = 1) -> PoolSize:
+    """The pool a PagedSampler builds for `sampler_cfg` (a SamplerConfig) over `shards` data
+    shards: num_pages, or kv_memory_bytes' worth, or room for max_seq_len in every slot plus
+    one null page a shard; rounded down to a multiple of shards (each holds an equal share).
+    Cached in sampler_cfg's cache_dtype, else its compute_dtype, else the model's."""
+    s = sampler_cfg
+    cache_dtype = s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype
+    num_pages = s.num_pages
+    if num_pages is None and s.kv_memory_bytes is None:
+        num_pages = s.num_slots * max_pages_per_slot(s.max_seq_len, s.page_size) + shards
+    pool = size_pool(
+        num_layers=model_cfg.num_layers,
+        num_kv_heads=model_cfg.num_kv_heads,
+        head_dim=model_cfg.head_dim,
+        itemsize=np.dtype(cache_dtype).itemsize,
+        page_size=s.page_size,
+        max_seq_len=s.max_seq_len,
+        num_pages=num_pages,
+        memory_bytes=None if num_pages is not None else s.kv_memory_bytes,
+    )
+    num_pages = pool.num_pages - pool.num_pages % shards
+    if num_pages // shards < 2:
+        raise ConfigError(
+            f"KV pool of {pool.num_pages} pages is too small for {shards} "
+            "data shards (each needs a null page and one more)"
+        )
+    return dataclasses.replace(pool, num_pages=num_pages)
 
 
 def describe_pool(pool: PoolSize, num_slots: int) -> str:

@@ -52,7 +52,7 @@ from pipelinerl_jax.sampler.requests import observation_error, request_error
 from pipelinerl_jax.sampler.scheduler import Scheduler
 from pipelinerl_jax.sampler.sequence import PrefillRow, SamplingParams, Sequence
 from pipelinerl_jax.sampler.state import SLOT_FIELDS, init_state
-from pipelinerl_jax.sampler.steps import EngineConfig, pick_window, pool_dtype
+from pipelinerl_jax.sampler.statics import EngineConfig, pick_window, pool_dtype
 
 
 def _mix32(*values: int) -> int:
@@ -97,26 +97,8 @@ class PagedSampler:
         cache_dtype = cfg.cache_dtype or model_cfg.compute_dtype
         shards = 1 if mesh is None else mesh.shape[cfg.data_axis]
         pages_per_slot = pg.max_pages_per_slot(cfg.max_seq_len, cfg.page_size)
-        num_pages = cfg.num_pages
-        if num_pages is None and cfg.kv_memory_bytes is None:
-            num_pages = cfg.num_slots * pages_per_slot + shards
-        pool = pg.size_pool(
-            num_layers=model_cfg.num_layers,
-            num_kv_heads=model_cfg.num_kv_heads,
-            head_dim=model_cfg.head_dim,
-            itemsize=np.dtype(cache_dtype).itemsize,
-            page_size=cfg.page_size,
-            max_seq_len=cfg.max_seq_len,
-            num_pages=num_pages,
-            memory_bytes=None if num_pages is not None else cfg.kv_memory_bytes,
-        )
-        num_pages = pool.num_pages - pool.num_pages % shards
-        if num_pages // shards < 2:
-            raise ConfigError(
-                f"KV pool of {pool.num_pages} pages is too small for {shards} "
-                "data shards (each needs a null page and one more)"
-            )
-        self.pool = dataclasses.replace(pool, num_pages=num_pages)
+        self.pool = pg.sampler_pool(cfg, model_cfg, shards=shards)
+        num_pages = self.pool.num_pages
         logging.info("%s", pg.describe_pool(self.pool, cfg.num_slots))
         self.engine = get_engine(
             graphdef,
