@@ -90,6 +90,9 @@ STEPS: tuple[Step, ...] = (
         40,
         ("model", "torch"),
     ),
+    # The train step under XLA flag sets against torch, f32 and bf16 (~40 min on the EPYC):
+    # whether another matmul library closes the gap the row above leaves.
+    Step("train_step_xla", ("bench/train_step_xla.py",), 60, ("model", "torch")),
     Step(
         "vs_tunix",
         (

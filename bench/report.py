@@ -664,29 +664,49 @@ def _train_real(d):
     return out
 
 
+_DT = {"float32": "f32", "bfloat16": "bf16"}
+
+
 def _train_xla(d):
-    t = d["timings"]
-    base = t.get("default")
-    rows = [
-        (
-            f"{REAL}: bf16 train step's matmuls on XLA:CPU's YNNPACK path (bf16 operands of "
-            "those; the rest f32)",
-            f"{d['dots_ynn']} of {d['dots_total']} dots",
-            "-",
-            "-",
-        )
-    ]
-    for name, r in t.items():
-        if name != "default" and base:
-            rows.append(
+    if "timings" in d:  # before 2026-11-28: the bf16 step only, XLA flag sets only
+        rows = [dict(r, dtype="bfloat16", side=k) for k, r in d["timings"].items()]
+        d = dict(d, rows=[dict(rows[0], dots_ynn=d["dots_ynn"], dots_total=d["dots_total"])])
+        d["rows"] += rows[1:]
+    out = []
+    for dtype in dict.fromkeys(r["dtype"] for r in d["rows"]):
+        by_side = {r["side"]: r for r in d["rows"] if r["dtype"] == dtype}
+        dt, base, torch = _DT.get(dtype, dtype), by_side.get("default"), by_side.get("torch")
+        if base and "dots_ynn" in base:
+            out.append(
                 (
-                    f"{REAL}: bf16 train step with `{r['xla_flags']}` vs XLA's default: seconds",
-                    f"{r['median_s']:.1f} s",
-                    f"{base['median_s']:.1f} s",
-                    f"{base['median_s'] / r['median_s']:.2f}x",
+                    f"{REAL}: {dt} train step's matmuls on XLA:CPU's YNNPACK path",
+                    f"{base['dots_ynn']} of {base['dots_total']} dots",
+                    "-",
+                    "-",
                 )
             )
-    return rows
+        for side, r in by_side.items():
+            if side == "torch" or (side == "default" and not torch):
+                continue
+            flags = f"`{r['xla_flags']}`" if r.get("xla_flags") else "XLA's default flags"
+            vs_default = ""
+            if base and side != "default":
+                vs_default = f"; {base['median_s'] / r['median_s']:.2f}x XLA's default"
+            out.append(
+                (
+                    f"{REAL}: {dt} train step with {flags}"
+                    + (" vs torch" if torch else " vs XLA's default")
+                    + ": seconds",
+                    f"{r['median_s']:.1f} s",
+                    f"{torch['median_s']:.1f} s" if torch else f"{base['median_s']:.1f} s",
+                    (
+                        f"{torch['median_s'] / r['median_s']:.2f}x{vs_default}"
+                        if torch
+                        else f"{base['median_s'] / r['median_s']:.2f}x"
+                    ),
+                )
+            )
+    return out
 
 
 def _real_packing(d):

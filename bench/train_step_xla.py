@@ -1,15 +1,17 @@
-"""Where XLA:CPU runs the real model's bf16 train step: its matmuls by backend, and XLA flags.
+"""Where XLA:CPU runs the real model's train step: its matmuls by backend, and XLA flag sets.
 
-    python bench/train_step_xla.py                     # inventory + default vs oneDNN flags
-    python bench/train_step_xla.py --flag_sets=default # the inventory and one timing
+    python bench/train_step_xla.py             # f32, bf16: default, oneDNN, YNN dots off, torch
+    python bench/train_step_xla.py --dtypes=float32 --sides=default,ynn_dots_off,torch
 
-The bf16 train step (SmolLM2-135M, 16 x 512 tokens, f32 params with bf16 compute, a bf16 LM
-head, remat keeping matmul outputs: bench/bench_train_step.py's real-model step) is compiled
-once and every dot of its optimized HLO listed: the fusion that runs it (`__ynn_fusion` is
-XLA:CPU's YNNPACK path, anything else its own emitter), its operand and result dtypes, shape
-and contraction, so a dot left out of the fast bf16 path shows up by name. Then the step is
-timed (compile, then the median of --repeats steps) in a fresh process per XLA flag set, since
-XLA_FLAGS is read once per process: XLA's default, and oneDNN for its matmuls. Writes
+The train step (SmolLM2-135M, 16 x 512 tokens, f32 params with `dtype` compute, a bf16 LM
+head in bf16, remat keeping matmul outputs: bench/bench_train_step.py's real-model step) is
+compiled and timed (compile, a warm-up, then the median of --repeats steps) in a fresh process
+per XLA flag set, since XLA_FLAGS is read once per process, and torch's step (gradient
+checkpointing, autocast in bf16) in a process of its own, on the same inputs. Each XLA side
+also lists every dot of its optimized HLO: the fusion that runs it (`__ynn_fusion` is XLA:CPU's
+YNNPACK path; none, its own emitter and Eigen), operand and result dtypes, shape and
+contraction, so a dot left out of a fast path shows up by name. The flag sets: XLA's default;
+oneDNN for its matmuls; YNNPACK's individual dots off, so XLA runs them itself. Writes
 bench/results/train_step_xla.json.
 """
 
@@ -23,6 +25,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,14 +40,19 @@ FLAG_SETS = {
     "onednn": "--xla_cpu_use_onednn=true",
     "ynn_dots_off": "--xla_cpu_experimental_ynn_fusion_type=-individual_dot",
 }
+SIDES = (*FLAG_SETS, "torch")
 
 
-def _inputs(model_dir: Path):
-    """bench_train_step's real-model bf16 inputs (bf16 head, remat keeping matmuls)."""
+def _inputs(model_dir: Path, dtype: str):
+    """bench_train_step's real-model inputs in `dtype` compute (remat keeping matmuls)."""
     from bench import bench_train_step as bts
 
     args = argparse.Namespace(model_dir=str(model_dir), remat_policy="matmuls")
-    return bts._real_inputs(args, "bfloat16")
+    return bts._real_inputs(args, dtype)
+
+
+def _head(dtype: str) -> str:
+    return "bfloat16" if dtype == "bfloat16" else "float32"
 
 
 def dot_inventory(hlo: str) -> list[dict]:
@@ -90,75 +98,101 @@ def dot_inventory(hlo: str) -> list[dict]:
     ]
 
 
-def inventory(model_dir: Path) -> list[dict]:
+def inventory(inputs, dtype: str) -> list[dict]:
+    """The dots of the train step as this process's XLA flags compile it."""
     from bench import bench_train_step as bts
 
-    trainer, state, batch = bts.jax_trainer(*_inputs(model_dir), 1024, "bfloat16")
+    trainer, state, batch = bts.jax_trainer(*inputs, 1024, _head(dtype))
     # Trainer._step is the jitted step train_step calls (trainer.frozen: LoRA's base, or None).
     hlo = trainer._step.lower(state, batch, trainer.frozen).compile().as_text()
     return dot_inventory(hlo)
 
 
-def time_child(model_dir: Path, repeats: int) -> dict:
+def time_child(model_dir: Path, dtype: str, side: str, repeats: int) -> dict:
+    """One side's step in `dtype`: compile (or torch's first step), a warm-up, `repeats` timed."""
+    import jax
+    import torch
+
     from bench import bench_train_step as bts
 
-    step = bts.jax_step(*_inputs(model_dir), 1024, "bfloat16")
+    torch.set_num_threads(os.cpu_count())
+    inputs = _inputs(model_dir, dtype)
+    out = {}
+    if side == "torch":
+        step = bts.torch_step(*inputs, autocast=dtype == "bfloat16", checkpointing=True)
+    else:
+        # A cache of this child's own: the timed step reuses the inventory's compile.
+        jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="xla_cache_"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        dots = inventory(inputs, dtype)
+        out.update(
+            dots=dots,
+            dots_total=sum(d["count"] for d in dots),
+            dots_ynn=sum(d["count"] for d in dots if d["backend"] == "__ynn_fusion"),
+        )
+        step = bts.jax_step(*inputs, 1024, _head(dtype))
     t0 = time.perf_counter()
     first_loss = step()
     compile_s = time.perf_counter() - t0
+    step()  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
     return dict(
-        compile_s=compile_s, times=times, median_s=statistics.median(times), loss=first_loss
+        out, compile_s=compile_s, times=times, median_s=statistics.median(times), loss=first_loss
     )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model_dir", default=str(MODEL_DIR))
-    p.add_argument("--flag_sets", default="default,onednn", help=f"of {sorted(FLAG_SETS)}")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="compute dtypes, in turn")
+    p.add_argument("--sides", default=",".join(SIDES), help=f"of {list(SIDES)}")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--child", action="store_true", help="(internal) time one flag set")
+    p.add_argument("--child", default=None, help="(internal) time one side: DTYPE:SIDE")
     args = p.parse_args()
     model_dir = Path(args.model_dir)
     if not (model_dir / "config.json").exists():
         print(f"no model at {model_dir}: run `make real-model` first", file=sys.stderr)
         return 2
-    unknown = sorted(set(args.flag_sets.split(",")) - set(FLAG_SETS))
+    sides, dtypes = args.sides.split(","), args.dtypes.split(",")
+    unknown = sorted(set(sides) - set(SIDES))
     if unknown:
-        print(f"--flag_sets: unknown {unknown}; use some of {sorted(FLAG_SETS)}", file=sys.stderr)
+        print(f"--sides: unknown {unknown}; use some of {list(SIDES)}", file=sys.stderr)
+        return 2
+    unknown = sorted(set(dtypes) - {"float32", "bfloat16"})
+    if unknown:
+        print(f"--dtypes: unknown {unknown}; use float32 and/or bfloat16", file=sys.stderr)
         return 2
     if args.child:
-        print(json.dumps(time_child(model_dir, args.repeats)), flush=True)
+        dtype, side = args.child.split(":")
+        print(json.dumps(time_child(model_dir, dtype, side, args.repeats)), flush=True)
         return 0
     load = common.warn_if_busy()
-    dots = inventory(model_dir)
-    for d in dots:
-        print(d)
-    timings = {}
-    for name in args.flag_sets.split(","):
-        cmd = [sys.executable, __file__, "--child", f"--model_dir={model_dir}"]
-        cmd += [f"--repeats={args.repeats}"]
-        env = dict(os.environ, XLA_FLAGS=FLAG_SETS[name])
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"flag set {name} failed:\n{proc.stderr[-2000:]}")
-        timings[name] = dict(
-            json.loads(proc.stdout.strip().splitlines()[-1]), xla_flags=FLAG_SETS[name]
-        )
-        print(name, timings[name], flush=True)
+    rows = []
+    for dtype in dtypes:
+        for side in sides:
+            cmd = [sys.executable, __file__, f"--child={dtype}:{side}"]
+            cmd += [f"--model_dir={model_dir}", f"--repeats={args.repeats}"]
+            env = dict(os.environ, XLA_FLAGS=FLAG_SETS.get(side, ""))
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{dtype} {side} failed:\n{proc.stderr[-2000:]}")
+            row = dict(dtype=dtype, side=side, **json.loads(proc.stdout.strip().splitlines()[-1]))
+            if side in FLAG_SETS:
+                row["xla_flags"] = FLAG_SETS[side]
+            rows.append(row)
+            print({k: v for k, v in row.items() if k != "dots"}, flush=True)
     payload = dict(
         benchmark="train_step_xla",
         model=str(model_dir.name),
-        step="bf16 compute, f32 params, bf16 LM head, remat keeping matmuls, 16 x 512 tokens",
+        step="f32 params, `dtype` compute (a bf16 LM head in bf16), remat keeping matmuls, "
+        "16 x 512 tokens; torch: gradient checkpointing, autocast in bf16",
         load=load,
-        dots=dots,
-        dots_total=sum(d["count"] for d in dots),
-        dots_ynn=sum(d["count"] for d in dots if d["backend"] == "__ynn_fusion"),
-        timings=timings,
+        repeats=args.repeats,
+        rows=rows,
     )
     print("wrote", common.write_result("train_step_xla", payload))
     return 0

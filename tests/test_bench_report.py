@@ -251,6 +251,45 @@ def test_gemm_rows_and_the_train_steps_remat_policy(tmp_path, monkeypatch):
     assert "(ours remat keeping matmuls, torch gradient checkpointing)" in text
 
 
+def test_train_step_xla_rows_per_dtype_and_flag_set(tmp_path, monkeypatch):
+    """Each XLA flag set's step against torch's in its dtype and against XLA's default; the
+    earlier result (bf16 only, flag sets only) still renders."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    flags = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot"
+    rows = [
+        dict(dtype="float32", side="default", median_s=50.0, dots_ynn=44, dots_total=52),
+        dict(dtype="float32", side="ynn_dots_off", median_s=40.0, xla_flags=flags),
+        dict(dtype="float32", side="torch", median_s=70.0),
+    ]
+    (tmp_path / "train_step_xla.json").write_text(json.dumps({"rows": rows}))
+    text = report.table()
+    assert "f32 train step's matmuls on XLA:CPU's YNNPACK path | 44 of 52 dots |" in text
+    assert (
+        "f32 train step with XLA's default flags vs torch: seconds | 50.0 s | 70.0 s | 1.40x |"
+        in text
+    )
+    assert (
+        f"f32 train step with `{flags}` vs torch: seconds | 40.0 s | 70.0 s | 1.75x; 1.25x XLA's default |"
+        in text
+    )
+    old = {
+        "dots_ynn": 52,
+        "dots_total": 52,
+        "timings": {
+            "default": dict(median_s=32.0, xla_flags=""),
+            "onednn": dict(median_s=40.0, xla_flags="--xla_cpu_use_onednn=true"),
+        },
+    }
+    (tmp_path / "train_step_xla.json").write_text(json.dumps(old))
+    text = report.table()
+    assert "bf16 train step's matmuls on XLA:CPU's YNNPACK path | 52 of 52 dots |" in text
+    assert (
+        "bf16 train step with `--xla_cpu_use_onednn=true` vs XLA's default: seconds | 40.0 s | 32.0 s | 0.80x |"
+        in text
+    )
+    assert "bf16 train step with XLA's default flags" not in text
+
+
 def test_gpu_compile_table(tmp_path, monkeypatch):
     """Each compiled program is a row: memory against the GPU's, the kernel's presence, and
     skips, failures and the uncompiled copy said as such, never as numbers."""
