@@ -145,14 +145,14 @@ def time_child(model_dir: Path, dtype: str, side: str, repeats: int) -> dict:
     )
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model_dir", default=str(MODEL_DIR))
     p.add_argument("--dtypes", default="float32,bfloat16", help="compute dtypes, in turn")
     p.add_argument("--sides", default=",".join(SIDES), help=f"of {list(SIDES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--child", default=None, help="(internal) time one side: DTYPE:SIDE")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     model_dir = Path(args.model_dir)
     if not (model_dir / "config.json").exists():
         print(f"no model at {model_dir}: run `make real-model` first", file=sys.stderr)

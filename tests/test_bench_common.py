@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -64,3 +66,22 @@ def test_dot_inventory_names_each_dot_backend_and_dtypes():
     # Each is named by the fusion that calls it, never by the fused computation it sits in
     # (a fused computation is printed before its caller).
     assert not any(d["backend"].startswith("unfused (fused_computation") for d in dots), dots
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--sides=default,mkl"], "--sides: unknown ['mkl']"),
+        (["--dtypes=float16"], "--dtypes: unknown ['float16']"),
+        (["--model_dir=/nonexistent"], "no model at /nonexistent: run `make real-model` first"),
+    ],
+)
+def test_train_step_xla_refuses_bad_flags_in_one_line(argv, says, capsys, tmp_path):
+    from bench import train_step_xla
+
+    if not any(a.startswith("--model_dir") for a in argv):
+        (tmp_path / "config.json").write_text("{}")  # a model dir that passes the check
+        argv = [*argv, f"--model_dir={tmp_path}"]
+    assert train_step_xla.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
