@@ -93,6 +93,9 @@ STEPS: tuple[Step, ...] = (
     # The train step under XLA flag sets against torch, f32 and bf16 (~40 min on the EPYC):
     # whether another matmul library closes the gap the row above leaves.
     Step("train_step_xla", ("bench/train_step_xla.py",), 60, ("model", "torch")),
+    # The step's matmul shapes alone against torch; since 2026-11-28 both forms of each
+    # weight gradient (in place or on a transposed copy), so a kind learns which is its faster.
+    Step("gemm", ("bench/bench_gemm.py",), 20, ("torch",), current_since="2026-11-28"),
     Step(
         "vs_tunix",
         (

@@ -209,7 +209,9 @@ SOURCES: tuple[tuple[str, Callable[[dict], list[Row]], str | Callable[[str], str
         "train_step_real",
         _train_step_real,
         "Xeon: XLA's GEMM rate at the step's shapes (f32 0.73-0.90x, bf16 0.36-0.83x "
-        "oneDNN's); every dot already runs on YNNPACK",
+        "oneDNN's); every bf16 dot runs on YNNPACK, the f32 weight gradients on XLA's own dot "
+        "(the faster form on the EPYC, bench_gemm); the Xeon's flag sets and forms are still "
+        "to be run (train_step_xla, gemm)",
     ),
     (
         "decode_real",

@@ -229,11 +229,23 @@ def _matvec_forms(d):
     return out
 
 
+_GEMM_FORMS = {
+    "contract": "token axis contracted in place",
+    "copy": "activations copied transposed, copy timed",
+}
+
+
 def _gemm(d):
+    def form(r):
+        if "form" not in r:
+            return ""
+        step = ", the step's form" if r["step_form"] else ""
+        return f" ({_GEMM_FORMS[r['form']]}{step})"
+
     return [
         (
-            f"train-step matmul alone, {r['dtype']}, {r['shape']}, M x K x N = {r['m']} x "
-            f"{r['k']} x {r['n']}: GFLOP/s",
+            f"train-step matmul alone, {r['dtype']}, {r['shape']}{form(r)}, M x K x N = "
+            f"{r['m']} x {r['k']} x {r['n']}: GFLOP/s",
             f"{r['ours_gflops']:.0f}",
             f"{r['torch_gflops']:.0f}",
             f"{r['ratio']:.2f}x",

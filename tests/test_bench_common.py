@@ -85,3 +85,12 @@ def test_train_step_xla_refuses_bad_flags_in_one_line(argv, says, capsys, tmp_pa
     assert train_step_xla.main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_gemm_refuses_an_unknown_weight_gradient_form(capsys):
+    from bench import bench_gemm
+
+    assert bench_gemm.main(["--forms=contract,mkl"]) == 2
+    err = capsys.readouterr().err
+    assert "--forms=contract,mkl: use contract and/or copy" in err
+    assert len(err.strip().splitlines()) == 1

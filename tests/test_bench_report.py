@@ -243,11 +243,25 @@ def test_gemm_rows_and_the_train_steps_remat_policy(tmp_path, monkeypatch):
     }
     train["rows"][0].update(torch_tok_s=149.0, ratio=1.1)
     (tmp_path / "train_step_real.json").write_text(json.dumps(train))
+    wgrad = dict(row, shape="q/o weight gradient [E, N] @ [N, E]", m=576, k=8192)
+    gemm["rows"] += [
+        dict(
+            wgrad, form="contract", step_form=True, ours_gflops=200.0, torch_gflops=250.0, ratio=0.8
+        ),
+        dict(wgrad, form="copy", step_form=False, ours_gflops=150.0, torch_gflops=250.0, ratio=0.6),
+    ]
+    (tmp_path / "gemm.json").write_text(json.dumps(gemm))
     text = report.table()
     assert (
         "| train-step matmul alone, float32, q/o forward [N, E] @ [E, E], M x K x N = 8192 x 576 "
         "x 576: GFLOP/s | 190 | 238 | 0.80x |"
     ) in text
+    assert (
+        "| train-step matmul alone, float32, q/o weight gradient [E, N] @ [N, E] (token axis "
+        "contracted in place, the step's form), M x K x N = 576 x 8192 x 576: GFLOP/s | 200 | "
+        "250 | 0.80x |"
+    ) in text
+    assert "(activations copied transposed, copy timed), M x K x N" in text
     assert "(ours remat keeping matmuls, torch gradient checkpointing)" in text
 
 
