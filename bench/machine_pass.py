@@ -62,7 +62,8 @@ class Step:
 
 
 # In order of what the open goals need: the RL step against TRL (the 3x goal) and torch (the
-# train step), Tunix, the LoRA figures, then decode. `{root}` is this pass's run directory.
+# train step), Tunix, the LoRA figures, what bounds the train step, then decode. `{root}` is
+# this pass's run directory.
 STEPS: tuple[Step, ...] = (
     Step(
         "vs_trl_bf16_sampler",
@@ -90,12 +91,6 @@ STEPS: tuple[Step, ...] = (
         40,
         ("model", "torch"),
     ),
-    # The train step under XLA flag sets against torch, f32 and bf16 (~40 min on the EPYC):
-    # whether another matmul library closes the gap the row above leaves.
-    Step("train_step_xla", ("bench/train_step_xla.py",), 60, ("model", "torch")),
-    # The step's matmul shapes alone against torch; since 2026-11-28 both forms of each
-    # weight gradient (in place or on a transposed copy), so a kind learns which is its faster.
-    Step("gemm", ("bench/bench_gemm.py",), 20, ("torch",), current_since="2026-11-28"),
     Step(
         "vs_tunix",
         (
@@ -133,6 +128,13 @@ STEPS: tuple[Step, ...] = (
     ),
     Step("weight_transfer", ("bench/bench_weight_transfer.py",), 20, ()),
     Step("lora_decode", ("bench/bench_lora_decode.py",), 20, ()),
+    # What bounds the train step (no goal of their own), after the figures goals need.
+    # The train step under XLA flag sets against torch, f32 and bf16 (~40 min on the EPYC):
+    # whether another matmul library closes the train step's gap to torch.
+    Step("train_step_xla", ("bench/train_step_xla.py",), 60, ("model", "torch")),
+    # The step's matmul shapes alone against torch; since 2026-11-28 both forms of each
+    # weight gradient (in place or on a transposed copy), so a kind learns which is its faster.
+    Step("gemm", ("bench/bench_gemm.py",), 20, ("torch",), current_since="2026-11-28"),
     Step("decode_widths", ("bench/bench_decode_widths.py",), 25),
     # 16 rows, each side timed 3 times: ~82 min on the EPYC. Written row by row: a pass cut
     # short leaves a partial result, and the next pass measures only the rows it lacks.
