@@ -17,8 +17,10 @@ XLA:CPU can run it two ways (`--forms`): `contract`, the dot contracting that ax
 runs it itself, off YNNPACK; the f32 step's form), and `copy`, the activations first copied
 physically transposed (`mixed_matmul.lhs_transposed`, the copy timed with the product) so the
 dot is row-major and goes to YNNPACK (the 16-bit step's form, since XLA:CPU upcasts a 16-bit
-`contract` to f32). Both are timed for each weight-gradient shape, each row saying whether it
-is the form the step runs; torch runs its strided transpose, as autograd hands it over. Each
+`contract` to f32). A third form, `copy_values`, is that copy made of the 16-bit values rather
+than their bits, which XLA:CPU moves through f32: the form `copy` replaced. All three are
+timed for each weight-gradient shape, each row saying whether it is the form the step runs;
+torch runs its strided transpose, as autograd hands it over. Each
 shape is timed in alternating rounds (common.alternating_medians). Writes
 bench/results/gemm.json.
 """
@@ -53,6 +55,19 @@ QUICK_SHAPES = (
 )
 # The weight gradient's form each step dtype runs (module docstring).
 STEP_FORM = {"float32": "contract", "bfloat16": "copy"}
+FORMS = ("contract", "copy", "copy_values")
+
+
+def _copy_values(x_NxI):
+    """`lhs_transposed`'s copy made of the values instead of their bits (the form it replaced)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pipelinerl_jax.models import mixed_matmul
+
+    half = x_NxI.shape[0] // 2
+    x_IxN = jnp.concatenate([x_NxI[:half].T, x_NxI[half:].T], axis=1)
+    return jax.lax.optimization_barrier(x_IxN) if mixed_matmul._SPLITS_CONCAT_DOTS else x_IxN
 
 
 def pair(m: int, k: int, n: int, dtype: str, form: str | None):
@@ -75,6 +90,8 @@ def pair(m: int, k: int, n: int, dtype: str, form: str | None):
         mm = jax.jit(lambda x, y: jax.lax.dot_general(x, y, dims, preferred_element_type=f32))
     elif form == "copy":
         mm = jax.jit(lambda x, y: jnp.matmul(lhs_transposed(x), y, preferred_element_type=f32))
+    elif form == "copy_values":
+        mm = jax.jit(lambda x, y: jnp.matmul(_copy_values(x), y, preferred_element_type=f32))
     else:
         mm = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=f32))
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
@@ -87,11 +104,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--forms", default="contract,copy", help="weight-gradient forms to time")
+    ap.add_argument("--forms", default=",".join(FORMS), help="weight-gradient forms to time")
     args = ap.parse_args(argv)
     forms = args.forms.split(",")
-    if not forms or set(forms) - set(STEP_FORM.values()):
-        print(f"--forms={args.forms}: use contract and/or copy", file=sys.stderr)
+    if not forms or set(forms) - set(FORMS):
+        print(f"--forms={args.forms}: use a comma list of {', '.join(FORMS)}", file=sys.stderr)
         return 2
     import torch
 
@@ -102,6 +119,8 @@ def main(argv=None) -> int:
     for dtype in ("float32", "bfloat16"):
         for name, m, k, n, transposed in QUICK_SHAPES if args.quick else SHAPES:
             for form in forms if transposed else (None,):
+                if form == "copy_values" and dtype == "float32":
+                    continue  # only a 16-bit copy has bits to move apart from its values
                 ours, theirs = pair(m, k, n, dtype, form)
                 med = common.alternating_medians({"ours": ours, "torch": theirs}, repeats=repeats)
                 flop = 2 * m * k * n

@@ -232,6 +232,7 @@ def _matvec_forms(d):
 _GEMM_FORMS = {
     "contract": "token axis contracted in place",
     "copy": "activations copied transposed, copy timed",
+    "copy_values": "activations copied transposed as values, not bits, copy timed",
 }
 
 

@@ -92,5 +92,5 @@ def test_bench_gemm_refuses_an_unknown_weight_gradient_form(capsys):
 
     assert bench_gemm.main(["--forms=contract,mkl"]) == 2
     err = capsys.readouterr().err
-    assert "--forms=contract,mkl: use contract and/or copy" in err
+    assert "--forms=contract,mkl: use a comma list of contract, copy, copy_values" in err
     assert len(err.strip().splitlines()) == 1

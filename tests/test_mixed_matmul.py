@@ -102,6 +102,21 @@ def test_lhs_transposed_is_the_transpose():
     x = jax.random.normal(jax.random.key(3), (7, 5), jnp.float32).astype(BF16)
     np.testing.assert_array_equal(jax.jit(lhs_transposed)(x), x.T)
     np.testing.assert_array_equal(lhs_transposed(x[:1]), x[:1].T)
+    odd = jax.random.normal(jax.random.key(4), (9, 3), jnp.float32)
+    for dtype in (jnp.float32, jnp.float16, BF16):
+        np.testing.assert_array_equal(
+            jax.jit(lhs_transposed)(odd.astype(dtype)), odd.T.astype(dtype)
+        )
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's copy lowering")
+def test_lhs_transposed_moves_16_bit_values_as_16_bit_words():
+    """The copy is a bit move: no f32 array may appear in it (XLA:CPU routes a bf16 transpose
+    through f32 when the values are left as bf16)."""
+    x = jax.random.normal(jax.random.key(5), (64, 24), jnp.float32).astype(BF16)
+    text = jax.jit(lhs_transposed).lower(x).compile().as_text()
+    assert "f32[" not in text
+    assert "u16[" in text
 
 
 def _dot_operand_types(fn, *args) -> list[tuple[str, str]]:

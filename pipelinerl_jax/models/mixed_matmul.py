@@ -16,8 +16,9 @@ left operand's contracted dimension is the minor one in memory; any other dot is
 (XLA's operand upcaster). The weight gradient x^T @ g contracts the token axis, the leading
 axis of both operands, and a plain transpose is only a layout change, so XLA would upcast it.
 Two transposed halves concatenated are a real copy in the default layout, and the dot stays
-bf16; the copy is of the activations only ([N, I], small beside the matmul). Other backends
-take the plain transpose.
+bf16; the copy is of the activations only ([N, I], small beside the matmul), and it moves
+their bits as uint16, since XLA:CPU moves bf16 values through f32. Other backends take the
+plain transpose.
 
 Letters (pipelinerl_jax/__init__.py): N rows (tokens), I input features, O output features.
 """
@@ -49,8 +50,14 @@ def lhs_transposed(x_NxI: jax.Array) -> jax.Array:
     if target.platform() != "cpu" or N < 2:
         return x_NxI.T
     half = N // 2
-    x_IxN = jnp.concatenate([x_NxI[:half].T, x_NxI[half:].T], axis=1)
-    return jax.lax.optimization_barrier(x_IxN) if _SPLITS_CONCAT_DOTS else x_IxN
+    # XLA:CPU runs a bf16 transpose and concatenate through f32 (upcast, move, round back);
+    # as uint16 the same bits move once (bench_gemm.py's `copy` against `copy_values`).
+    bits = x_NxI.dtype.itemsize == 2 and jnp.issubdtype(x_NxI.dtype, jnp.floating)
+    u_NxI = jax.lax.bitcast_convert_type(x_NxI, jnp.uint16) if bits else x_NxI
+    u_IxN = jnp.concatenate([u_NxI[:half].T, u_NxI[half:].T], axis=1)
+    if _SPLITS_CONCAT_DOTS:
+        u_IxN = jax.lax.optimization_barrier(u_IxN)
+    return jax.lax.bitcast_convert_type(u_IxN, x_NxI.dtype) if bits else u_IxN
 
 
 def _dot(a, b, contract_a: int, contract_b: int) -> jax.Array:
