@@ -85,11 +85,13 @@ STEPS: tuple[Step, ...] = (
         45,
         ("model", "trl"),
     ),
+    # The bf16 weight gradients' transposed copies became uint16 moves 2026-11-28.
     Step(
         "train_step_real",
         ("bench/bench_train_step.py", f"--model_dir={MODEL_DIR}", "--head_dtype=bfloat16"),
         40,
         ("model", "torch"),
+        current_since="2026-11-28",
     ),
     Step(
         "vs_tunix",
@@ -132,8 +134,9 @@ STEPS: tuple[Step, ...] = (
     # The train step under XLA flag sets against torch, f32 and bf16 (~40 min on the EPYC):
     # whether another matmul library closes the train step's gap to torch.
     Step("train_step_xla", ("bench/train_step_xla.py",), 60, ("model", "torch")),
-    # The step's matmul shapes alone against torch; since 2026-11-28 both forms of each
-    # weight gradient (in place or on a transposed copy), so a kind learns which is its faster.
+    # The step's matmul shapes alone against torch; since 2026-11-28 every form of each
+    # weight gradient (in place, on a transposed copy, and that copy as values), so a kind
+    # learns which is its faster.
     Step("gemm", ("bench/bench_gemm.py",), 20, ("torch",), current_since="2026-11-28"),
     Step("decode_widths", ("bench/bench_decode_widths.py",), 25),
     # 16 rows, each side timed 3 times: ~82 min on the EPYC. Written row by row: a pass cut

@@ -92,6 +92,19 @@ def test_sampler_pool_resolves_a_sampler_config_one_way():
         pg.sampler_pool(SamplerConfig(num_slots=1, max_seq_len=16, num_pages=7), m, shards=4)
 
 
+def test_cache_dtype_is_the_samplers_then_its_compute_then_the_models():
+    import dataclasses
+
+    from pipelinerl_jax.sampler.config import SamplerConfig
+    from tests.tiny_models import model_config
+
+    m = dataclasses.replace(model_config(), compute_dtype="bfloat16")
+    assert pg.cache_dtype(SamplerConfig(), m) == "bfloat16"
+    assert pg.cache_dtype(SamplerConfig(compute_dtype="float32"), m) == "float32"
+    both = SamplerConfig(compute_dtype="float32", cache_dtype="bfloat16")
+    assert pg.cache_dtype(both, m) == "bfloat16"
+
+
 def test_the_sampler_and_the_memory_estimate_size_one_pool():
     import jax
 

@@ -271,8 +271,7 @@ def head_working_bytes(model_cfg: ModelConfig, tokens: int, loss_cfg) -> int:
 def _sampler_kv_pool(cfg, model_cfg: ModelConfig) -> tuple[pg.PoolSize, int]:
     """(the pool Sampler builds for cfg.sampler on one data shard, cache itemsize)."""
     s = cfg.sampler
-    itemsize = _itemsize(s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype)
-    return pg.sampler_pool(s, model_cfg), itemsize
+    return pg.sampler_pool(s, model_cfg), _itemsize(pg.cache_dtype(s, model_cfg))
 
 
 def _uses_staged(attention: str) -> bool:

@@ -80,7 +80,7 @@ def gpu_report(
         decode_ctx=decode_ctx,
         kv_tokens=kv_pool_tokens(cfg, model_cfg, shards),
         weight_dtype=compute,  # the sampler decodes a copy in its compute dtype (memory.py)
-        cache_dtype=s.cache_dtype or compute,
+        cache_dtype=pg.cache_dtype(s, model_cfg),
         head_dtype=s.head_dtype or "float32",
     )
     b, micro = cfg.batch, cfg.trainer.micro_batches

@@ -169,13 +169,19 @@ def size_pool(
     return pool
 
 
+def cache_dtype(sampler_cfg, model_cfg) -> str:
+    """The dtype a sampler (`sampler_cfg`, a SamplerConfig) caches K and V in: its cache_dtype,
+    else its compute_dtype, else the model's compute dtype."""
+    s = sampler_cfg
+    return s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype
+
+
 def sampler_pool(sampler_cfg, model_cfg, *, shards: int = 1) -> PoolSize:
     """The pool a PagedSampler builds for `sampler_cfg` (a SamplerConfig) over `shards` data
     shards: num_pages, or kv_memory_bytes' worth, or room for max_seq_len in every slot plus
     one null page a shard; rounded down to a multiple of shards (each holds an equal share).
-    Cached in sampler_cfg's cache_dtype, else its compute_dtype, else the model's."""
+    Cached in `cache_dtype(sampler_cfg, model_cfg)`."""
     s = sampler_cfg
-    cache_dtype = s.cache_dtype or s.compute_dtype or model_cfg.compute_dtype
     num_pages = s.num_pages
     if num_pages is None and s.kv_memory_bytes is None:
         num_pages = s.num_slots * max_pages_per_slot(s.max_seq_len, s.page_size) + shards
@@ -183,7 +189,7 @@ def sampler_pool(sampler_cfg, model_cfg, *, shards: int = 1) -> PoolSize:
         num_layers=model_cfg.num_layers,
         num_kv_heads=model_cfg.num_kv_heads,
         head_dim=model_cfg.head_dim,
-        itemsize=np.dtype(cache_dtype).itemsize,
+        itemsize=np.dtype(cache_dtype(s, model_cfg)).itemsize,
         page_size=s.page_size,
         max_seq_len=s.max_seq_len,
         num_pages=num_pages,

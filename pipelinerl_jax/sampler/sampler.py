@@ -94,7 +94,6 @@ class PagedSampler:
             graphdef = _graphdef_of(model_cfg)
         self.config, self.model_cfg = cfg, model_cfg
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        cache_dtype = cfg.cache_dtype or model_cfg.compute_dtype
         shards = 1 if mesh is None else mesh.shape[cfg.data_axis]
         pages_per_slot = pg.max_pages_per_slot(cfg.max_seq_len, cfg.page_size)
         self.pool = pg.sampler_pool(cfg, model_cfg, shards=shards)
@@ -108,7 +107,7 @@ class PagedSampler:
                 num_pages=num_pages,
                 pages_per_slot=pages_per_slot,
                 max_stop_tokens=cfg.max_stop_tokens,
-                cache_dtype=cache_dtype,
+                cache_dtype=pg.cache_dtype(cfg, model_cfg),
                 head_dtype=cfg.head_dtype or "float32",
                 truncated_logprobs=cfg.truncated_logprobs,
                 attention=cfg.attention,
