@@ -58,18 +58,6 @@ STEP_FORM = {"float32": "contract", "bfloat16": "copy"}
 FORMS = ("contract", "copy", "copy_values")
 
 
-def _copy_values(x_NxI):
-    """`lhs_transposed`'s copy made of the values instead of their bits (the form it replaced)."""
-    import jax
-    import jax.numpy as jnp
-
-    from pipelinerl_jax.models import mixed_matmul
-
-    half = x_NxI.shape[0] // 2
-    x_IxN = jnp.concatenate([x_NxI[:half].T, x_NxI[half:].T], axis=1)
-    return jax.lax.optimization_barrier(x_IxN) if mixed_matmul._SPLITS_CONCAT_DOTS else x_IxN
-
-
 def pair(m: int, k: int, n: int, dtype: str, form: str | None):
     """(ours, torch) zero-argument calls computing the same [m, k] @ [k, n] product; `form`
     (a weight gradient's: "contract" or "copy") gives ours the left operand as [k, m]."""
@@ -91,7 +79,9 @@ def pair(m: int, k: int, n: int, dtype: str, form: str | None):
     elif form == "copy":
         mm = jax.jit(lambda x, y: jnp.matmul(lhs_transposed(x), y, preferred_element_type=f32))
     elif form == "copy_values":
-        mm = jax.jit(lambda x, y: jnp.matmul(_copy_values(x), y, preferred_element_type=f32))
+        mm = jax.jit(
+            lambda x, y: jnp.matmul(lhs_transposed(x, as_bits=False), y, preferred_element_type=f32)
+        )
     else:
         mm = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=f32))
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]

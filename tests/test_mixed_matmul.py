@@ -104,9 +104,9 @@ def test_lhs_transposed_is_the_transpose():
     np.testing.assert_array_equal(lhs_transposed(x[:1]), x[:1].T)
     odd = jax.random.normal(jax.random.key(4), (9, 3), jnp.float32)
     for dtype in (jnp.float32, jnp.float16, BF16):
-        np.testing.assert_array_equal(
-            jax.jit(lhs_transposed)(odd.astype(dtype)), odd.T.astype(dtype)
-        )
+        for as_bits in (True, False):
+            got = jax.jit(lambda v, b=as_bits: lhs_transposed(v, as_bits=b))(odd.astype(dtype))
+            np.testing.assert_array_equal(got, odd.T.astype(dtype))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's copy lowering")

@@ -44,15 +44,16 @@ _F32 = jnp.float32
 _SPLITS_CONCAT_DOTS = tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 11)
 
 
-def lhs_transposed(x_NxI: jax.Array) -> jax.Array:
-    """x^T [I, N] as a left matmul operand the backend's 16-bit matmul accepts (module doc)."""
+def lhs_transposed(x_NxI: jax.Array, *, as_bits: bool = True) -> jax.Array:
+    """x^T [I, N] as a left matmul operand the backend's 16-bit matmul accepts (module doc).
+    `as_bits=False` copies 16-bit values as values, the slower form (bench_gemm.py times it)."""
     N = x_NxI.shape[0]
     if target.platform() != "cpu" or N < 2:
         return x_NxI.T
     half = N // 2
     # XLA:CPU runs a bf16 transpose and concatenate through f32 (upcast, move, round back);
     # as uint16 the same bits move once (bench_gemm.py's `copy` against `copy_values`).
-    bits = x_NxI.dtype.itemsize == 2 and jnp.issubdtype(x_NxI.dtype, jnp.floating)
+    bits = as_bits and x_NxI.dtype.itemsize == 2 and jnp.issubdtype(x_NxI.dtype, jnp.floating)
     u_NxI = jax.lax.bitcast_convert_type(x_NxI, jnp.uint16) if bits else x_NxI
     u_IxN = jnp.concatenate([u_NxI[:half].T, u_NxI[half:].T], axis=1)
     if _SPLITS_CONCAT_DOTS:
