@@ -1,4 +1,5 @@
-"""bench/report.py: the tables come from result files, and say so when one is missing.
+"""bench/report.py (and bench/reports/): the tables come from result files, and say so when one
+is missing.
 
 The full table goes to docs/benchmarks.md, a headline of its rows and the GPU summary to
 README.md, every compiled GPU program to docs/gpu_compile.md; all or nothing, and the
@@ -12,10 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import report  # noqa: E402
+from bench.reports import results  # noqa: E402
 
 
 def test_table_renders_results_and_marks_missing_ones(tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     decode = {
         "load_before": {"loadavg_1m": 0.25},
         "date": "2026-11-24T22:32:20+00:00",
@@ -67,7 +69,7 @@ def test_table_renders_results_and_marks_missing_ones(tmp_path, monkeypatch):
 
 
 def test_readme_without_markers_is_refused(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     monkeypatch.setattr(report, "ROOT", tmp_path)
     (tmp_path / "README.md").write_text("# no table here\n")
     monkeypatch.setattr(sys, "argv", ["report.py", "--readme"])
@@ -79,7 +81,7 @@ def test_readme_without_markers_is_refused(tmp_path, monkeypatch, capsys):
 def test_real_model_rows(tmp_path, monkeypatch):
     """The real-model results render against their goals: memory, compiles, pipeline vs
     serial, the learning result and the starting model's prompts."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     profile = {
         "warm_cache": False,
         "serial_s_per_step": 50.0,
@@ -184,7 +186,7 @@ def test_real_model_rows(tmp_path, monkeypatch):
 
 
 def test_real_decode_rows_say_whether_each_goal_is_met(tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     row = dict(batch=16, temperature=0.0, ours_tok_s=260.0, hf_tok_s=100.0, ratio=2.6)
     d = {
         "config": {"prompt_len": 64, "new_tokens": 256},
@@ -203,7 +205,7 @@ def test_real_decode_rows_say_whether_each_goal_is_met(tmp_path, monkeypatch):
 def test_each_machine_kinds_newest_result_gets_its_rows(tmp_path, monkeypatch):
     """A figure measured on the Xeon and on the AMD EPYC shows both rows, each with its machine;
     the by_machine copy of the newest result itself is not shown twice."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     (tmp_path / "by_machine").mkdir()
 
     def result(model, ours):
@@ -233,7 +235,7 @@ def test_each_machine_kinds_newest_result_gets_its_rows(tmp_path, monkeypatch):
 
 
 def test_gemm_rows_and_the_train_steps_remat_policy(tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     row = dict(shape="q/o forward [N, E] @ [E, E]", m=8192, k=576, n=576, dtype="float32")
     gemm = {"rows": [dict(row, ours_gflops=190.4, torch_gflops=238.0, ratio=0.8)]}
     (tmp_path / "gemm.json").write_text(json.dumps(gemm))
@@ -268,7 +270,7 @@ def test_gemm_rows_and_the_train_steps_remat_policy(tmp_path, monkeypatch):
 def test_train_step_xla_rows_per_dtype_and_flag_set(tmp_path, monkeypatch):
     """Each XLA flag set's step against torch's in its dtype and against XLA's default; the
     earlier result (bf16 only, flag sets only) still renders."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     flags = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot"
     rows = [
         dict(dtype="float32", side="default", median_s=50.0, dots_ynn=44, dots_total=52),
@@ -307,7 +309,7 @@ def test_train_step_xla_rows_per_dtype_and_flag_set(tmp_path, monkeypatch):
 def test_gpu_compile_table(tmp_path, monkeypatch):
     """Each compiled program is a row: memory against the GPU's, the kernel's presence, and
     skips, failures and the uncompiled copy said as such, never as numbers."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     assert "not compiled yet" in report.gpu_table()
     mem = dict(argument_bytes=2 * 2**30, output_bytes=2**30, alias_bytes=2**30, temp_bytes=2**29)
     decode = dict(
@@ -401,7 +403,7 @@ def _docs_tree(tmp_path, gpu_compile: str) -> dict:
 
 def test_tables_are_written_all_or_nothing(tmp_path, monkeypatch, capsys):
     """Every file has its markers but docs/gpu_compile.md, the last one: no file is written."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     monkeypatch.setattr(report, "ROOT", tmp_path)
     files = _docs_tree(tmp_path, "# no markers\n")
     monkeypatch.setattr(sys, "argv", ["report.py", "--write"])
@@ -414,7 +416,7 @@ def test_tables_are_written_all_or_nothing(tmp_path, monkeypatch, capsys):
 def test_each_table_goes_to_its_file(tmp_path, monkeypatch):
     """The full table to docs/benchmarks.md, the headline and the GPU summary to the README
     (--readme, the old flag, still works)."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     monkeypatch.setattr(report, "ROOT", tmp_path)
     _docs_tree(tmp_path, "# GPU\n" + _marked((report.GPU_BEGIN, report.GPU_END)))
     monkeypatch.setattr(sys, "argv", ["report.py", "--readme"])
@@ -435,7 +437,7 @@ def test_each_table_goes_to_its_file(tmp_path, monkeypatch):
 def test_headline_rows_are_rows_of_the_full_table(tmp_path, monkeypatch):
     """The README's headline renders with the full table's own functions: each of its rows
     (but the decode ranges) is a row of docs/benchmarks.md less the command column."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     demo = {
         "date": "2026-11-26T08:00:00",
         "passed": True,
@@ -567,3 +569,4 @@ def test_unmet_decode_goals_say_what_they_would_need_of_the_machine(tmp_path):
     assert "needs" not in found["float32, batch 8, greedy"]["unmet_bound"]
     assert "needs" not in found["bfloat16, batch 64, greedy"]["unmet_bound"]
     assert "ours 15.2 |" in peer_table.render(tmp_path)
+
