@@ -167,6 +167,11 @@ STEPS: tuple[Step, ...] = (
     Step("train_step", ("bench/bench_train_step.py",), 20, ("torch",)),
     Step("decode", ("bench/bench_decode.py",), 30, ("torch",), current_since="2026-11-28"),
     Step("matvec_forms", ("bench/bench_matvec_forms.py",), 15, ("torch",)),
+    # The real config's peak memory (the README's row) and the accumulation forms behind it:
+    # 5 and 6 min on the EPYC. The layers' gradients went into the accumulator in place
+    # 2026-11-29.
+    Step("real_profile", ("bench/real_profile.py", "--steps=6"), 20, current_since="2026-11-29"),
+    Step("accumulation", ("bench/bench_accumulation.py",), 20),
 )
 
 # What a need is, how to tell it is there, and the one command that provides it.

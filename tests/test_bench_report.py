@@ -570,3 +570,17 @@ def test_unmet_decode_goals_say_what_they_would_need_of_the_machine(tmp_path):
     assert "needs" not in found["bfloat16, batch 64, greedy"]["unmet_bound"]
     assert "ours 15.2 |" in peer_table.render(tmp_path)
 
+
+def test_accumulation_rows_say_time_memory_and_whether_the_step_matched(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    rows = [
+        dict(form="in_place", median_s=20.0, temp_gib=1.0, first_loss=0.5, first_grad_norm=2.0),
+        dict(form="summed", median_s=25.0, temp_gib=1.6, first_loss=0.5, first_grad_norm=2.0),
+    ]
+    d = dict(micro_batches=16, rows_used=4, rows=rows, same_first_step=True)
+    (tmp_path / "accumulation.json").write_text(json.dumps(d))
+    assert (
+        "| 20.0 s, 1.00 GiB | 25.0 s, 1.60 GiB | 0.80x time, 0.62x memory (same first step) |"
+    ) in report.table()
+    (tmp_path / "accumulation.json").write_text(json.dumps(dict(d, same_first_step=False)))
+    assert "(first step DIFFERS)" in report.table()

@@ -155,7 +155,18 @@ def test_remat_and_micro_batches_lower_activations(tiny):
     assert keeps.activations < plain.activations
     micro = memory.estimate(_run_config(**{"trainer.micro_batches": 2}), m)
     assert micro.activations < plain.activations
-    assert micro.gradients == 2 * plain.gradients  # accumulator + the micro-batch's gradient
+    # The accumulator, plus the micro-batch's gradient outside the layers: the backward adds
+    # the layers' into the accumulator in place (models/accumulating_scan.py) ...
+    outside_layers = param_counts.num_params(m) - param_counts.num_layer_params(m)
+    assert 0 < outside_layers < param_counts.num_params(m) // 2
+    assert micro.gradients == plain.gradients + outside_layers * 4
+    # ... unless it is turned off, or the params are not f32: then all of it.
+    for changes, model in (
+        ({"trainer.accumulate_in_place": False}, m),
+        ({}, dataclasses.replace(m, param_dtype="bfloat16")),
+    ):
+        summed = memory.estimate(_run_config(**{"trainer.micro_batches": 2, **changes}), model)
+        assert summed.gradients == 2 * plain.gradients
 
 
 def test_bf16_params_halve_params(tiny):
@@ -266,6 +277,8 @@ def _smollm_estimate(remat: bool, micro: int, with_sampler: bool):
             "batch.seq_len": 288,
             "batch.num_rows": 16,
             "trainer.micro_batches": micro,
+            # Measured before the layers' gradients were added into the accumulator in place.
+            "trainer.accumulate_in_place": False,
             "trainer.attention_block": 128,
             "sampler.num_slots": 16,
             "sampler.max_seq_len": 288,
@@ -340,10 +353,11 @@ def test_evaluation_counts_its_own_sampler(tiny):
 
 def test_real_config_estimate_is_within_10_percent_of_its_measured_peak():
     """configs/smollm2_math.py (remat keeping the matmuls, shared prompts in 16 one-row
-    micro-batches, a held-out evaluation every 24 steps): peak RSS 4.98 GiB over a 48-step run
+    micro-batches, a held-out evaluation every 24 steps): peak RSS 4.31 GiB over a 48-step run
     with 3 evaluations (memory/peak_rss_gib of `python bench/real_learning.py
-    --name=real_run_memory --seeds=0`, 2-core AMD EPYC, 2026-11-28). What is held plus the
-    largest phase (the train step's) predicts it; the sum of every item's peak said 6.5 GiB."""
+    --name=real_run_memory --seeds=0`, 2-core AMD EPYC, 2026-11-29; 4.98 before the layers'
+    gradients were added into the accumulator in place). What is held plus the largest phase
+    (the train step's) predicts it; the sum of every item's peak says 6.5 GiB."""
     from configs import smollm2_math
 
     cfg = config_dict.from_config_dict(smollm2_math.get_config())
@@ -351,8 +365,8 @@ def test_real_config_estimate_is_within_10_percent_of_its_measured_peak():
     est = memory.estimate(cfg, model)
     assert est.eval_sampler > 0 and est.publish > est.params
     assert est.peak_phase == "step"
-    ratio = est.total / (4.98 * GiB)
-    assert 0.9 <= ratio <= 1.1, f"{est}: {ratio:.2f} of the measured 4.98 GiB"
+    ratio = est.total / (4.31 * GiB)
+    assert 0.9 <= ratio <= 1.1, f"{est}: {ratio:.2f} of the measured 4.31 GiB"
 
 
 def test_lora_on_a_shared_device_counts_the_base_once(tiny):

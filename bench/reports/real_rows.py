@@ -191,6 +191,23 @@ def decode_widths_rows(d):
     ]
 
 
+def accumulation_rows(d):
+    rows = {r["form"]: r for r in d["rows"]}
+    ours, theirs = rows["in_place"], rows["summed"]
+    same = "same first step" if d["same_first_step"] else "first step DIFFERS"
+    return [
+        (
+            f"{REAL}: train step, {d['micro_batches']} one-row micro-batches "
+            f"({d['rows_used']} used), the layers' gradients added into the accumulator in place "
+            "vs the micro-batch's whole gradient then added: s a step, XLA temporaries",
+            f"{ours['median_s']:.1f} s, {ours['temp_gib']:.2f} GiB",
+            f"{theirs['median_s']:.1f} s, {theirs['temp_gib']:.2f} GiB",
+            f"{ours['median_s'] / theirs['median_s']:.2f}x time, "
+            f"{ours['temp_gib'] / theirs['temp_gib']:.2f}x memory ({same})",
+        )
+    ]
+
+
 def real_packing_rows(d):
     sh, un = d["shared"], d["unshared"]
     return [

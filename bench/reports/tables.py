@@ -97,6 +97,12 @@ SECTIONS = (
         "one prompt copy per attempt",
         real_rows.real_packing_rows,
     ),
+    (
+        "accumulation",
+        "python bench/bench_accumulation.py",
+        "summed accumulation",
+        real_rows.accumulation_rows,
+    ),
     ("vs_tunix", "python bench/bench_vs_tunix.py", "Tunix GRPOLearner", real_rows.vs_tunix_rows),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", real_rows.vs_trl_rows),
     (

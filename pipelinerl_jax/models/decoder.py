@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipelinerl_jax.models import attention, block, lora, registry, remat, rope
+from pipelinerl_jax.models import accumulating_scan, attention, block, lora, registry, remat, rope
 from pipelinerl_jax.models import params as param_table
 from pipelinerl_jax.models.block import AttentionFn
 from pipelinerl_jax.models.config import ModelConfig
@@ -150,11 +150,15 @@ def forward_hidden(
     *,
     attend: AttentionFn,
     cache=None,
+    layer_grads_into=None,
 ) -> tuple[jax.Array, Any]:
     """Hidden states after the final norm [B, T, E] (compute dtype), and the updated cache.
 
     `cache` is None or a pytree whose leaves all have a leading L axis; each layer's slice is
     handed to `attend` and the returned slices are stacked into the new cache.
+    layer_grads_into: None, or an accumulator shaped like params["layers"] (no cache, no
+    shared base): differentiating w.r.t. the params then returns it plus the layers'
+    gradient, added in place (models/accumulating_scan.py).
     """
     cfg = config_of(graphdef)
     family = family_of(cfg)
@@ -189,7 +193,18 @@ def forward_hidden(
     else:
         xs = (p["layers"], jnp.arange(cfg.num_layers), cache)
         final_norm = shared.final_norm
-    x_BxTxE, new_cache = jax.lax.scan(body, x_BxTxE, xs)
+    if layer_grads_into is None:
+        x_BxTxE, new_cache = jax.lax.scan(body, x_BxTxE, xs)
+    else:
+        if cache is not None or shared is not None:
+            raise ValueError("forward_hidden: layer_grads_into takes no cache and no shared base")
+        x_BxTxE = accumulating_scan.scan_layers(
+            lambda x, lp: body(x, (lp, None))[0],
+            x_BxTxE,
+            p["layers"],
+            grads_into=layer_grads_into,
+        )
+        new_cache = None
     return family.norm(x_BxTxE, final_norm, cfg.rms_norm_eps), new_cache
 
 

@@ -15,6 +15,12 @@ def num_params(cfg: ModelConfig) -> int:
     return sum(math.prod(params.shape_of(s, cfg)) for s in table)
 
 
+def num_layer_params(cfg: ModelConfig) -> int:
+    """Parameters stacked along the layer axis (the decoder blocks'), all layers together."""
+    table = family_of(cfg.model_type).param_table(cfg)
+    return sum(math.prod(params.shape_of(s, cfg)) for s in table if s.per_layer)
+
+
 def matmul_params_per_token(cfg: ModelConfig) -> int:
     """Weights touched by matmuls for one token (the LM head included, the embedding lookup
     not): FLOPs = 2x this."""

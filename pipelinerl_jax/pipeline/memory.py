@@ -22,8 +22,11 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
   decodes, and a publish copies the adapters only.
 - optimizer: AdamW mu and nu, always f32 (2 x count x 4), plus the frozen reference params
   (param dtype) when the loss has a KL term.
-- gradients: the f32 gradient (count x 4); with A > 1 micro-batches two of them, the scan's
-  accumulator and the current micro-batch's gradient.
+- gradients: the f32 gradient (count x 4); with A > 1 micro-batches the scan's accumulator
+  and the current micro-batch's gradient, which holds only the parameters outside the layers
+  (embedding, final norm, head) when the backward adds the layers' into the accumulator in
+  place (trainer.accumulate_in_place, f32 params, no LoRA: models/accumulating_scan.py), and
+  all of them otherwise.
 - sampler_params: `sampler.forward.decode_params`, the sampler's own copy of the version it
   decodes (embedding and layers in compute dtype, plus the LM head [V, E] in the sampler's
   head dtype). In deterministic pipeline mode also up to max_lag published versions waiting
@@ -67,11 +70,12 @@ GB with remat, 4.15 GB with remat and 4 micro-batches (the trainer's items and R
 alone: 13.8, 4.0 and 3.8 GiB); a whole pipeline run (plus a 16-slot x 288-token f32 sampler,
 no remat) 15.85 GB (estimate 15.1 GiB): within 12% of either reading of "GB" (10^9 or 2^30
 bytes). configs/smollm2_math.py (remat keeping the matmuls, shared prompts, 16 one-row
-micro-batches, evaluation on) peaked at 4.98 GiB over a 48-step launched run, estimate 5.0
-GiB; with LoRA rank 16 at 2.74 GiB, estimate 2.6 (bench/real_learning.py, 2026-11-28). The
-sum of every item's peak, the model before the phases, said 6.5 and 2.7. XLA's own buffer
-assignment of that train step (compiled.memory_analysis(), CPU) has 1.44 GiB of temporaries
-where gradients + activations count 1.60.
+micro-batches, evaluation on) peaked at 4.31 GiB over a 48-step launched run, estimate 4.6
+GiB (4.98 and 5.0 before the layers' gradients were added in place, 2026-11-29); with LoRA
+rank 16 at 2.74 GiB, estimate 2.6 (bench/real_learning.py, 2026-11-28). The sum of every
+item's peak, the model before the phases, says 6.5 and 2.7. XLA's own buffer assignment of
+that train step (compiled.memory_analysis(), CPU) has 1.04 GiB of temporaries where
+gradients + activations count 1.21 (1.44 and 1.60 in the summed form).
 
 The runtime items are calibrated on SmolLM2 runs and lean high for toy models: the default
 config (a 2-layer, 0.4M-parameter model) peaked at 0.54 GiB over its 1000 steps against 1.1
@@ -297,7 +301,11 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     reference = count * p_size if cfg.trainer.loss.uses_reference and not m.lora else 0
     optimizer = 2 * trained * F32 + reference
     micro = cfg.trainer.micro_batches
-    gradients = (2 if micro > 1 else 1) * trained * F32
+    gradients = trained * F32
+    if micro > 1:
+        in_place = cfg.trainer.accumulate_in_place and not m.lora and p_size == F32
+        outside_layers = count - param_counts.num_layer_params(m)
+        gradients += (outside_layers if in_place else trained) * F32
 
     # decode_params: embedding and layers in the sampler's compute dtype (sampler.compute_dtype,
     # else the model's), final norm as is, the [V, E] head in the sampler's head dtype (an

@@ -23,6 +23,10 @@ class TrainerConfig:
     weight_decay: float = 0.01  # not applied to norms and biases
     grad_clip_norm: float = 0.3  # global-norm clipping; 0 disables
     micro_batches: int = 1  # gradient accumulation steps per optimizer step
+    # With micro_batches > 1: the layers' gradients are added into the accumulator in place
+    # by the backward (models/accumulating_scan.py), so no second full-model gradient is held.
+    # Applies to the built-in loss with f32 params and no LoRA; same values either way.
+    accumulate_in_place: bool = True
     max_consecutive_skips: int = 5  # non-finite steps in a row before check_skips stops the run
     # Causal attention in query blocks of about this many rows (at most 16 blocks), each block
     # attending only to keys up to its end: ~half the score work and memory of a full T x T

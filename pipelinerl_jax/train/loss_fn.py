@@ -67,6 +67,7 @@ def rl_loss(
     entropy_coef,
     attention_block: int,
     version=None,
+    layer_grads_into=None,
 ):
     """(loss, stats) of one (micro-)batch: the Trainer's loss unless it is given `loss_fn=`.
 
@@ -75,7 +76,9 @@ def rl_loss(
     trainer's (each token's lag, for the rollout correction); graphdef,
     loss_cfg and attention_block are the Trainer's. `stats` holds additive sums that
     losses.finalize turns into metrics, "loss" among them. Traced inside the jitted step, once
-    per micro-batch.
+    per micro-batch. layer_grads_into: the step's accumulator of the layers' gradients, which
+    differentiating w.r.t. params then returns with this micro-batch's added in place
+    (decoder.forward_hidden).
     """
     if attention_block > 0:
         attend = attention.blocked_causal_attention(
@@ -98,7 +101,12 @@ def rl_loss(
         )
         ref_lp = jax.lax.stop_gradient(ref_lp)
     hidden, _ = decoder.forward_hidden(
-        graphdef, params, batch.tokens, batch.positions, attend=attend
+        graphdef,
+        params,
+        batch.tokens,
+        batch.positions,
+        attend=attend,
+        layer_grads_into=layer_grads_into,
     )
     return losses.loss_from_hidden(
         loss_cfg,

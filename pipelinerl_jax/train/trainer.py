@@ -3,7 +3,9 @@
 The step runs on a trainer mesh with axes ("fsdp", "tp"): params and optimizer moments are
 sharded by the logical-axis rules of pipelinerl_jax.sharding, batch rows are split over "fsdp".
 It is compiled once, with explicit in/out shardings, and donates the old state. Inside:
-gradient accumulation over micro-batches with lax.scan (f32 accumulators), the loss
+gradient accumulation over micro-batches with lax.scan (f32 accumulators; with f32 params
+and the built-in loss the backward adds the layers' gradients into the accumulator in place,
+models/accumulating_scan.py, so no second full gradient is held), the loss
 (`rl_loss`, train/loss_fn.py: the model forward and the registered objective of
 rl/objectives.py), global-norm clipping, then optax AdamW (warm-up + cosine or constant, no decay on norms and
 biases). Moments are always f32: the optimizer sees f32 views of the params and the update is
@@ -80,6 +82,16 @@ def _micro_split(x, m: int, mesh: Mesh, batch_axis: str | None):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def _add_outside_layers(acc, grads):
+    """acc + grads, except under "layers", where grads already hold the sum."""
+
+    def add(path, a, g):
+        top = path[0]
+        return g if getattr(top, "key", getattr(top, "name", None)) == "layers" else a + g
+
+    return jax.tree_util.tree_map_with_path(add, acc, grads)
+
+
 def _learning_rate(opt_state) -> jax.Array | None:
     """The learning rate a custom optimizer reports in its state (optax.inject_hyperparams)."""
     found = optax.tree_utils.tree_get_all_with_path(opt_state, "learning_rate")
@@ -134,10 +146,27 @@ def _train_step(
         grads = _f32(grads)
     else:
         micro = {k: _micro_split(getattr(batch, k), m, mesh, batch_axis) for k in TOKEN_FIELDS}
+        in_place = cfg.accumulate_in_place and loss_fn is None and frozen is None
+        in_place = in_place and all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
+
+        def add_micro_grads(acc_grads, xs):
+            if in_place:
+                # The layers' gradients come back with the accumulator already added (in place,
+                # by the backward); only the small rest (embedding, norms, head) is added here.
+                layer_fn = lambda p, acc_layers, ref, b: objective(  # noqa: E731
+                    p, ref, b, layer_grads_into=acc_layers
+                )
+                acc_layers = decoder.arrays(acc_grads)["layers"]
+                g, s = jax.grad(layer_fn, has_aux=True)(
+                    state.params, acc_layers, ref, batch.replace(**xs)
+                )
+                return _add_outside_layers(acc_grads, g), s
+            g, s = grad_fn(state.params, ref, batch.replace(**xs))
+            return jax.tree.map(jnp.add, acc_grads, _f32(g)), s
 
         def accumulate(acc, xs):
-            g, s = grad_fn(state.params, ref, batch.replace(**xs))
-            return jax.tree.map(jnp.add, acc[0], _f32(g)), losses.accumulate(acc[1], s)
+            grads, s = add_micro_grads(acc[0], xs)
+            return grads, losses.accumulate(acc[1], s)
 
         # A micro-batch with no scored token adds nothing to the loss, gradient or stats: the
         # cond skips its forward and backward, so rows the packing left empty cost nothing.
