@@ -95,7 +95,7 @@ def main() -> int:
         trainer = tr.Trainer(tcfg, graphdef, abstract, tr.trainer_mesh())
         box = {"state": trainer.init_state(params)}
         dev_batch = trainer.put_batch(batch)
-        memory = trainer._step.lower(box["state"], dev_batch, None).compile().memory_analysis()
+        memory = trainer.lower(box["state"], dev_batch).compile().memory_analysis()
         box["state"], metrics = trainer.train_step(box["state"], dev_batch)
         first = jax.device_get(metrics)
 

@@ -103,8 +103,7 @@ def inventory(inputs, dtype: str) -> list[dict]:
     from bench import bench_train_step as bts
 
     trainer, state, batch = bts.jax_trainer(*inputs, 1024, _head(dtype))
-    # Trainer._step is the jitted step train_step calls (trainer.frozen: LoRA's base, or None).
-    hlo = trainer._step.lower(state, batch, trainer.frozen).compile().as_text()
+    hlo = trainer.lower(state, batch).compile().as_text()
     return dot_inventory(hlo)
 
 

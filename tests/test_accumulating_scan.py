@@ -161,7 +161,7 @@ def test_trainer_in_place_accumulation_takes_the_same_steps(compute_dtype):
 
 def _step_temp_bytes(trainer, params, batch) -> int:
     state = trainer.init_state(params)
-    lowered = trainer._step.lower(state, trainer.put_batch(batch), None)
+    lowered = trainer.lower(state, batch)
     return lowered.compile().memory_analysis().temp_size_in_bytes
 
 

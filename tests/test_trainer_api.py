@@ -235,3 +235,23 @@ def test_bad_hooks_and_mesh_shapes(model_and_batch):
     mesh = tr.trainer_mesh()
     assert mesh.axis_names == ("fsdp", "tp")
     assert mesh.axis_types == (jax.sharding.AxisType.Auto,) * 2
+
+
+def test_lower_gives_the_step_program_without_running_it(model_and_batch):
+    """Trainer.lower: XLA's buffer assignment and program of the step, from arrays or from
+    shapes alone; the state is neither run nor donated."""
+    cfg, graphdef, params, _, batch = model_and_batch
+    trainer = tr.Trainer(
+        tr.TrainerConfig(), graphdef, decoder.abstract_init(cfg)[1], tr.trainer_mesh()
+    )
+    state = trainer.init_state(params)
+    compiled = trainer.lower(state, batch).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes > 0
+    assert "dot" in compiled.as_text()
+    shapes = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        (state, trainer.put_batch(batch)),
+    )
+    assert trainer.lower(*shapes).as_text() == trainer.lower(state, batch).as_text()
+    assert int(state.step) == 0 and not any(x.is_deleted() for x in jax.tree.leaves(state))
+    trainer.train_step(state, batch)  # still usable

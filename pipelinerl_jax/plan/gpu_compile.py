@@ -351,9 +351,7 @@ def compile_train_step(
             micro_batches=micro_batches,
             head_dtype=cfg.compute_dtype,
         )
-        return trainer._step.lower(
-            _train_state(trainer), _train_batch(trainer, rows, seq_len), None
-        )
+        return trainer.lower(_train_state(trainer), _train_batch(trainer, rows, seq_len))
 
     return _compile(lower, gpu, record)
 

@@ -392,6 +392,14 @@ class Trainer:
             raise ConfigError("Trainer.train_step with model.lora: call init_state first")
         return self._step(state, batch, self.frozen)
 
+    def lower(self, state: TrainState, batch: TrainBatch):
+        """The compiled step's `jax.stages.Lowered` for these inputs (arrays or
+        ShapeDtypeStructs): `.compile().memory_analysis()` is XLA's buffer assignment of the
+        step, `.as_text()` its program. Nothing runs and nothing is donated."""
+        if isinstance(batch.tokens, np.ndarray):
+            batch = self.put_batch(batch)
+        return self._step.lower(state, batch, self.frozen)
+
     def full_params(self, params):
         """The whole model's params for the state's `params`: the adapters joined to the frozen
         base under LoRA, else `params` itself (what an evaluation or an export reads). A shared
