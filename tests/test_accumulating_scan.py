@@ -52,17 +52,18 @@ def test_grad_is_accumulator_plus_gradient(remat):
         return jnp.sum(jnp.sin(out))
 
     plain = jax.grad(lambda p, x: loss(p, None, x), argnums=(0, 1))(params_L, x_NxE)
-    # jit(grad(...)), as the trainer runs it, and grad(jit(...)); the input's gradient is
-    # unchanged too.
+    # jit(grad(...)), as the trainer runs it, and grad(jit(...)): the sum comes back as the
+    # accumulator's cotangent, the params get none from the scan, the input's is unchanged.
     for got in (
-        jax.jit(jax.grad(loss, argnums=(0, 2)))(params_L, acc_L, x_NxE),
-        jax.grad(jax.jit(loss), argnums=(0, 2))(params_L, acc_L, x_NxE),
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(params_L, acc_L, x_NxE),
+        jax.grad(jax.jit(loss), argnums=(0, 1, 2))(params_L, acc_L, x_NxE),
     ):
         for key in params_L:
             np.testing.assert_allclose(
-                got[0][key], acc_L[key] + plain[0][key], rtol=1e-6, atol=1e-6
+                got[1][key], acc_L[key] + plain[0][key], rtol=1e-6, atol=1e-6
             )
-        np.testing.assert_allclose(got[1], plain[1], rtol=1e-6, atol=1e-6)
+            assert not np.any(got[0][key])
+        np.testing.assert_allclose(got[2], plain[1], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(loss(params_L, acc_L, x_NxE), loss(params_L, None, x_NxE), rtol=1e-7)
 
 
@@ -75,7 +76,7 @@ def test_accumulates_over_a_scan_of_micro_batches():
         return jnp.sum(accumulating_scan.scan_layers(_layer, x, p, grads_into=acc) ** 2)
 
     def summed(p):
-        step = lambda acc, x: (jax.grad(loss)(p, acc, x), None)  # noqa: E731
+        step = lambda acc, x: (jax.grad(loss, argnums=1)(p, acc, x), None)  # noqa: E731
         return jax.lax.scan(step, jax.tree.map(jnp.zeros_like, p), xs_MxNxE)[0]
 
     want = jax.grad(lambda p: sum(loss(p, None, x) for x in xs_MxNxE))(params_L)
@@ -84,11 +85,29 @@ def test_accumulates_over_a_scan_of_micro_batches():
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
 
 
-def test_mismatched_accumulator_is_refused():
+def test_a_misshapen_or_integer_accumulator_is_refused():
     params_L, acc_L, x_NxE = _inputs(2)
-    acc_L["w_in"] = acc_L["w_in"].astype(jnp.bfloat16)
-    with pytest.raises(ValueError, match=r"grads_into leaf bfloat16\[5, 8, 12\] does not match"):
-        accumulating_scan.scan_layers(_layer, x_NxE, params_L, grads_into=acc_L)
+    for bad in (acc_L["w_in"][:, :4], acc_L["w_in"].astype(jnp.int32)):
+        with pytest.raises(ValueError, match=r"grads_into leaf \w+\[5, \d+, 12\] does not match"):
+            accumulating_scan.scan_layers(
+                _layer, x_NxE, params_L, grads_into={**acc_L, "w_in": bad}
+            )
+
+
+def test_an_f32_accumulator_takes_bf16_parameters_gradients():
+    """The sum is the accumulator's cotangent, in its dtype: bf16 params, f32 sums."""
+    params_L, acc_L, x_NxE = _inputs(3)
+    params_L = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params_L)
+
+    def loss(p, acc, x):
+        out = accumulating_scan.scan_layers(_layer, x.astype(jnp.bfloat16), p, grads_into=acc)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    plain = jax.grad(lambda p: loss(p, None, x_NxE))(params_L)
+    got = jax.jit(jax.grad(loss, argnums=1))(params_L, acc_L, x_NxE)
+    for key in params_L:
+        assert got[key].dtype == jnp.float32
+        np.testing.assert_allclose(got[key], acc_L[key] + plain[key].astype(jnp.float32))
 
 
 @pytest.mark.parametrize("remat_policy", [None, "matmuls"])
@@ -112,10 +131,10 @@ def test_decoder_layer_gradients_land_in_the_accumulator(remat_policy):
         return jnp.sum(hidden * jnp.cos(hidden))
 
     plain = jax.grad(loss)(p, None)
-    got = jax.jit(jax.grad(loss))(p, acc_layers)
+    got, sums = jax.jit(jax.grad(loss, argnums=(0, 1)))(p, acc_layers)
     for key in p["layers"]:
         np.testing.assert_allclose(
-            got["layers"][key], acc_layers[key] + plain["layers"][key], rtol=2e-5, atol=2e-6
+            sums[key], acc_layers[key] + plain["layers"][key], rtol=2e-5, atol=2e-6
         )
     np.testing.assert_allclose(got["embed"], plain["embed"], rtol=2e-5, atol=2e-6)
 
@@ -139,13 +158,19 @@ def _micro_trainer(in_place: bool, **sizes):
     return trainer, params, batch
 
 
-@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
-def test_trainer_in_place_accumulation_takes_the_same_steps(compute_dtype):
-    """f32 params, in f32 or bf16 compute (the layer casts them inside the scanned body)."""
+@pytest.mark.parametrize(
+    "param_dtype,compute_dtype",
+    [("float32", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16")],
+)
+def test_trainer_in_place_accumulation_takes_the_same_steps(param_dtype, compute_dtype):
+    """f32 params in f32 or bf16 compute (the layer casts them inside the scanned body), and
+    bf16 params, whose gradients the f32 accumulator sums."""
     tol = 1e-5 if compute_dtype == "float32" else 2e-3
     runs = {}
     for in_place in (True, False):
-        trainer, params, batch = _micro_trainer(in_place, compute_dtype=compute_dtype)
+        trainer, params, batch = _micro_trainer(
+            in_place, param_dtype=param_dtype, compute_dtype=compute_dtype
+        )
         state = trainer.init_state(params)
         history = []
         for _ in range(3):

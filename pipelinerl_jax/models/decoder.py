@@ -157,8 +157,8 @@ def forward_hidden(
     `cache` is None or a pytree whose leaves all have a leading L axis; each layer's slice is
     handed to `attend` and the returned slices are stacked into the new cache.
     layer_grads_into: None, or an accumulator shaped like params["layers"] (no cache, no
-    shared base): differentiating w.r.t. the params then returns it plus the layers'
-    gradient, added in place (models/accumulating_scan.py).
+    shared base): differentiating w.r.t. it then returns it plus the layers' gradient, added
+    in place, and the layers get none (models/accumulating_scan.py).
     """
     cfg = config_of(graphdef)
     family = family_of(cfg)

@@ -25,7 +25,7 @@ micro-batch, B sampler slots; see pipelinerl_jax/__init__.py):
 - gradients: the f32 gradient (count x 4); with A > 1 micro-batches the scan's accumulator
   and the current micro-batch's gradient, which holds only the parameters outside the layers
   (embedding, final norm, head) when the backward adds the layers' into the accumulator in
-  place (trainer.accumulate_in_place, f32 params, no LoRA: models/accumulating_scan.py), and
+  place (trainer.accumulate_in_place, no LoRA: models/accumulating_scan.py), and
   all of them otherwise.
 - sampler_params: `sampler.forward.decode_params`, the sampler's own copy of the version it
   decodes (embedding and layers in compute dtype, plus the LM head [V, E] in the sampler's
@@ -303,7 +303,7 @@ def estimate(cfg, model_cfg: ModelConfig, *, shared_device: bool = True) -> Memo
     micro = cfg.trainer.micro_batches
     gradients = trained * F32
     if micro > 1:
-        in_place = cfg.trainer.accumulate_in_place and not m.lora and p_size == F32
+        in_place = cfg.trainer.accumulate_in_place and not m.lora
         outside_layers = count - param_counts.num_layer_params(m)
         gradients += (outside_layers if in_place else trained) * F32
 

@@ -25,7 +25,7 @@ class TrainerConfig:
     micro_batches: int = 1  # gradient accumulation steps per optimizer step
     # With micro_batches > 1: the layers' gradients are added into the accumulator in place
     # by the backward (models/accumulating_scan.py), so no second full-model gradient is held.
-    # Applies to the built-in loss with f32 params and no LoRA; same values either way.
+    # Applies to the built-in loss without LoRA; same values either way.
     accumulate_in_place: bool = True
     max_consecutive_skips: int = 5  # non-finite steps in a row before check_skips stops the run
     # Causal attention in query blocks of about this many rows (at most 16 blocks), each block

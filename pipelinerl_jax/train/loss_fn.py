@@ -76,8 +76,8 @@ def rl_loss(
     trainer's (each token's lag, for the rollout correction); graphdef,
     loss_cfg and attention_block are the Trainer's. `stats` holds additive sums that
     losses.finalize turns into metrics, "loss" among them. Traced inside the jitted step, once
-    per micro-batch. layer_grads_into: the step's accumulator of the layers' gradients, which
-    differentiating w.r.t. params then returns with this micro-batch's added in place
+    per micro-batch. layer_grads_into: the step's accumulator of the layers' gradients, whose
+    own cotangent is then itself plus this micro-batch's layer gradients, added in place
     (decoder.forward_hidden).
     """
     if attention_block > 0:

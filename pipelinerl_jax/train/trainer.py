@@ -3,8 +3,8 @@
 The step runs on a trainer mesh with axes ("fsdp", "tp"): params and optimizer moments are
 sharded by the logical-axis rules of pipelinerl_jax.sharding, batch rows are split over "fsdp".
 It is compiled once, with explicit in/out shardings, and donates the old state. Inside:
-gradient accumulation over micro-batches with lax.scan (f32 accumulators; with f32 params
-and the built-in loss the backward adds the layers' gradients into the accumulator in place,
+gradient accumulation over micro-batches with lax.scan (f32 accumulators; with the built-in
+loss the backward adds the layers' gradients into the accumulator in place,
 models/accumulating_scan.py, so no second full gradient is held), the loss
 (`rl_loss`, train/loss_fn.py: the model forward and the registered objective of
 rl/objectives.py), global-norm clipping, then optax AdamW (warm-up + cosine or constant, no decay on norms and
@@ -82,12 +82,18 @@ def _micro_split(x, m: int, mesh: Mesh, batch_axis: str | None):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def _add_outside_layers(acc, grads):
-    """acc + grads, except under "layers", where grads already hold the sum."""
+def _accumulated(acc, grads, layers: dict):
+    """acc + grads (params' structure; grads in f32), except under "layers", whose leaves are
+    taken from `layers` (a dict holding the sums already)."""
+
+    def dict_keys(path):
+        return tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+
+    sums = {dict_keys(path): x for path, x in jax.tree_util.tree_leaves_with_path(layers)}
 
     def add(path, a, g):
-        top = path[0]
-        return g if getattr(top, "key", getattr(top, "name", None)) == "layers" else a + g
+        keys = dict_keys(path)
+        return sums[keys[1:]] if keys[0] == "layers" else a + g.astype(jnp.float32)
 
     return jax.tree_util.tree_map_with_path(add, acc, grads)
 
@@ -147,20 +153,20 @@ def _train_step(
     else:
         micro = {k: _micro_split(getattr(batch, k), m, mesh, batch_axis) for k in TOKEN_FIELDS}
         in_place = cfg.accumulate_in_place and loss_fn is None and frozen is None
-        in_place = in_place and all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
 
         def add_micro_grads(acc_grads, xs):
             if in_place:
-                # The layers' gradients come back with the accumulator already added (in place,
-                # by the backward); only the small rest (embedding, norms, head) is added here.
+                # The layers' gradients come back as the accumulator's own cotangent, added
+                # into it in place by the backward; only the small rest (embedding, norms,
+                # head) is added here. The params' layer entries get none (zeros, unused).
                 layer_fn = lambda p, acc_layers, ref, b: objective(  # noqa: E731
                     p, ref, b, layer_grads_into=acc_layers
                 )
                 acc_layers = decoder.arrays(acc_grads)["layers"]
-                g, s = jax.grad(layer_fn, has_aux=True)(
+                (g, acc_layers), s = jax.grad(layer_fn, argnums=(0, 1), has_aux=True)(
                     state.params, acc_layers, ref, batch.replace(**xs)
                 )
-                return _add_outside_layers(acc_grads, g), s
+                return _accumulated(acc_grads, g, acc_layers), s
             g, s = grad_fn(state.params, ref, batch.replace(**xs))
             return jax.tree.map(jnp.add, acc_grads, _f32(g)), s
 
