@@ -172,6 +172,9 @@ STEPS: tuple[Step, ...] = (
     # 2026-11-29.
     Step("real_profile", ("bench/real_profile.py", "--steps=6"), 20, current_since="2026-11-29"),
     Step("accumulation", ("bench/bench_accumulation.py",), 20),
+    # What a checkpoint save adds to the peak (written in place on CPU since 2026-11-29):
+    # 2 min on the EPYC.
+    Step("checkpoint_memory", ("bench/bench_checkpoint_memory.py",), 10),
 )
 
 # What a need is, how to tell it is there, and the one command that provides it.

@@ -584,3 +584,30 @@ def test_accumulation_rows_say_time_memory_and_whether_the_step_matched(tmp_path
     ) in report.table()
     (tmp_path / "accumulation.json").write_text(json.dumps(dict(d, same_first_step=False)))
     assert "(first step DIFFERS)" in report.table()
+
+
+def test_checkpoint_memory_rows_compare_the_cpu_default_with_a_background_write(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    rows = [
+        dict(form="async", state_gib=1.5, inflight_bytes=None, peak_growth_gib=2.0, written_s=2.0),
+        dict(
+            form="sync_unbounded",
+            state_gib=1.5,
+            inflight_bytes=None,
+            peak_growth_gib=0.4,
+            written_s=1.9,
+        ),
+        dict(
+            form="sync_bounded",
+            state_gib=1.5,
+            inflight_bytes=2**28,
+            peak_growth_gib=0.25,
+            written_s=1.5,
+        ),
+    ]
+    (tmp_path / "checkpoint_memory.json").write_text(json.dumps(dict(rows=rows)))
+    table = report.table()
+    assert "with 256 MiB in flight" in table
+    assert "| +0.25 GiB, 1.5 s | +2.00 GiB, 2.0 s | 0.12x memory, 0.75x time |" in table

@@ -109,13 +109,99 @@ def test_async_save_survives_donation(setup, tmp_path):
     _, state, abstract = setup
     saved = randomize(state, 2)
     expected = host(saved)
-    ckpt = ck.RunCheckpointer(tmp_path)
+    ckpt = ck.RunCheckpointer(tmp_path, async_save=True)
     ckpt.save(1, saved, {})
     for x in jax.tree.leaves(saved):
         x.delete()
     ckpt.close()
     _, restored, _ = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(host(restored), expected))
+
+
+def test_on_cpu_a_save_is_synchronous_and_bounded_by_the_largest_leaf(setup, tmp_path):
+    """CPU: no background copy of the state; the bound covers two f32 copies of the model's
+    largest leaf; the step is on disk when save returns, and restores bit for bit."""
+    _, state, abstract = setup
+    saved = randomize(state, 5)
+    ckpt = ck.RunCheckpointer(tmp_path, model_config=CFG)
+    assert ckpt.async_save is False
+    largest = max(x.size for x in jax.tree.leaves(decoder.abstract_init(CFG)[1])) * 4
+    assert ckpt.save_inflight_bytes == max(2 * largest, ck._MIN_INFLIGHT_BYTES)
+    assert ckpt.save(1, saved, {"step": 1})
+    assert (tmp_path / "checkpoints" / "1").is_dir()  # written, not pending
+    ckpt.close()
+    _, restored, extra = ck.RunCheckpointer(tmp_path).restore_latest(abstract)
+    assert_bit_identical(restored, saved)
+    assert extra == {"step": 1}
+
+
+def test_a_leaf_larger_than_the_bound_is_refused_before_anything_is_written(setup, tmp_path):
+    _, state, _ = setup
+    largest = max(x.nbytes for x in jax.tree.leaves(state))
+    ckpt = ck.RunCheckpointer(tmp_path, async_save=False, save_inflight_bytes=largest - 1)
+    with pytest.raises(ConfigError, match=r"has \d+ bytes, more than save_inflight_bytes=") as e:
+        ckpt.save(1, randomize(state, 1), {})
+    assert "\n" not in str(e.value)
+    ckpt.close()
+    assert ck.RunCheckpointer(tmp_path).steps() == []
+    assert not any("tmp" in p for p in os.listdir(tmp_path / "checkpoints"))
+
+
+_BOUNDED = textwrap.dedent("""
+    import sys, threading, time
+    import jax, jax.numpy as jnp
+    from pipelinerl_jax import glibc_malloc
+    from pipelinerl_jax.train import checkpoint as ck
+    from pipelinerl_jax.train.trainer import TrainState
+    glibc_malloc.limit_arenas()
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+    key = jax.random.key(0)
+    def z():
+        return jnp.zeros((), jnp.int32)
+    leaves = {f"w{i}": jax.random.normal(jax.random.fold_in(key, i), (4096, 1024))
+              for i in range(16)}                               # 16 leaves of 16 MiB
+    state = TrainState(step=z(), version=z(), params=leaves, opt_state=(), ref_params=None,
+                       skipped=z(), consecutive_skips=z())
+    jax.block_until_ready(state)
+    grown = []
+    for bound in (2 * 16 * 2**20, None):                        # two leaves, unbounded
+        glibc_malloc.release()
+        base = rss()
+        peak, stop = [base], [False]
+        def sample():
+            while not stop[0]:
+                peak[0] = max(peak[0], rss())
+                time.sleep(0.002)
+        thread = threading.Thread(target=sample)
+        thread.start()
+        with ck.RunCheckpointer(f"{sys.argv[1]}/{bound}", async_save=False,
+                                save_inflight_bytes=bound) as ckpt:
+            ckpt.save(1, state, {})
+        stop[0] = True
+        thread.join()
+        grown.append((peak[0] - base) / 2**20)
+    print(*grown)
+""")
+
+
+def test_a_bounded_save_holds_a_fraction_of_the_state(tmp_path):
+    """A 256 MiB state saved with a bound of two leaves grows the process by well under half
+    of it; unbounded, the same save holds most of a second copy (the contrast shows the
+    measurement can tell)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", _BOUNDED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    bounded_mib, unbounded_mib = map(float, out.stdout.split())
+    assert bounded_mib < 96, (bounded_mib, unbounded_mib)
+    assert unbounded_mib > 128, (bounded_mib, unbounded_mib)
 
 
 def test_keep_last_k(setup, tmp_path):
@@ -386,7 +472,7 @@ _KILLED = textwrap.dedent("""
         params = {"w": jnp.asarray(np.full((n, 1024), step, np.float32))}
         return TrainState(step=z, version=z, params=params, opt_state=(), ref_params=None,
                           skipped=z, consecutive_skips=z)
-    ckpt = ck.RunCheckpointer(sys.argv[1])
+    ckpt = ck.RunCheckpointer(sys.argv[1], async_save=True)
     ckpt.save(1, state(1, 8), {"step": 1})
     ckpt.wait()
     ckpt.save(2, state(2, 65536), {"step": 2})   # 256 MiB, written in the background

@@ -208,6 +208,23 @@ def accumulation_rows(d):
     ]
 
 
+def checkpoint_memory_rows(d):
+    rows = {r["form"]: r for r in d["rows"]}
+    ours, theirs = rows["sync_bounded"], rows["async"]
+    return [
+        (
+            f"{REAL}: saving a checkpoint of the {ours['state_gib']:.1f} GiB train state, "
+            "the next step donating it: peak RSS above the state, s until written "
+            f"(written in place with {ours['inflight_bytes'] / 2**20:.0f} MiB in flight, the "
+            "CPU default, vs written in the background from a host copy)",
+            f"+{ours['peak_growth_gib']:.2f} GiB, {ours['written_s']:.1f} s",
+            f"+{theirs['peak_growth_gib']:.2f} GiB, {theirs['written_s']:.1f} s",
+            f"{ours['peak_growth_gib'] / theirs['peak_growth_gib']:.2f}x memory, "
+            f"{ours['written_s'] / theirs['written_s']:.2f}x time",
+        )
+    ]
+
+
 def real_packing_rows(d):
     sh, un = d["shared"], d["unshared"]
     return [

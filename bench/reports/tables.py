@@ -103,6 +103,12 @@ SECTIONS = (
         "summed accumulation",
         real_rows.accumulation_rows,
     ),
+    (
+        "checkpoint_memory",
+        "python bench/bench_checkpoint_memory.py",
+        "a background write",
+        real_rows.checkpoint_memory_rows,
+    ),
     ("vs_tunix", "python bench/bench_vs_tunix.py", "Tunix GRPOLearner", real_rows.vs_tunix_rows),
     ("vs_trl", "python bench/bench_vs_trl.py", "TRL GRPOTrainer", real_rows.vs_trl_rows),
     (

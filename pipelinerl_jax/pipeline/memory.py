@@ -70,8 +70,10 @@ GB with remat, 4.15 GB with remat and 4 micro-batches (the trainer's items and R
 alone: 13.8, 4.0 and 3.8 GiB); a whole pipeline run (plus a 16-slot x 288-token f32 sampler,
 no remat) 15.85 GB (estimate 15.1 GiB): within 12% of either reading of "GB" (10^9 or 2^30
 bytes). configs/smollm2_math.py (remat keeping the matmuls, shared prompts, 16 one-row
-micro-batches, evaluation on) peaked at 4.31 GiB over a 48-step launched run, estimate 4.6
-GiB (4.98 and 5.0 before the layers' gradients were added in place, 2026-11-29); with LoRA
+micro-batches, evaluation on, a checkpoint every 10 steps) peaked at 4.61 GiB over a 48-step
+launched run, estimate 4.6 GiB (2026-11-29; 4.31 in a run checkpointing only at its end, whose
+steps before the first checkpoint already peaked 0.15 GiB lower: steps vary that much from
+run to run; 4.98 and 5.0 before the layers' gradients were added in place); with LoRA
 rank 16 at 2.74 GiB, estimate 2.6 (bench/real_learning.py, 2026-11-28). The sum of every
 item's peak, the model before the phases, says 6.5 and 2.7. XLA's own buffer assignment of
 that train step (compiled.memory_analysis(), CPU) has 1.04 GiB of temporaries where
@@ -80,6 +82,11 @@ gradients + activations count 1.21 (1.44 and 1.60 in the summed form).
 The runtime items are calibrated on SmolLM2 runs and lean high for toy models: the default
 config (a 2-layer, 0.4M-parameter model) peaked at 0.54 GiB over its 1000 steps against 1.1
 estimated (bench/rss_trace.py around `python launch.py`, 2026-11-28).
+
+A checkpoint save is not a phase of its own: on CPU it is written between steps with at most
+two of the largest leaves in flight (train/checkpoint.py; ~0.2 GiB above what is held for
+SmolLM2-135M, less than any phase above), and on an accelerator its host copy is outside the
+device's memory.
 
 Not modelled: sharding (everything is counted as if one device held it; on a sharded mesh
 params, moments and gradients divide over the fsdp x tp devices), the reference model's forward

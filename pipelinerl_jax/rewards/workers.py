@@ -292,15 +292,19 @@ class RewardPool:
         worker.kill()
         with self._lock:
             self._workers.remove(worker)
-        if worker.task_id is not None and verdict is not None:
-            self._resolve(worker.task_id, verdict)
         if worker.served == 0 and worker.task_id is None and not worker.ready:
             self.stats["startup_deaths"] += 1
-        if self.stats["startup_deaths"] >= _MAX_STARTUP_DEATHS and not self._closed:
-            self._give_up(f"{self.stats['startup_deaths']} workers died while starting")
-            return
-        if not self._closed and not self._broken:
+        giving_up = self.stats["startup_deaths"] >= _MAX_STARTUP_DEATHS and not self._closed
+        replace = not giving_up and not self._closed and not self._broken
+        # Counted before the verdict resolves, so whoever gets a timeout verdict reads stats
+        # that already include its worker's replacement.
+        if replace:
             self.stats["restarts"] += 1
+        if worker.task_id is not None and verdict is not None:
+            self._resolve(worker.task_id, verdict)
+        if giving_up:
+            self._give_up(f"{self.stats['startup_deaths']} workers died while starting")
+        elif replace:
             self._spawn()
 
     def _died(self, worker: _Worker) -> None:
