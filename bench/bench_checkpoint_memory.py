@@ -42,9 +42,10 @@ GiB = 2**30
 
 def one_save(form: str, workdir: str) -> dict:
     """In this process: the real train state, one save in `form`, one donating update."""
-    import threading
+    import os
     import time
 
+    from bench.rss_trace import RssTrace, rss_bytes
     from pipelinerl_jax import glibc_malloc
 
     glibc_malloc.limit_arenas()  # as launch.py does, before JAX starts its threads
@@ -70,10 +71,6 @@ def one_save(form: str, workdir: str) -> dict:
     step = jax.jit(lambda s: jax.tree.map(lambda x: x + 1 if x.ndim else x, s), donate_argnums=0)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
 
-    def rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-
     kwargs = {
         "async": dict(async_save=True),
         "sync_unbounded": dict(async_save=False),
@@ -84,30 +81,20 @@ def one_save(form: str, workdir: str) -> dict:
     ckpt = ck.RunCheckpointer(workdir, **kwargs)
     jax.block_until_ready(state)
     glibc_malloc.release()
-    base = rss()
-    peak, stop = [base], [False]
-
-    def sample():
-        while not stop[0]:
-            peak[0] = max(peak[0], rss())
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=sample)
-    thread.start()
-    t0 = time.perf_counter()
-    ckpt.save(1, state, {"step": 1})
-    returned_s = time.perf_counter() - t0
-    state = jax.block_until_ready(step(state))
-    ckpt.wait()
-    written_s = time.perf_counter() - t0
-    stop[0] = True
-    thread.join()
+    base = rss_bytes(os.getpid())
+    with RssTrace(os.getpid(), None, interval_s=0.01) as trace:
+        t0 = time.perf_counter()
+        ckpt.save(1, state, {"step": 1})
+        returned_s = time.perf_counter() - t0
+        state = jax.block_until_ready(step(state))
+        ckpt.wait()
+        written_s = time.perf_counter() - t0
     ckpt.close()
     return dict(
         form=form,
         state_gib=state_bytes / GiB,
         inflight_bytes=ckpt.save_inflight_bytes,
-        peak_growth_gib=(peak[0] - base) / GiB,
+        peak_growth_gib=(trace.peak_bytes - base) / GiB,
         returned_s=returned_s,
         written_s=written_s,
     )

@@ -42,12 +42,15 @@ def rss_bytes(pid: int) -> int | None:
 
 
 class RssTrace:
-    """Samples a process's RSS in a thread until it exits or the trace stops; writes a CSV."""
+    """Samples a process's RSS in a thread until it exits or the trace stops; writes a CSV
+    (unless `path` is None: then the samples and `peak_bytes` are all it gives, e.g. of this
+    process around one call)."""
 
-    def __init__(self, pid: int, path: Path | str, *, interval_s: float = 0.2):
+    def __init__(self, pid: int, path: Path | str | None, *, interval_s: float = 0.2):
         if interval_s <= 0:
             raise ValueError(f"interval_s={interval_s} must be > 0")
-        self.pid, self.path, self.interval_s = pid, Path(path), interval_s
+        self.pid, self.interval_s = pid, interval_s
+        self.path = None if path is None else Path(path)
         self.samples: list[tuple[float, int]] = []  # (seconds since start, bytes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -70,8 +73,15 @@ class RssTrace:
         self._thread.join()
         self.write()
 
+    @property
+    def peak_bytes(self) -> int:
+        """The largest sample so far (0 before the first)."""
+        return max((b for _, b in self.samples), default=0)
+
     def write(self) -> None:
         """The samples as CSV (written to a temporary name first: never half a file)."""
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", newline="") as f:

@@ -148,14 +148,13 @@ def test_a_leaf_larger_than_the_bound_is_refused_before_anything_is_written(setu
 
 
 _BOUNDED = textwrap.dedent("""
-    import sys, threading, time
+    import os, sys
     import jax, jax.numpy as jnp
+    from bench.rss_trace import RssTrace, rss_bytes
     from pipelinerl_jax import glibc_malloc
     from pipelinerl_jax.train import checkpoint as ck
     from pipelinerl_jax.train.trainer import TrainState
     glibc_malloc.limit_arenas()
-    def rss():
-        return int(open("/proc/self/statm").read().split()[1]) * 4096
     key = jax.random.key(0)
     def z():
         return jnp.zeros((), jnp.int32)
@@ -167,20 +166,12 @@ _BOUNDED = textwrap.dedent("""
     grown = []
     for bound in (2 * 16 * 2**20, None):                        # two leaves, unbounded
         glibc_malloc.release()
-        base = rss()
-        peak, stop = [base], [False]
-        def sample():
-            while not stop[0]:
-                peak[0] = max(peak[0], rss())
-                time.sleep(0.002)
-        thread = threading.Thread(target=sample)
-        thread.start()
-        with ck.RunCheckpointer(f"{sys.argv[1]}/{bound}", async_save=False,
-                                save_inflight_bytes=bound) as ckpt:
-            ckpt.save(1, state, {})
-        stop[0] = True
-        thread.join()
-        grown.append((peak[0] - base) / 2**20)
+        base = rss_bytes(os.getpid())
+        with RssTrace(os.getpid(), None, interval_s=0.002) as trace:
+            with ck.RunCheckpointer(f"{sys.argv[1]}/{bound}", async_save=False,
+                                    save_inflight_bytes=bound) as ckpt:
+                ckpt.save(1, state, {})
+        grown.append((trace.peak_bytes - base) / 2**20)
     print(*grown)
 """)
 
