@@ -157,7 +157,9 @@ class RunCheckpointer:
         if keep < 1:
             raise ConfigError(f"checkpoint_keep={keep} must be >= 1")
         if async_save is None:
-            async_save = not on_cpu()
+            # A read-only opener never saves: it must not start JAX's backend to find out
+            # (a launch's preflight reads checkpoints before jax.distributed is set up).
+            async_save = False if read_only else not on_cpu()
         if save_inflight_bytes is None and not async_save and model_config is not None:
             save_inflight_bytes = inflight_bytes_for(model_config)
         self.async_save = async_save
