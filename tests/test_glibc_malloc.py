@@ -95,8 +95,18 @@ def test_release_returns_the_free_pages_inside_the_heap():
 
 @pytest.mark.parametrize("trim", [True, False])
 def test_a_run_releases_before_every_train_step_unless_told_not_to(tmp_path, monkeypatch, trim):
+    """...after the last publish's preparation has ended (its copies are freed by then)."""
+    from pipelinerl_jax.pipeline.weights import Publisher
+
     calls = []
-    monkeypatch.setattr(glibc_malloc, "release", lambda: calls.append(1) or True)
+    wait = Publisher.wait_prepared
+
+    def waited(self):
+        wait(self)
+        calls.append("wait")
+
+    monkeypatch.setattr(Publisher, "wait_prepared", waited)
+    monkeypatch.setattr(glibc_malloc, "release", lambda: calls.append("release") or True)
     cfg = presets.tiny(steps=3, checkpoint_every=0, eval_every=0, trim_host_memory=trim)
     assert pipeline.run(cfg, tmp_path / "run")["steps"] == 3
-    assert len(calls) == (3 if trim else 0)
+    assert calls == (["wait", "release"] * 3 if trim else [])

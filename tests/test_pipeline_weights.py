@@ -99,3 +99,32 @@ def test_host_leaves_count_as_arrived():
     staged = publisher.take_newer(2)  # when_ready: numpy leaves have no is_ready
     assert staged is not None and staged.version == 3
     np.testing.assert_array_equal(staged.params["b"], np.asarray(_params(3)["b"]))
+
+
+class _Blocking:
+    """A prepared leaf that counts the waits for it."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def block_until_ready(self):
+        self.waits += 1
+        return self
+
+
+def test_wait_prepared_waits_for_the_last_publish_once_and_then_forgets_it():
+    leaves = []
+
+    def prepare(params):
+        leaves.append(_Blocking())
+        return {"w": leaves[-1], "b": _copy(params)["b"]}
+
+    publisher = Publisher(prepare)
+    publisher.wait_prepared()  # nothing published yet: nothing to wait for
+    publisher.publish(_params(1), 1)
+    publisher.publish(_params(2), 2)
+    publisher.wait_prepared()
+    assert [leaf.waits for leaf in leaves] == [0, 1]  # the last publish only
+    publisher.wait_prepared()
+    assert leaves[1].waits == 1  # forgotten: the publisher holds no params of its own
+    assert publisher.take_newer(1, when_ready=False).version == 2  # still staged for the sampler

@@ -417,7 +417,9 @@ class Coordinator:
             batch, host_stats = build_batch(samples, self.cfg.batch)
             if self.cfg.trim_host_memory:
                 # Between two steps the decode chunks' small temporaries fragment the heap the
-                # last step's freed: a step starting from what is live peaks lower.
+                # last step's freed: a step starting from what is live peaks lower. The last
+                # publish's copies must be gone first, or their pages come free only after.
+                self.publisher.wait_prepared()
                 glibc_malloc.release()
             self.state, device_metrics = self.trainer.train_step(self.state, batch)
             version = self.step + 1

@@ -56,6 +56,7 @@ class Publisher:
         self._staged: Staged | None = None
         self.keep_all = keep_all
         self._kept: dict[int, Staged] = {}  # keep_all: published, not yet taken
+        self._preparing = None  # the last published params until wait_prepared sees them done
         self.published = 0
         self.skipped = 0  # versions replaced before the sampler took them
 
@@ -66,6 +67,7 @@ class Publisher:
         t0 = time.perf_counter()
         staged = Staged(params=self._prepare(params), version=version, staged_at=t0)
         with self._lock:
+            self._preparing = staged.params
             self.published += 1
             if self.keep_all:
                 self._kept[version] = staged
@@ -74,6 +76,18 @@ class Publisher:
                 self.skipped += 1
             self._staged = staged
         return True
+
+    def wait_prepared(self) -> None:
+        """Blocks until the last published params are prepared, then forgets them.
+
+        A preparation (the sampler's copy and its conversion) runs asynchronously after
+        publish returns, and its transient copies are freed when it ends: the trainer waits
+        for that before handing free heap pages back to the kernel (glibc_malloc.release),
+        or the next step starts on top of pages those copies freed a moment later."""
+        with self._lock:
+            params, self._preparing = self._preparing, None
+        if params is not None:
+            jax.block_until_ready(params)
 
     def take_version(self, version: int) -> Staged | None:
         """keep_all: the params of exactly `version` once published (older ones are dropped),
