@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 FORMS = ("async", "sync_unbounded", "sync_bounded")
 GiB = 2**30
 
@@ -112,9 +112,7 @@ def main() -> int:
     if args.rounds < 1:
         print(f"--rounds={args.rounds}: give at least 1", file=sys.stderr)
         return 2
-    if not (MODEL_DIR / "config.json").exists():
-        print(f"{MODEL_DIR} is missing: run `make real-model` first", file=sys.stderr)
-        return 2
+    common.require_model(MODEL_DIR)
     load = common.warn_if_busy()
     import tempfile
 

@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common, row_results  # noqa: E402
 from bench.bench_decode import bench_pair  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 PROMPT_LEN = 64
 GOALS = {"float32": 2.5, "bfloat16": 1.5}
 DEFAULT_BATCHES = (1, 8, 16, 64)
@@ -103,13 +102,7 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         print(f"error: --repeats={args.repeats}: give 1 or more", file=sys.stderr)
         return 2
-    path = Path(args.model)
-    if not (path / "config.json").is_file():
-        print(
-            f"error: --model={path} has no config.json; `make real-model` fetches SmolLM2",
-            file=sys.stderr,
-        )
-        return 2
+    path = common.require_model(args.model)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     new_tokens = 16 if args.quick else args.new_tokens
     repeats = 1 if args.quick else args.repeats

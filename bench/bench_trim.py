@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 STEADY_FROM = 2  # steps 0-1 include compilation or cache loads and the pipeline's fill
 
 
@@ -94,9 +94,7 @@ def main() -> None:
     if args.steps < STEADY_FROM + 3 or args.repeats < 1:
         print(f"error: use --steps >= {STEADY_FROM + 3} and --repeats >= 1", file=sys.stderr)
         sys.exit(2)
-    if not (MODEL_DIR / "config.json").exists():
-        print(f"error: {MODEL_DIR} is missing: run `make real-model` first", file=sys.stderr)
-        sys.exit(2)
+    common.require_model(MODEL_DIR)
     load = common.warn_if_busy()
     root = Path(tempfile.mkdtemp(prefix="bench_trim_"))
     try:

@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 GROUP, BATCH, MAX_NEW, TEMPERATURE, LR = 4, 16, 144, 0.8, 1e-5
 WARMUP_STEPS = 2  # steps excluded from the steady-state figures
 GOAL = {"samples_per_s_ratio": 3.0}
@@ -395,8 +395,7 @@ def main() -> int | None:
             decode_widths=args.decode_widths,
             compute_dtype=args.compute_dtype,
         )
-    if not (MODEL_DIR / "config.json").exists():
-        raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
+    common.require_model(MODEL_DIR)
     try:
         import trl  # noqa: F401
     except ImportError:

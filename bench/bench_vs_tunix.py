@@ -191,8 +191,7 @@ def tunix_side(steps: int, train_micro_batch: int) -> dict:
 
 
 def check_tunix_venv() -> None:
-    if not (MODEL_DIR / "config.json").exists():
-        raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
+    common.require_model(MODEL_DIR)
     if not TUNIX_PY.exists():
         raise SystemExit(f"{TUNIX_PY} is missing: run `make tunix-venv` first")
 

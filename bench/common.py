@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Where `make real-model` puts SmolLM2-135M-Instruct (the real-model benches' default).
+REAL_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Instruct"
 
 # The one model shape every benchmark of the project uses (57.9M params, untied head).
 BENCH_MODEL = dict(
@@ -69,6 +71,16 @@ def bench_model_config(quick: bool = False, compute_dtype: str = "float32"):
         compute_dtype=compute_dtype,
         **shape,
     )
+
+
+def require_model(model_dir) -> Path:
+    """model_dir as a Path if it holds an HF model (its config.json); otherwise one line on
+    stderr saying how to get one, and exit code 2 (bad input), before anything is timed."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        print(f"error: no model at {model_dir}: run `make real-model` first", file=sys.stderr)
+        raise SystemExit(2)
+    return model_dir
 
 
 def load_average() -> dict:

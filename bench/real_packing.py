@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 ROUNDS = 3
 
 
@@ -117,8 +117,7 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args.worker, Path(args.out))
-    if not (MODEL_DIR / "config.json").exists():
-        raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
+    common.require_model(MODEL_DIR)
     load = common.warn_if_busy()
     results = {}
     for layout in ("shared", "unshared"):

@@ -45,7 +45,7 @@ from bench import common  # noqa: E402
 from pipelinerl_jax import glibc_malloc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 GOAL_PIPELINE_OVER_SERIAL = 0.8
 
 
@@ -282,8 +282,7 @@ def main() -> None:
     )
     args = p.parse_args()
     glibc_malloc.limit_arenas()  # as launch.py does, before JAX starts its threads
-    if not (MODEL_DIR / "config.json").exists():
-        raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
+    common.require_model(MODEL_DIR)
     load = common.warn_if_busy()
     t_launch = time.perf_counter()
     cfg = real_config(args.steps, args.warm_cache, trim=not args.no_trim)

@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 # The model's own final-answer forms, which a boxed-answer reward does not read.
 PLAIN_ANSWER = re.compile(r"(?:answer is|####)\s*:?\s*\$?(-?[\d,]+(?:\.\d+)?)")
 
@@ -83,8 +82,7 @@ def main() -> None:
     p.add_argument("--variants", default="paper,described_in_system,asked_in_user,one_shot")
     p.add_argument("--max_new_tokens", type=int, default=192)
     args = p.parse_args()
-    if not (MODEL_DIR / "config.json").exists():
-        raise SystemExit(f"{MODEL_DIR} is missing: run `make real-model` first")
+    common.require_model(MODEL_DIR)
     from pipelinerl_jax.pipeline.compile_watch import enable_persistent_cache
 
     enable_persistent_cache("auto")

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import common  # noqa: E402
 
-MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+MODEL_DIR = common.REAL_MODEL_DIR
 FLAG_SETS = {
     "default": "",
     "onednn": "--xla_cpu_use_onednn=true",
@@ -152,10 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--child", default=None, help="(internal) time one side: DTYPE:SIDE")
     args = p.parse_args(argv)
-    model_dir = Path(args.model_dir)
-    if not (model_dir / "config.json").exists():
-        print(f"no model at {model_dir}: run `make real-model` first", file=sys.stderr)
-        return 2
+    model_dir = common.require_model(args.model_dir)
     sides, dtypes = args.sides.split(","), args.dtypes.split(",")
     unknown = sorted(set(sides) - set(SIDES))
     if unknown:

@@ -82,7 +82,11 @@ def test_train_step_xla_refuses_bad_flags_in_one_line(argv, says, capsys, tmp_pa
     if not any(a.startswith("--model_dir") for a in argv):
         (tmp_path / "config.json").write_text("{}")  # a model dir that passes the check
         argv = [*argv, f"--model_dir={tmp_path}"]
-    assert train_step_xla.main(argv) == 2
+    try:
+        code = train_step_xla.main(argv)
+    except SystemExit as e:  # common.require_model exits before anything runs
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
 
@@ -94,3 +98,45 @@ def test_bench_gemm_refuses_an_unknown_weight_gradient_form(capsys):
     err = capsys.readouterr().err
     assert "--forms=contract,mkl: use a comma list of contract, copy, copy_values" in err
     assert len(err.strip().splitlines()) == 1
+
+
+REAL_MODEL_BENCHES = [
+    ("bench_accumulation", []),
+    ("bench_checkpoint_memory", []),
+    ("bench_decode_real", ["--model={missing}"]),
+    ("bench_decode_widths", []),
+    ("bench_trim", []),
+    ("bench_vs_trl", []),
+    ("bench_vs_tunix", []),
+    ("real_packing", []),
+    ("real_profile", []),
+    ("real_prompts", []),
+    ("train_step_xla", ["--model_dir={missing}"]),
+]
+
+
+@pytest.mark.parametrize("name, flags", REAL_MODEL_BENCHES, ids=[n for n, _ in REAL_MODEL_BENCHES])
+def test_a_real_model_bench_without_the_model_says_so_in_one_line(
+    name, flags, tmp_path, monkeypatch, capsys
+):
+    """Every bench on the real model stops before timing anything, with exit code 2 and one
+    line naming the directory and `make real-model`, when the weights are not there."""
+    import importlib
+
+    module = importlib.import_module(f"bench.{name}")
+    missing = tmp_path / "no-model"
+    monkeypatch.setattr(module, "MODEL_DIR", missing)
+    argv = [f.format(missing=missing) for f in flags]
+    monkeypatch.setattr(sys, "argv", [f"bench/{name}.py", *argv])
+    with pytest.raises(SystemExit) as exited:
+        module.main(argv) if flags else module.main()
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: no model at {missing}: run `make real-model` first"]
+
+
+def test_require_model_returns_a_model_directory(tmp_path):
+    from bench import common
+
+    (tmp_path / "config.json").write_text("{}")
+    assert common.require_model(str(tmp_path)) == tmp_path
