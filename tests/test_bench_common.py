@@ -108,6 +108,7 @@ REAL_MODEL_BENCHES = [
     ("bench_trim", []),
     ("bench_vs_trl", []),
     ("bench_vs_tunix", []),
+    ("profile_decode", ["--batch=1"]),
     ("real_packing", []),
     ("real_profile", []),
     ("real_prompts", []),
