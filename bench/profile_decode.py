@@ -13,7 +13,8 @@ once under the profiler with XLA's optimized HLO dumped beside the trace, so tha
 attention's products, the stage copies). Prints and writes (bench/results/decode_profile.json):
 - wall ms a decode step (untraced median) and tokens/s;
 - per program (the decode chunk, prefill): thread ms a step and busy cores on average;
-- the op kinds' and the largest single ops' thread ms a step, with their labels;
+- the op kinds' and the largest single ops' thread ms a step, with their labels, and the
+  decode chunk's ops grouped by label (one row for a product every layer runs);
 - one decode step's layer as a timeline (which ops ran alone on one core).
 """
 
@@ -107,6 +108,16 @@ def profile(args, tmp: Path, dump: Path) -> int:
             [dict(e, kind=e["op"]) for e in events if e["module"] == DECODE], per=steps
         )[: args.top]
     ]
+    # The same product in every layer is one row: ops grouped by their label.
+    decode_labels = labels.get(DECODE, {})
+    by_label = xla_trace.op_kinds(
+        [
+            dict(e, kind=decode_labels.get(e["op"], e["kind"]))
+            for e in events
+            if e["module"] == DECODE
+        ],
+        per=steps,
+    )[: args.top]
     programs = {m: xla_trace.busy_threads(events, m) for m in sorted({e["module"] for e in events})}
     for row in programs.values():
         row["per_step_thread_ms"] = row["thread_ms"] / steps
@@ -131,6 +142,7 @@ def profile(args, tmp: Path, dump: Path) -> int:
         programs=programs,
         op_kinds=kinds,
         decode_ops=labelled(single),
+        decode_by_label=by_label,
         timeline=lines,
     )
     print(f"{step_ms:.1f} ms a decode step, {result['tokens_per_s']:.0f} tokens/s (untraced)")
@@ -141,6 +153,7 @@ def profile(args, tmp: Path, dump: Path) -> int:
         )
     common.print_table(kinds, ["module", "kind", "ms", "count", "share"])
     common.print_table(result["decode_ops"], ["op", "ms", "count", "share", "label"])
+    common.print_table(by_label, ["kind", "ms", "count", "share"])
     print("\n".join(lines[:60]))
     if not args.quick:
         common.write_result("decode_profile", result)

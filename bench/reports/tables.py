@@ -125,7 +125,7 @@ SECTIONS = (
     ),
     (
         "real_learning_bf16_sampler",
-        "python bench/real_learning.py --name=real_learning_bf16_sampler --seeds=0 "
+        "python bench/real_learning.py --name=real_learning_bf16_sampler --seeds=0,1,2 "
         "--set=sampler.compute_dtype=bfloat16",
         "full fine-tune, f32 sampler",
         real_rows.real_learning_vs_full("with a bf16 sampler"),
