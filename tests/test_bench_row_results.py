@@ -95,10 +95,10 @@ def test_kind_result_reads_this_kinds_file_and_tolerates_a_broken_one(tmp_path):
         (["--dtypes=float16"], "--dtypes='float16'"),
         (["--temperatures="], "--temperatures=''"),
         (["--repeats=0"], "--repeats=0: give 1 or more"),
-        (["--model=/nonexistent"], "has no config.json"),
     ],
 )
 def test_decode_real_refuses_bad_flags_in_one_line_before_measuring(argv, says, capsys):
+    """(A missing --model: test_bench_common's test of every real-model bench.)"""
     from bench import bench_decode_real
 
     assert bench_decode_real.main(argv) == 2
