@@ -15,7 +15,7 @@ attention's products, the stage copies). Prints and writes (bench/results/decode
 - per program (the decode chunk, prefill): thread ms a step and busy cores on average;
 - the op kinds' and the largest single ops' thread ms a step, with their labels, and the
   decode chunk's ops grouped by label (one row for a product every layer runs);
-- one decode step's layer as a timeline (which ops ran alone on one core).
+- one decode step as a timeline, from its LM head on (which ops ran alone on one core).
 """
 
 from __future__ import annotations
@@ -121,11 +121,13 @@ def profile(args, tmp: Path, dump: Path) -> int:
     programs = {m: xla_trace.busy_threads(events, m) for m in sorted({e["module"] for e in events})}
     for row in programs.values():
         row["per_step_thread_ms"] = row["thread_ms"] / steps
-    decode = [e for e in events if e["module"] == DECODE]
-    # A step in the middle of the run: its longest-running op is the LM head; show from one.
-    mid = decode[len(decode) // 2]["start_us"] if decode else 0.0
+    # One step from the middle of the run, starting at the op with the most time a step that
+    # runs once a step (the LM head): its layers in order, not a chunk's stage copies.
+    once = [r["op"] for r in single if round(r["count"]) == 1] or [r["op"] for r in single]
+    marks = [e for e in events if e["module"] == DECODE and once and e["op"] == once[0]]
+    start = marks[len(marks) // 2]["start_us"] if marks else 0.0
     step_ms = wall_s / steps * 1e3
-    lines = xla_trace.timeline(events, mid, step_ms * 1e3)
+    lines = xla_trace.timeline(events, start, step_ms * 1e3)
     result = dict(
         config=dict(
             model="bench model (--quick)" if args.quick else MODEL_DIR.name,
