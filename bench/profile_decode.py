@@ -95,28 +95,17 @@ def profile(args, tmp: Path, dump: Path) -> int:
     wall_s = statistics.median(times)
     trace = xla_trace.capture(generate, tmp / "trace")
     events = xla_trace.op_events(trace)
-    labels = {m: xla_trace.hlo_labels(dump, m) for m in {e["module"] for e in events}}
+    decode_labels = xla_trace.hlo_labels(dump, DECODE)
+    decode_events = [e for e in events if e["module"] == DECODE]
     steps = new_tokens
-
-    def labelled(rows):
-        return [dict(r, label=labels.get(r["module"], {}).get(r.get("op", ""), "")) for r in rows]
-
     kinds = xla_trace.op_kinds(events, per=steps)[: args.top]
+    # Single ops: each op its own kind. By label: the same product in every layer is one row.
     single = [
-        dict(module=r["module"], op=r["kind"], ms=r["ms"], count=r["count"], share=r["share"])
-        for r in xla_trace.op_kinds(
-            [dict(e, kind=e["op"]) for e in events if e["module"] == DECODE], per=steps
-        )[: args.top]
-    ]
-    # The same product in every layer is one row: ops grouped by their label.
-    decode_labels = labels.get(DECODE, {})
+        dict(r, op=r["kind"], label=decode_labels.get(r["kind"], ""))
+        for r in xla_trace.op_kinds([dict(e, kind=e["op"]) for e in decode_events], per=steps)
+    ][: args.top]
     by_label = xla_trace.op_kinds(
-        [
-            dict(e, kind=decode_labels.get(e["op"], e["kind"]))
-            for e in events
-            if e["module"] == DECODE
-        ],
-        per=steps,
+        [dict(e, kind=decode_labels.get(e["op"], e["kind"])) for e in decode_events], per=steps
     )[: args.top]
     programs = {m: xla_trace.busy_threads(events, m) for m in sorted({e["module"] for e in events})}
     for row in programs.values():
@@ -124,7 +113,7 @@ def profile(args, tmp: Path, dump: Path) -> int:
     # One step from the middle of the run, starting at the op with the most time a step that
     # runs once a step (the LM head): its layers in order, not a chunk's stage copies.
     once = [r["op"] for r in single if round(r["count"]) == 1] or [r["op"] for r in single]
-    marks = [e for e in events if e["module"] == DECODE and once and e["op"] == once[0]]
+    marks = [e for e in decode_events if once and e["op"] == once[0]]
     start = marks[len(marks) // 2]["start_us"] if marks else 0.0
     step_ms = wall_s / steps * 1e3
     lines = xla_trace.timeline(events, start, step_ms * 1e3)
@@ -143,7 +132,7 @@ def profile(args, tmp: Path, dump: Path) -> int:
         tokens_per_s=args.batch * new_tokens / wall_s,
         programs=programs,
         op_kinds=kinds,
-        decode_ops=labelled(single),
+        decode_ops=single,
         decode_by_label=by_label,
         timeline=lines,
     )
