@@ -96,6 +96,19 @@ def test_readme_links_name_files():
     assert not broken, f"README.md links to files that do not exist: {broken}"
 
 
+def test_both_tables_of_pages_name_every_page():
+    """The manual's home page and the README's manual section each link every page, so a new
+    page cannot land where a newcomer never finds it."""
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    for where, text, prefix in (
+        ("docs/index.md", (ROOT / "docs" / "index.md").read_text(), ""),
+        ("README.md", (ROOT / "README.md").read_text().split("\n## The manual\n")[1], "docs/"),
+    ):
+        linked = set(re.findall(rf"\]\({re.escape(prefix)}([a-z_0-9]+\.md)(?:#[^)]*)?\)", text))
+        missing = sorted(pages - linked - {"index.md"})
+        assert not missing, f"{where} links no page {missing}: add a row or an 'Also' link"
+
+
 def test_not_run_blocks_say_why():
     """Only blocks marked `# not run: <why>` are left out, and each says why."""
     for page in sorted(DOCS.glob("*.md")):
