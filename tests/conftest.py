@@ -3,6 +3,8 @@
 import importlib.util
 import os
 import re
+import shutil
+import tempfile
 
 from tests.xla_env import with_fast_compile
 
@@ -16,6 +18,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # LLVM optimisation off for the tests and every process they start (tests/xla_env.py says why);
 # an XLA_FLAGS that chooses a level itself wins.
 os.environ["XLA_FLAGS"] = with_fast_compile(os.environ.get("XLA_FLAGS", ""))
+# One persistent compilation cache for the whole suite, fresh each run (as on CI's clean
+# machine; never the user's ~/.cache). The processes a test launches store every executable
+# that took 0.1 s or more to compile, not only those over the 1 s a real model's run stores:
+# the tiny configs' launches compile the same decode chunks, prefills and train steps in dozens
+# of processes, and loading them made the launching tests ~10% quicker (test_distributed_learns
+# + test_pipeline_resume, alternating: 61-63 s against 69-70). The test processes themselves
+# keep 1 s: the runs a test makes in its own process compile programs few others load, and
+# storing them made those tests ~5% slower (test_pipeline_api + _text_task + _episodes: 38.7
+# and 42.1 s against 36.3 and 40.2). Set here, in the process that starts the xdist workers,
+# so they and what they launch share the folder.
+if "PIPELINERL_JAX_CACHE" not in os.environ:
+    _SUITE_CACHE = tempfile.mkdtemp(prefix="pipelinerl_jax_suite_cache_")
+    os.environ["PIPELINERL_JAX_CACHE"] = _SUITE_CACHE
+else:
+    _SUITE_CACHE = None  # the user's (or the controlling process's): left in place
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")  # for launches
+
+import jax  # noqa: E402  (after the variables above: JAX reads JAX_PLATFORMS when imported)
+
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # for this process
 
 # `make test-jax011` runs the suite on jax 0.11 (Python 3.12), where the registry serves torch
 # only as its CUDA build (gigabytes of NVIDIA wheels). There PIPELINERL_WITHOUT_TORCH=1 leaves
@@ -38,6 +60,11 @@ def pytest_ignore_collect(collection_path, config):
     if _WITHOUT_TORCH and collection_path.suffix == ".py" and _needs_torch(collection_path):
         return True
     return None
+
+
+def pytest_unconfigure(config):
+    if _SUITE_CACHE is not None:  # only the process that made the folder removes it
+        shutil.rmtree(_SUITE_CACHE, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, config):

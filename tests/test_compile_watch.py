@@ -2,6 +2,7 @@
 cache written by one process and loaded by the next (each in its own process: the cache is a
 process-wide JAX setting)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -81,3 +82,37 @@ def test_auto_and_none_mean_the_default_cache_dir(monkeypatch, tmp_path):
         assert set_to["jax_compilation_cache_dir"] == str(tmp_path / "default")
     assert not (tmp_path / "auto").exists()
     assert compile_watch.enable_persistent_cache(tmp_path / "mine") == tmp_path / "mine"
+
+
+_MIN_TIME_CHILD = textwrap.dedent("""
+    import sys, jax
+    from pipelinerl_jax.pipeline.compile_watch import enable_persistent_cache
+    key = "jax_persistent_cache_min_compile_time_secs"
+    enable_persistent_cache(sys.argv[1])
+    print(getattr(jax.config, key))
+    enable_persistent_cache(sys.argv[1], min_compile_time_s=3.0)
+    print(getattr(jax.config, key))
+""")
+
+
+def test_jax_own_variable_sets_the_shortest_compilation_stored(tmp_path):
+    """JAX's $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS (the suite sets 0) wins over our 1 s;
+    an explicit argument wins over both."""
+    from pipelinerl_jax.pipeline.compile_watch import MIN_COMPILE_TIME_ENV
+
+    def child(value):
+        env = {k: v for k, v in os.environ.items() if k != MIN_COMPILE_TIME_ENV}
+        if value is not None:
+            env[MIN_COMPILE_TIME_ENV] = value
+        out = subprocess.run(
+            [sys.executable, "-c", _MIN_TIME_CHILD, str(tmp_path / "cache")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env=env,
+        )
+        return [float(v) for v in out.stdout.split()]
+
+    assert child(None) == [1.0, 3.0]
+    assert child("0.25") == [0.25, 3.0]

@@ -37,14 +37,27 @@ def default_cache_dir() -> Path:
     return Path(root) / "jax_compilation"
 
 
+# JAX's own variable for the shortest compilation worth storing; a value set there wins over
+# ours (1 s), as any JAX user would expect.
+MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+
+
 def enable_persistent_cache(
-    path: str | os.PathLike | None = None, min_compile_time_s: float = 1.0
+    path: str | os.PathLike | None = None, min_compile_time_s: float | None = None
 ) -> Path:
     """Turns on JAX's persistent compilation cache in `path` (None or "auto", the config's
     value: default_cache_dir()).
 
-    Only executables that took at least `min_compile_time_s` to compile are written: the many
-    tiny helper jits would cost more to hash and store than to recompile."""
+    Only executables that took at least `min_compile_time_s` to compile are written (None:
+    $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, else 1 s): a real model's many tiny helper
+    jits would cost more to hash and store than to recompile. Processes that compile the same
+    small programs over and over (the test suite's launches) set it to 0.1."""
+    if min_compile_time_s is None:  # JAX parsed its variable (and refused a bad one) at import
+        min_compile_time_s = (
+            jax.config.jax_persistent_cache_min_compile_time_secs
+            if os.environ.get(MIN_COMPILE_TIME_ENV)
+            else 1.0
+        )
     path = Path(path) if path and path != "auto" else default_cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
