@@ -19,7 +19,9 @@ code, minutes, the result it wrote) to runs/machine_pass/<stamp>/summary.json. I
 is resumed by running it again: finished steps now have this kind's result and are skipped.
 
 What the steps need is checked before any runs (the real model, TRL and peft in .venv, Tunix's
-venv); a missing piece is named in one line with the command that installs it (exit 2).
+venv): a missing piece is named with the command that installs it, the steps that need it are
+passed over (the summary says why; exit 1 at the end) and the others run; when no step can
+run, one line and exit 2.
 """
 
 from __future__ import annotations
@@ -265,6 +267,17 @@ def missing_needs(steps: Sequence[Step], needs=None) -> list[str]:
     return lines
 
 
+def blocked_steps(steps: Sequence[Step], needs=None) -> dict[str, str]:
+    """{step name: its first absent need} for the steps that cannot run."""
+    needs = NEEDS if needs is None else needs
+    present = {n: needs[n][0]() for n in dict.fromkeys(n for s in steps for n in s.needs)}
+    return {
+        s.name: next(n for n in s.needs if not present[n])
+        for s in steps
+        if not all(present[n] for n in s.needs)
+    }
+
+
 def run_step(step: Step, root: Path, python: str, *, resume: bool = False) -> dict:
     """Runs one step to completion or its limit; its output into root/<name>.log. `resume`
     adds the step's resume flags (its result is partial)."""
@@ -346,9 +359,14 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
     if not to_run:
         print("nothing to measure: every step has this kind's result (--all re-measures)")
         return 0
-    absent = missing_needs(to_run, needs)
-    if absent:
+    # A step whose prerequisite is absent is passed over, not the whole pass: an install
+    # that failed (Tunix's venv, TRL) must not cost the figures that need neither.
+    blocked = blocked_steps(to_run, needs)
+    if len(blocked) == len(to_run):
+        absent = missing_needs(to_run, needs)
         return _fail(absent[0] + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""))
+    for line in missing_needs(to_run, needs):
+        print(f"  cannot run: {line}")
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     root = Path(args.root) if args.root else ROOT / "runs" / "machine_pass" / stamp
     if root.exists() and any(root.iterdir()):
@@ -356,6 +374,9 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
     root.mkdir(parents=True, exist_ok=True)
     summary = {"kind": kind, "started": stamp, "steps": []}
     for step in to_run:
+        if step.name in blocked:
+            summary["steps"].append({"step": step.name, "rc": f"missing {blocked[step.name]}"})
+            continue
         print(f"[{time.strftime('%H:%M:%S')}] {step.name} (<= {step.minutes} min)", flush=True)
         row = run_step(step, root, args.python, resume=step.name in resumed)
         row["result_date"] = result_date(common.RESULTS_DIR, step.name, kind)
@@ -364,12 +385,14 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
         (root / "summary.json").write_text(json.dumps(summary, indent=2))
     if not args.no_report:
         subprocess.run([args.python, "bench/report.py", "--write"], cwd=ROOT, check=False)
-    failed = [r["step"] for r in summary["steps"] if r["rc"] != 0]
+    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    failed = [r["step"] for r in summary["steps"] if r["rc"] != 0 and r["step"] not in blocked]
     print(
-        f"done: {len(to_run) - len(failed)} of {len(to_run)} steps measured"
+        f"done: {len(to_run) - len(failed) - len(blocked)} of {len(to_run)} steps measured"
         + (f"; failed: {', '.join(failed)} (logs in {root})" if failed else "")
+        + (f"; not run, a prerequisite missing: {', '.join(blocked)}" if blocked else "")
     )
-    return 1 if failed else 0
+    return 1 if failed or blocked else 0
 
 
 if __name__ == "__main__":

@@ -114,6 +114,35 @@ def test_a_missing_prerequisite_stops_the_pass_before_any_step(capsys, tmp_path,
     assert not (tmp_path / "r").exists()
 
 
+def test_a_missing_prerequisite_passes_over_only_the_steps_that_need_it(
+    capsys, tmp_path, monkeypatch
+):
+    """An install that failed (Tunix's venv, say) must not cost the figures that need none."""
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
+    steps = (
+        Step(
+            "tunix_step", ("-c", "import sys; open(sys.argv[1], 'w')", "{root}/ran"), 1, ("tunix",)
+        ),
+        Step("plain", ("-c", "print('measured')"), 1, ("model",)),
+    )
+    needs = {"tunix": (lambda: False, "make tunix-venv"), "model": (lambda: True, "x")}
+    root = tmp_path / "r"
+    rc = machine_pass.main(
+        [f"--root={root}", "--no_report", f"--python={sys.executable}"], steps=steps, needs=needs
+    )
+    assert rc == 1  # not everything was measured
+    out = capsys.readouterr().out
+    assert "cannot run: tunix is missing (needed by tunix_step): run `make tunix-venv`" in out
+    assert "not run, a prerequisite missing: tunix_step" in out
+    summary = json.loads((root / "summary.json").read_text())
+    assert [(r["step"], r["rc"]) for r in summary["steps"]] == [
+        ("tunix_step", "missing tunix"),
+        ("plain", 0),
+    ]
+    assert "measured" in (root / "plain.log").read_text()
+    assert not (root / "tunix_step.log").exists() and not (root / "ran").exists()
+
+
 def test_the_pass_runs_each_step_logs_it_and_carries_on_past_failures(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
     steps = (
