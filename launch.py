@@ -157,6 +157,14 @@ def main(argv, overrides):
             from pipelinerl_jax.pipeline import determinism
 
             determinism.set_xla_flags()  # before JAX starts its backends
+        if cfg.compile_cache:  # before the workdir: a run refused here leaves nothing behind
+            from pipelinerl_jax.pipeline.compile_watch import cache_path
+
+            config_cli.check_dir(
+                str(cache_path(cfg.compile_cache)),
+                create=not _DRY_RUN.value,
+                where=f"--config.compile_cache={cfg.compile_cache}",
+            )
         if _DRY_RUN.value:
             from pipelinerl_jax.dry_run import dry_run
 

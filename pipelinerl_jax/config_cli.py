@@ -302,9 +302,12 @@ def check_workdir(path: str | None, *, create: bool) -> None:
     create: make it and write a probe file into it (what the run does first); else (dry run)
     leave the disk alone and check that its nearest existing ancestor is a writable directory.
     """
-    if not path:
-        return
-    where = f"--workdir={path}"
+    if path:
+        check_dir(path, create=create, where=f"--workdir={path}")
+
+
+def check_dir(path: str, *, create: bool, where: str) -> None:
+    """check_workdir for any folder a run writes to; `where` names the flag in the message."""
     if create:
         try:
             os.makedirs(path, exist_ok=True)

@@ -229,6 +229,31 @@ def test_unwritable_workdir_is_one_line_and_exit_2(tmp_path, capsys):
     assert blocker.is_file()
 
 
+def test_unusable_compile_cache_is_one_line_and_exit_2_before_the_workdir(tmp_path, capsys):
+    """A compilation cache folder the run cannot make is refused before anything is written:
+    the workdir is not even created, in a run or a dry run."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for extra in ([], ["--dry_run"]):
+        code, _, err = _launch(
+            TINY,
+            f"--config.compile_cache={blocker / 'cache'}",
+            f"--workdir={tmp_path / 'run'}",
+            *extra,
+            capsys=capsys,
+        )
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(
+            f"config error: --config.compile_cache={blocker / 'cache'} is not a writable directory"
+        ), err
+        assert not (tmp_path / "run").exists()
+    # Through the Python API (pipeline.run): the same refusal, as a ConfigError.
+    from pipelinerl_jax.pipeline.compile_watch import enable_persistent_cache
+
+    with pytest.raises(ConfigError, match="cannot use .* as the compilation cache"):
+        enable_persistent_cache(blocker / "cache")
+
+
 def test_check_workdir_creates_only_for_a_run(tmp_path):
     config_cli.check_workdir(str(tmp_path / "new" / "run"), create=False)
     assert not (tmp_path / "new").exists()

@@ -22,6 +22,8 @@ from pathlib import Path
 import jax
 from jax import monitoring
 
+from pipelinerl_jax.errors import ConfigError
+
 _LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # a compilation is about to start
 _COMPILED = "/jax/core/compile/backend_compile_duration"  # it ended (compiled or loaded)
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
@@ -35,6 +37,11 @@ def default_cache_dir() -> Path:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(xdg, "pipelinerl_jax")
     return Path(root) / "jax_compilation"
+
+
+def cache_path(value: str | os.PathLike | None) -> Path:
+    """The folder a config's compile_cache names: None or "auto" mean default_cache_dir()."""
+    return Path(value) if value and value != "auto" else default_cache_dir()
 
 
 # JAX's own variable for the shortest compilation worth storing; a value set there wins over
@@ -58,8 +65,16 @@ def enable_persistent_cache(
             if os.environ.get(MIN_COMPILE_TIME_ENV)
             else 1.0
         )
-    path = Path(path) if path and path != "auto" else default_cache_dir()
-    path.mkdir(parents=True, exist_ok=True)
+    path = cache_path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as e:
+        raise ConfigError(
+            f"compile_cache: cannot use {str(path)!r} as the compilation cache "
+            f"({e.strerror or e}): name a writable folder, or '' to turn the cache off"
+        ) from None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_time_s)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -89,6 +89,8 @@ def run(
         stream = components.stream
     elif prompts is not None:
         stream = prompts = prompts_lib.as_stream(prompts)
+    if cfg.compile_cache:  # a folder it cannot make is refused before the workdir is touched
+        enable_persistent_cache(cfg.compile_cache)
     if workdir:
         Path(workdir).mkdir(parents=True, exist_ok=True)
         # May refuse the config or the resume: config.json stays as it was.
@@ -102,8 +104,6 @@ def run(
         (Path(workdir) / "config.json").write_text(
             json.dumps(config_lib.as_dict(cfg), indent=2, default=str)
         )
-    if cfg.compile_cache:
-        enable_persistent_cache(cfg.compile_cache)
     if components is None:
         check_memory(cfg, echo)  # before anything loads or compiles
     watch = CompileWatch(echo=echo).install()
