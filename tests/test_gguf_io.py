@@ -446,6 +446,10 @@ def test_bad_files(tmp_path, good_gguf, bpe, capsys):
     assert "does not apply to --gguf" in _cli_error(
         [f"--gguf={good_gguf}", f"--workdir={tmp_path}", f"--out={out}"], capsys
     )
+    blocker = tmp_path / "a_file"  # a path under a file: not writable, even as root
+    blocker.write_text("")
+    err = _cli_error([f"--gguf={good_gguf}", f"--out={blocker / 'model'}"], capsys)
+    assert f"--out={blocker / 'model'}: cannot write there" in err and err.count("\n") == 1, err
 
 
 def test_module_entry_point_truncated_file(tmp_path, good_gguf):

@@ -427,8 +427,13 @@ def convert(
     _check_layout(named, cfg)
     np_dtype = _NP_DTYPES[dtype]
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:  # the whole directory is written beside out_dir, then renamed into place
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    except OSError as e:
+        raise ConfigError(
+            f"--out={out_dir}: cannot write there ({e.strerror or e}); pick a writable folder"
+        ) from None
     try:
         shards = _shard_plan(named, np_dtype, max_shard_bytes)
         weight_map, total = {}, 0
