@@ -160,7 +160,7 @@ def main(argv, overrides):
         if cfg.compile_cache:  # before the workdir: a run refused here leaves nothing behind
             from pipelinerl_jax.pipeline.compile_watch import cache_path
 
-            config_cli.check_dir(
+            cli.check_dir(
                 str(cache_path(cfg.compile_cache)),
                 create=not _DRY_RUN.value,
                 where=f"--config.compile_cache={cfg.compile_cache}",

@@ -9,7 +9,9 @@ stderr and exit code 2; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 from absl import flags
@@ -55,3 +57,25 @@ def run(
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def check_dir(path: str, *, create: bool, where: str) -> None:
+    """A one-line ConfigError unless `path` is, or can become, a writable directory; `where`
+    names the flag in the message. create: make it and write a probe file into it (what a run
+    does first); else (a dry run) leave the disk alone and check that its nearest existing
+    ancestor is a writable directory."""
+    if create:
+        try:
+            os.makedirs(path, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".write_check_"):
+                pass  # creating and removing a file is the whole check
+        except OSError as e:
+            raise ConfigError(f"{where} is not a writable directory: {e.strerror or e}") from None
+        return
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(f"{where} is not a writable directory: {probe} is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where} is not a writable directory: {probe} is read-only")

@@ -19,14 +19,13 @@ import difflib
 import importlib.util
 import json
 import os
-import tempfile
 import textwrap
 import types
 import typing
 
 import ml_collections
 
-from pipelinerl_jax import config_schema
+from pipelinerl_jax import cli, config_schema
 from pipelinerl_jax.errors import ConfigError
 
 PREFIX = "--config."
@@ -303,23 +302,4 @@ def check_workdir(path: str | None, *, create: bool) -> None:
     leave the disk alone and check that its nearest existing ancestor is a writable directory.
     """
     if path:
-        check_dir(path, create=create, where=f"--workdir={path}")
-
-
-def check_dir(path: str, *, create: bool, where: str) -> None:
-    """check_workdir for any folder a run writes to; `where` names the flag in the message."""
-    if create:
-        try:
-            os.makedirs(path, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=path, prefix=".write_check_"):
-                pass  # creating and removing a file is the whole check
-        except OSError as e:
-            raise ConfigError(f"{where} is not a writable directory: {e.strerror or e}") from None
-        return
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise ConfigError(f"{where} is not a writable directory: {probe} is a file")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where} is not a writable directory: {probe} is read-only")
+        cli.check_dir(path, create=create, where=f"--workdir={path}")

@@ -168,6 +168,8 @@ def test_prompt_longer_than_context_is_an_error_line(model_dir, tmp_path, capsys
         ("unknown_model", "model directory does not exist"),
         ("n_too_large", "--n=5 must be between 1 and --num_slots=4"),
         ("missing_flag", "--out is required"),
+        ("out_unwritable", "its folder is not a writable directory"),
+        ("out_a_directory", "is a directory; name the JSONL file to write"),
     ],
 )
 def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, match):
@@ -183,8 +185,12 @@ def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, matc
         "--num_slots=4",
         f"--n={5 if case == 'n_too_large' else 1}",
     ]
+    out = {  # a path under a file cannot be created, even as root
+        "out_unwritable": tmp_path / "p.jsonl" / "out.jsonl",
+        "out_a_directory": tmp_path,
+    }.get(case, tmp_path / "out.jsonl")
     if case != "missing_flag":
-        argv.append(f"--out={tmp_path / 'out.jsonl'}")
+        argv.append(f"--out={out}")
     code, err = _run(argv, capsys)
     assert code == 2
     assert match in err and len(err.strip().splitlines()) == 1, err

@@ -103,6 +103,8 @@ def test_cli_reproduce_paper(tmp_path):
         (["--max_lag=2", "--lengths=/nonexistent.json"], "--lengths=/nonexistent.json"),
         (["--devices=1", "--max_lag=2"], "at least 2 devices"),
         (["bogus", "--max_lag=2"], "unknown command"),
+        (["--model=qwen2.5-7b", "--max_lag=2"], "--model only shape(s) a --gpu prediction"),
+        (["--sampler_tp=4", "--compiled=x.json", "--max_lag=2"], "--sampler_tp, --compiled"),
     ],
 )
 def test_cli_bad_requests_exit_2_with_one_line(args, expect):

@@ -271,7 +271,18 @@ def profile_warnings(profile: dict, path: str) -> list[str]:
     return warnings
 
 
+# Flags that only shape a --gpu prediction; without --gpu they would be ignored in silence.
+_GPU_ONLY = ("model", "sampler_tp", "compiled")
+
+
 def run_plan() -> None:
+    if not _GPU.value:
+        given = [f"--{name}" for name in _GPU_ONLY if flags.FLAGS[name].present]
+        if given:
+            raise PlanError(
+                f"{', '.join(given)} only shape(s) a --gpu prediction: add --gpu=h100 (or "
+                "h200), or leave them out to plan from --profile's measured rates"
+            )
     if _MAX_LAG.value is None:
         raise PlanError(
             "--max_lag is required: the staleness (optimizer steps) your algorithm "
