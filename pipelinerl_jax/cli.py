@@ -79,3 +79,11 @@ def check_dir(path: str, *, create: bool, where: str) -> None:
         raise ConfigError(f"{where} is not a writable directory: {probe} is a file")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{where} is not a writable directory: {probe} is read-only")
+
+
+def check_output_file(path: str, flag: str) -> None:
+    """A one-line ConfigError unless a file can be written at `path` (the value of --`flag`):
+    checked before a tool's work starts, so that its result is never lost to a bad path."""
+    if os.path.isdir(path):
+        raise ConfigError(f"--{flag}={path} is a directory; name the file to write")
+    check_dir(os.path.dirname(path) or ".", create=True, where=f"--{flag}={path}: its folder")

@@ -155,6 +155,9 @@ def _check_flags(fv) -> None:
         _task_options(fv)  # one line for bad JSON, before anything loads
     if fv.model_dir and not Path(fv.model_dir).is_dir():
         raise ConfigError(f"--model_dir={fv.model_dir}: model directory does not exist")
+    for flag in ("out", "samples_out"):  # before the evaluation, not after it
+        if fv[flag].value:
+            cli.check_output_file(fv[flag].value, flag)
 
 
 def _task_options(fv) -> dict:

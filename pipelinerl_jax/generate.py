@@ -113,9 +113,7 @@ def generate_file(fv: flags.FlagValues) -> dict:
         if not fv[name].value:
             raise ConfigError(f"--{name} is required")
     # Before any sampling: a file that cannot be written must not cost the whole generation.
-    if Path(fv.out).is_dir():
-        raise ConfigError(f"--out={fv.out} is a directory; name the JSONL file to write")
-    cli.check_dir(str(Path(fv.out).parent), create=True, where=f"--out={fv.out}: its folder")
+    cli.check_output_file(fv.out, "out")
     if fv.n < 1 or fv.n > fv.num_slots:
         raise ConfigError(
             f"--n={fv.n} must be between 1 and --num_slots={fv.num_slots}: "

@@ -370,6 +370,9 @@ def test_bad_inputs(model_dir, tmp_path, capsys):
         ([m, "--task=word_problems", "--task_options={difficulty: 1}"], "is not JSON"),
         ([m, "--task=word_problems", "--task_options=[1]"], "must be a JSON object"),
         ([m, "--task=word_problems", '--task_options={"difficulty": 9}'], "difficulty"),
+        # Output paths it could not write: refused before the evaluation, not after it.
+        ([m, d, f"--out={data / 'summary.json'}"], "its folder is not a writable directory"),
+        ([m, d, f"--samples_out={tmp_path}"], f"--samples_out={tmp_path} is a directory"),
     ]
     for argv, message in cases:
         code, stdout, err = _run(argv, capsys)

@@ -169,7 +169,7 @@ def test_prompt_longer_than_context_is_an_error_line(model_dir, tmp_path, capsys
         ("n_too_large", "--n=5 must be between 1 and --num_slots=4"),
         ("missing_flag", "--out is required"),
         ("out_unwritable", "its folder is not a writable directory"),
-        ("out_a_directory", "is a directory; name the JSONL file to write"),
+        ("out_a_directory", "is a directory; name the file to write"),
     ],
 )
 def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, match):
