@@ -31,7 +31,7 @@ from absl import flags
 
 from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import config_json, decoder, gguf_io, lora, param_counts, peft_io
+from pipelinerl_jax.models import config_json, decoder, gguf_io, hf_io, lora, param_counts, peft_io
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.hf_io import load_hf, read_config, save_hf
 from pipelinerl_jax.train.checkpoint import CHECKPOINT_DIR, CorruptCheckpointError, RunCheckpointer
@@ -210,6 +210,11 @@ def export(
 
     if tokenizer_dir is not None and not (Path(tokenizer_dir) / "tokenizer.json").exists():
         raise ConfigError(f"--tokenizer_dir={tokenizer_dir}: no tokenizer.json there")
+    # Before the checkpoint loads: an --out that holds the user's files is refused, not
+    # replaced (hf_io.check_replaceable), and --peft_out likewise.
+    hf_io.check_replaceable(out)
+    if peft_out:
+        hf_io.check_replaceable(peft_out)
     step, cfg, _, params = load_model(workdir, step)
     if peft_out and cfg.lora is None:
         raise ConfigError(f"--peft_out: {workdir} is not a LoRA run (model.lora); leave it out")

@@ -171,6 +171,52 @@ def test_bad_inputs(run_dir, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_out_holding_the_users_files_is_refused_and_kept(run_dir, tmp_path, capsys):
+    """An export replaces its directory whole: over an earlier export (its adapter/ and stale
+    shards included) that is what a re-export wants; over anything else it would delete the
+    user's files, so it is refused before the checkpoint loads, and they stay."""
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "thesis.tex").write_text("years of work")
+    (mine / "sub" / "data.csv").write_text("1,2")
+    code, err = _run([f"--workdir={run_dir}", f"--out={mine}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "holds 'sub/data.csv' and 1 more, which no model export writes" in err, err
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    assert (mine / "sub" / "data.csv").read_text() == "1,2"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep")
+    code, err = _run([f"--workdir={run_dir}", f"--out={a_file}"], capsys)
+    assert code == 2 and "exists and is not a directory" in err and a_file.read_text() == "keep"
+    # An earlier export, with a LoRA run's adapter/ and a stale shard: replaced whole.
+    out = tmp_path / "hf"
+    code, err = _run([f"--workdir={run_dir}", f"--out={out}", "--step=1"], capsys)
+    assert code == 0, err
+    (out / "adapter").mkdir()
+    (out / "adapter" / "adapter_config.json").write_text("{}")
+    (out / "model-00002-of-00002.safetensors").write_text("stale")
+    code, err = _run([f"--workdir={run_dir}", f"--out={out}"], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    _assert_params_equal(hf_io.load_hf(out)[2], random_params(2))
+
+
+def test_every_file_a_writer_makes_counts_as_an_earlier_exports():
+    from pipelinerl_jax.models import gguf_io, peft_io
+
+    written = {
+        peft_io.CONFIG_FILE,
+        peft_io.WEIGHTS_FILE,
+        gguf_io.SOURCE_FILE,
+        *hf_io.TOKENIZER_FILES,
+    }
+    assert written <= hf_io.EXPORT_FILES
+
+
 def test_module_entry_point_exit_code(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(

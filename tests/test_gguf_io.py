@@ -338,12 +338,21 @@ def test_cli_bfloat16_and_replacing_an_existing_dir(tmp_path, bpe, tokens_BxT, c
     path = write_gguf(tmp_path / "tiny.gguf", torch_model(len(bpe[0]), tied=False), bpe, QT.Q8_0)
     out = tmp_path / "hf"
     out.mkdir()
-    (out / "stale.txt").write_text("old")  # export replaces an existing directory; so does this
+    # A directory holding a user's file is refused, never replaced: the file stays.
+    (out / "notes.txt").write_text("mine")
+    code = export.run_cli(["export", f"--gguf={path}", f"--out={out}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds 'notes.txt', which no model export writes" in err, err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    # An earlier export is replaced whole, its stale shards included.
+    (out / "notes.txt").unlink()
+    (out / "config.json").write_text("{}")
+    (out / "model-00002-of-00002.safetensors").write_text("stale")
     code = export.run_cli(["export", f"--gguf={path}", f"--out={out}", "--dtype=bfloat16"])
     err = capsys.readouterr().err
     assert code == 0, err
     assert f"imported {path} (F32, Q8_0) to {out}" in err and "bfloat16" in err
-    assert not (out / "stale.txt").exists()
+    assert not (out / "model-00002-of-00002.safetensors").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "tiny.gguf"]  # no temp dirs
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
@@ -356,7 +365,7 @@ def test_failure_midway_leaves_the_old_dir(tmp_path, bpe, monkeypatch):
     path = write_gguf(tmp_path / "tiny.gguf", torch_model(len(bpe[0]), tied=True), bpe)
     out = tmp_path / "hf"
     out.mkdir()
-    (out / "keep.txt").write_text("old")
+    (out / "config.json").write_text("old")  # an earlier export
 
     def broken(tensor, cfg):
         raise OSError("disk full")
@@ -364,7 +373,8 @@ def test_failure_midway_leaves_the_old_dir(tmp_path, bpe, monkeypatch):
     monkeypatch.setattr(gguf_io, "dequantize", broken)
     with pytest.raises(OSError):
         gguf_io.convert(path, out)
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert (out / "config.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "tiny.gguf"]
 
 

@@ -417,8 +417,7 @@ def convert(
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if dtype not in _NP_DTYPES:
         raise ConfigError(f"--dtype={dtype}: not supported; use one of {', '.join(_NP_DTYPES)}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out={out_dir}: exists and is not a directory; pick another path")
+    hf_io.check_replaceable(out_dir)  # before the conversion's work
     reader, meta = open_gguf(gguf_path)
     arch = _check_supported(gguf_path, reader, meta)
     cfg, config = hf_config(meta, reader, dtype=dtype)

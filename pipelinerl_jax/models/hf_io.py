@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -307,6 +308,7 @@ def save_hf(
     into place, replacing an existing `model_dir` only once everything is written.
     """
     model_dir = Path(model_dir)
+    check_replaceable(model_dir)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
     try:
@@ -349,9 +351,57 @@ def save_hf(
             shutil.rmtree(tmp)
 
 
+# What the model and adapter writers (save_hf, gguf_io.convert, peft_io.save_peft) put in a
+# directory: an existing directory holding only these is an earlier export, which a new one
+# replaces whole. Anything else in it is the user's and must not be deleted with it.
+EXPORT_FILES = frozenset(
+    {
+        *(SINGLE_FILE, INDEX_FILE, "config.json", "generation_config.json", *TOKENIZER_FILES),
+        *("adapter_config.json", "adapter_model.safetensors"),  # peft_io's
+        "gguf_source.json",  # gguf_io's
+    }
+)
+_SHARD_FILE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def check_replaceable(out: str | os.PathLike, also: tuple[str, ...] = ()) -> None:
+    """A one-line ConfigError unless writing a model directory at `out` can lose nothing but an
+    earlier export: `out` is absent, an empty directory, or one holding only the files the
+    writers make (EXPORT_FILES, shards, `also`), and at most subdirectories of the same kind
+    (an export's adapter/). Called before the work, and again just before the swap."""
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory; name a directory to write")
+    foreign = _foreign_entries(out, frozenset(also))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise ConfigError(
+            f"{out}: exists and holds {foreign[0]!r}{more}, which no model export writes; an "
+            "export replaces its directory whole, so name a new directory (or an earlier "
+            "export's)"
+        )
+
+
+def _foreign_entries(folder: Path, also: frozenset[str], depth: int = 1) -> list[str]:
+    out = []
+    for path in sorted(folder.iterdir()):
+        if path.is_dir() and not path.is_symlink() and depth > 0:
+            out += [f"{path.name}/{n}" for n in _foreign_entries(path, also, depth - 1)]
+        elif not (
+            path.is_file()
+            and (path.name in EXPORT_FILES or path.name in also or _SHARD_FILE.fullmatch(path.name))
+        ):
+            out.append(path.name)
+    return out
+
+
 def replace_dir(tmp: Path, out: Path) -> None:
     """Moves a finished directory `tmp` to `out`; an existing `out` is replaced only at this
-    point, so a failure before it leaves the old directory whole."""
+    point, so a failure before it leaves the old directory whole. An `out` holding anything an
+    export does not write is refused (check_replaceable), never deleted."""
+    check_replaceable(out, also=tuple(p.name for p in tmp.iterdir()))
     for path in tmp.iterdir():
         os.chmod(path, 0o644)  # safetensors and mkdtemp create owner-only files
     if out.exists():

@@ -175,6 +175,7 @@ def save_peft(
         for i in range(cfg.num_layers):
             tensors[PREFIX + s.hf.format(i=i)] = hf_io.to_hf(host_Lx[i], hf_shape, s.n_in)
     out_dir = Path(out_dir)
+    hf_io.check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
