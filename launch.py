@@ -165,6 +165,10 @@ def main(argv, overrides):
                 create=not _DRY_RUN.value,
                 where=f"--config.compile_cache={cfg.compile_cache}",
             )
+        if _WORKDIR.value:  # a model directory given as --workdir: refused, in a dry run too
+            from pipelinerl_jax.pipeline.checkpointing import check_own_config
+
+            check_own_config(_WORKDIR.value)
         if _DRY_RUN.value:
             from pipelinerl_jax.dry_run import dry_run
 

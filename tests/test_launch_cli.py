@@ -254,6 +254,33 @@ def test_unusable_compile_cache_is_one_line_and_exit_2_before_the_workdir(tmp_pa
         enable_persistent_cache(blocker / "cache")
 
 
+def test_a_model_directory_as_workdir_is_refused_and_its_config_kept(tmp_path, capsys):
+    """--workdir=<a Hugging Face model> (meant for model.hf_dir) would lose the model's
+    config.json to the run's; any other foreign config.json likewise. A run's own is resumed."""
+    model = tmp_path / "model"
+    model.mkdir()
+    hf_config = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    (model / "config.json").write_text(hf_config)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("[1, 2]")
+    for workdir, says in (
+        (model, f"(a Hugging Face model's): pass the model as --config.model.hf_dir={model}"),
+        (other, "(the run would overwrite it): move it, or name a new --workdir"),
+    ):
+        for extra in ([], ["--dry_run"]):
+            code, _, err = _launch(TINY, f"--workdir={workdir}", *extra, capsys=capsys)
+            assert code == 2 and err.count("\n") == 1, err
+            assert "holds a config.json that is not a run's" in err and says in err, err
+            assert sorted(p.name for p in workdir.iterdir()) == ["config.json"]
+    assert (model / "config.json").read_text() == hf_config
+    # Through the Python API too.
+    from pipelinerl_jax import pipeline, presets
+
+    with pytest.raises(ConfigError, match="not a run's"):
+        pipeline.run(presets.tiny(steps=1), model)
+
+
 def test_check_workdir_creates_only_for_a_run(tmp_path):
     config_cli.check_workdir(str(tmp_path / "new" / "run"), create=False)
     assert not (tmp_path / "new").exists()

@@ -14,6 +14,7 @@ after it, so a checkpoint never holds a step whose record a kill could still los
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -117,6 +118,29 @@ def draw_curves(writer, workdir, echo) -> None:
         )
     except Exception as e:  # noqa: BLE001 - matplotlib or the disk; the run matters more
         echo(f"warning: could not draw {Path(workdir) / PLOT_FILE}: {type(e).__name__}: {e}")
+
+
+def check_own_config(workdir) -> None:
+    """A one-line ConfigError when the workdir's config.json is not a run's: a run writes its
+    own there, and a Hugging Face model directory given as --workdir (for model.hf_dir) would
+    lose its config.json to it."""
+    path = Path(workdir) / "config.json"
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict) and {"max_lag", "sampler", "trainer"} <= saved.keys():
+        return  # a run's config: this run resumes it or starts over it
+    if isinstance(saved, dict) and ("architectures" in saved or "model_type" in saved):
+        fix = f"(a Hugging Face model's): pass the model as --config.model.hf_dir={workdir} and"
+    else:
+        fix = "(the run would overwrite it): move it, or"
+    raise ConfigError(
+        f"--workdir={workdir} holds a config.json that is not a run's {fix} name a new "
+        "--workdir for the run"
+    )
 
 
 def preflight(cfg, workdir, stream=None) -> int | None:

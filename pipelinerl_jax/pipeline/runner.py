@@ -34,6 +34,7 @@ from pipelinerl_jax.models import decoder
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline.checkpointing import (
     Checkpoints,
+    check_own_config,
     draw_curves,
     interrupted,
     preflight,
@@ -92,6 +93,7 @@ def run(
     if cfg.compile_cache:  # a folder it cannot make is refused before the workdir is touched
         enable_persistent_cache(cfg.compile_cache)
     if workdir:
+        check_own_config(workdir)  # never overwrite a model's config.json
         Path(workdir).mkdir(parents=True, exist_ok=True)
         # May refuse the config or the resume: config.json stays as it was.
         finished = preflight(cfg, workdir, stream)
