@@ -26,6 +26,11 @@ from pipelinerl_jax.sampler.config import SamplerConfig
             "config.model.init.num_layerz: no such ModelConfig field; did you mean num_layers?",
         ),
         (lambda: config_lib.DataSpec(task=""), "config.data: set data.task"),
+        (
+            # The default task would be trained and the files never read.
+            lambda: config_lib.DataSpec(datasets=({"path": "train.jsonl", "format": "gsm8k"},)),
+            "data.task='reverse_digits' and data.datasets are both set",
+        ),
         (lambda: config_lib.DataSpec(task="sorting"), "config.data.task='sorting' is unknown"),
         (
             lambda: config_lib.DataSpec(task_options=(("difficulty", 2),)),

@@ -109,6 +109,13 @@ class DataSpec:
             raise ConfigError(
                 "config.data: set data.task to a built-in task or data.datasets to dataset files"
             )
+        if self.task and self.datasets:
+            # The task would win and the files be left unread, in silence.
+            raise ConfigError(
+                f"config.data: data.task={self.task!r} and data.datasets are both set, and a "
+                "run draws from one: add --config.data.task= (empty) to train on the files, or "
+                "drop data.datasets"
+            )
         if not self.task:
             return
         if self.task not in TASKS:
