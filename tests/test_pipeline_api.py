@@ -180,3 +180,16 @@ def test_components_and_build_arguments_do_not_mix():
 def test_prompts_that_are_not_iterable_are_a_config_error():
     with pytest.raises(ConfigError, match="prompts: int is not iterable"):
         pipeline.run(presets.tiny(**QUIET), None, prompts=3)
+
+
+def test_a_bad_reward_function_stops_the_run_before_its_checkpointer(tmp_path):
+    """A reward function that cannot be imported is a ConfigError before the run makes its
+    checkpointer (which creates checkpoints/ and starts Orbax's thread): an exit with that
+    thread still at work printed its traceback after the one-line error."""
+    import dataclasses
+
+    cfg = presets.tiny(steps=1, checkpoint_every=1, **QUIET)
+    cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fn="no_such_module:fn"))
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
+        pipeline.run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()

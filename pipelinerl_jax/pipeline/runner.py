@@ -144,18 +144,7 @@ def _train(
     echo: Callable[[str], object],
     watch: CompileWatch,
 ) -> dict:
-    ckpt = None
-    if workdir and cfg.checkpoint_every:
-        ckpt = Checkpoints(
-            c.make_checkpointer(
-                workdir,
-                keep=cfg.checkpoint_keep,
-                model_config=decoder.config_of(c.graphdef),
-            ),
-            cfg,
-            writer,
-            workdir,
-        )
+    checkpoints = bool(workdir and cfg.checkpoint_every)
     table = get_reward_table(cfg.reward.table, **dict(cfg.reward.table_options))
     stop_ids = tuple(getattr(c.tokenizer, "eos_token_ids", ()))
     detok = lambda ids: completion_text(c.tokenizer, ids, stop_ids)
@@ -166,7 +155,7 @@ def _train(
         f"{cfg.group_size}) devices: sampler {c.num_sampler_devices}, trainer "
         f"{c.num_trainer_devices}{shared}"
     )
-    if ckpt is not None and not prompts_lib.resumable(c.stream):
+    if checkpoints and not prompts_lib.resumable(c.stream):
         echo(
             f"note: the prompt stream ({type(c.stream).__name__}) has no get_state/set_state: "
             "checkpoints hold everything but its position, and this run cannot be resumed"
@@ -213,20 +202,36 @@ def _train(
             ),
             episodes=episodes,
         )
-        if ckpt is not None:
-            resumed = resume(coord, ckpt.checkpointer, cfg, c, echo)
-            ckpt.last_saved = resumed
-            coord.on_step_end = ckpt.maybe_save
-            coord.drain_every = cfg.checkpoint_every  # deterministic: drained checkpoints
-        writer.start(resumed)  # after a resume, the summary and the curves cover the whole run
-        t0 = time.perf_counter()
+        # The checkpointer is made once everything before it has been checked (a bad reward
+        # function, say), and closed however the run ends: Orbax starts a thread with it, and
+        # an exit that left it open raced that thread's work (a traceback after a one-line
+        # error).
+        ckpt, started = None, False
         try:
+            if checkpoints:
+                ckpt = Checkpoints(
+                    c.make_checkpointer(
+                        workdir,
+                        keep=cfg.checkpoint_keep,
+                        model_config=decoder.config_of(c.graphdef),
+                    ),
+                    cfg,
+                    writer,
+                    workdir,
+                )
+                resumed = resume(coord, ckpt.checkpointer, cfg, c, echo)
+                ckpt.last_saved = resumed
+                coord.on_step_end = ckpt.maybe_save
+                coord.drain_every = cfg.checkpoint_every  # deterministic: drained checkpoints
+            writer.start(resumed)  # after a resume, the summary and curves cover the whole run
+            t0, started = time.perf_counter(), True
             coord.run()
             if ckpt is not None:
                 ckpt.save(coord)
         except KeyboardInterrupt:
             interrupts.received()
-            interrupted(coord, ckpt, echo)
+            if started:  # not while resuming: the state is not the run's yet
+                interrupted(coord, ckpt, echo)
             raise
         finally:
             if ckpt is not None:
