@@ -64,7 +64,10 @@ def check_dir(path: str, *, create: bool, where: str) -> None:
     names the flag in the message. create: make it and write a probe file into it (what a run
     does first); else (a dry run) leave the disk alone and check that its nearest existing
     ancestor is a writable directory."""
-    if create:
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if create and os.path.isdir(probe):
         try:
             os.makedirs(path, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=path, prefix=".write_check_"):
@@ -72,9 +75,6 @@ def check_dir(path: str, *, create: bool, where: str) -> None:
         except OSError as e:
             raise ConfigError(f"{where} is not a writable directory: {e.strerror or e}") from None
         return
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         raise ConfigError(f"{where} is not a writable directory: {probe} is a file")
     if not os.access(probe, os.W_OK | os.X_OK):

@@ -105,6 +105,10 @@ def test_cli_reproduce_paper(tmp_path):
         (["bogus", "--max_lag=2"], "unknown command"),
         (["--model=qwen2.5-7b", "--max_lag=2"], "--model only shape(s) a --gpu prediction"),
         (["--sampler_tp=4", "--compiled=x.json", "--max_lag=2"], "--sampler_tp, --compiled"),
+        # Paths under a file (this one): refused before any planning or timing.
+        (["--max_lag=2", f"--out_dir={__file__}/x"], f"{__file__} is a file"),
+        (["measure", f"--out={__file__}/p.json"], f"{__file__} is a file"),
+        (["measure", "--engine_model=/no/such/model"], "not 'tiny' nor a checkpoint directory"),
     ],
 )
 def test_cli_bad_requests_exit_2_with_one_line(args, expect):

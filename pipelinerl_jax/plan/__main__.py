@@ -303,6 +303,7 @@ def run_plan() -> None:
             f"exist and one must train; use --gen_devices <= {_DEVICES.value - 1} or "
             f"raise --devices above {_GEN_DEVICES.value}"
         )
+    cli.check_dir(_OUT_DIR.value, create=True, where=f"--out_dir={_OUT_DIR.value}")
     if _GPU.value:
         setup = gpu_plan.setup(
             _GPU.value,
@@ -383,6 +384,11 @@ def run_measure() -> None:
 
     if not _MATMUL.value and not _ENGINE_MODEL.value:
         raise PlanError("measure: nothing to do with --nomatmul and no --engine_model")
+    # Before minutes of timing: a model or an output path that would fail at the end.
+    name = _ENGINE_MODEL.value
+    if name and name != "tiny" and not Path(name).is_dir():
+        raise PlanError(f"--engine_model={name}: not 'tiny' nor a checkpoint directory")
+    cli.check_output_file(_OUT.value, "out")
     # Other work on the host distorts CPU timings (several-fold here): record it with the data.
     load = os.getloadavg()[0]
     if load > 0.5:
