@@ -49,21 +49,24 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def test_persistent_cache_is_loaded_by_the_next_process(tmp_path):
-    def child():
-        out = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(tmp_path / "cache")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-        return [int(v) for v in out.stdout.split()]
+def _child(script: str, cache, env=None) -> list[float]:
+    """Runs `script` with the cache folder as its argument; the numbers it printed."""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
+    )
+    return [float(v) for v in out.stdout.split()]
 
-    count, hits = child()
+
+def test_persistent_cache_is_loaded_by_the_next_process(tmp_path):
+    count, hits = _child(_CHILD, tmp_path / "cache")
     assert count >= 1 and hits == 0
     assert any((tmp_path / "cache").iterdir())  # executables were written
-    count, hits = child()
+    count, hits = _child(_CHILD, tmp_path / "cache")
     assert hits >= 1  # ... and loaded, not compiled again
 
 
@@ -104,15 +107,7 @@ def test_jax_own_variable_sets_the_shortest_compilation_stored(tmp_path):
         env = {k: v for k, v in os.environ.items() if k != MIN_COMPILE_TIME_ENV}
         if value is not None:
             env[MIN_COMPILE_TIME_ENV] = value
-        out = subprocess.run(
-            [sys.executable, "-c", _MIN_TIME_CHILD, str(tmp_path / "cache")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-            env=env,
-        )
-        return [float(v) for v in out.stdout.split()]
+        return _child(_MIN_TIME_CHILD, tmp_path / "cache", env)
 
     assert child(None) == [1.0, 3.0]
     assert child("0.25") == [0.25, 3.0]
