@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,9 +104,11 @@ def run(
                 "train; raise config.steps to train it further"
             )
             return {"finished_at": finished}
-        (Path(workdir) / "config.json").write_text(
-            json.dumps(config_lib.as_dict(cfg), indent=2, default=str)
-        )
+        # Renamed into place: a process starting beside this one (check_own_config) never
+        # reads half a file.
+        tmp = Path(workdir) / ".config.json.tmp"
+        tmp.write_text(json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
+        os.replace(tmp, Path(workdir) / "config.json")
     if components is None:
         check_memory(cfg, echo)  # before anything loads or compiles
     watch = CompileWatch(echo=echo).install()
