@@ -170,6 +170,7 @@ def test_prompt_longer_than_context_is_an_error_line(model_dir, tmp_path, capsys
         ("missing_flag", "--out is required"),
         ("out_unwritable", "its folder is not a writable directory"),
         ("out_a_directory", "is a directory; name the file to write"),
+        ("out_is_prompts", "is the --prompts file; name another file to write"),
     ],
 )
 def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, match):
@@ -188,13 +189,16 @@ def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, matc
     out = {  # a path under a file cannot be created, even as root
         "out_unwritable": tmp_path / "p.jsonl" / "out.jsonl",
         "out_a_directory": tmp_path,
+        "out_is_prompts": prompts,
     }.get(case, tmp_path / "out.jsonl")
     if case != "missing_flag":
         argv.append(f"--out={out}")
+    before = prompts.read_text()
     code, err = _run(argv, capsys)
     assert code == 2
     assert match in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out.jsonl").exists()
+    assert prompts.read_text() == before
 
 
 def test_module_entry_point_exits_2(tmp_path):
