@@ -373,12 +373,15 @@ def test_bad_inputs(model_dir, tmp_path, capsys):
         # Output paths it could not write: refused before the evaluation, not after it.
         ([m, d, f"--out={data / 'summary.json'}"], "its folder is not a writable directory"),
         ([m, d, f"--samples_out={tmp_path}"], f"--samples_out={tmp_path} is a directory"),
+        ([m, d, f"--samples_out={data}"], f"--samples_out={data} is the --dataset file"),
     ]
+    before = data.read_text()
     for argv, message in cases:
         code, stdout, err = _run(argv, capsys)
         assert code == 2, (argv, err)
         assert message in err and err.startswith("error: ") and err.count("\n") == 1, err
         assert stdout == ""
+    assert data.read_text() == before
 
 
 def test_a_run_is_evaluated_with_its_own_generation_settings():
