@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -267,6 +268,15 @@ def missing_needs(steps: Sequence[Step], needs=None) -> list[str]:
     return lines
 
 
+def probed(steps: Sequence[Step], needs) -> dict:
+    """`needs` with each probe the steps use run now, once (some start a Python process)."""
+    out = dict(needs)
+    for need in dict.fromkeys(n for s in steps for n in s.needs):
+        present, fix = needs[need]
+        out[need] = (functools.partial(bool, present()), fix)
+    return out
+
+
 def blocked_steps(steps: Sequence[Step], needs=None) -> dict[str, str]:
     """{step name: its first absent need} for the steps that cannot run."""
     needs = NEEDS if needs is None else needs
@@ -361,6 +371,7 @@ def main(argv: Sequence[str] | None = None, *, steps: Sequence[Step] = STEPS, ne
         return 0
     # A step whose prerequisite is absent is passed over, not the whole pass: an install
     # that failed (Tunix's venv, TRL) must not cost the figures that need neither.
+    needs = probed(to_run, NEEDS if needs is None else needs)  # each probe runs once
     blocked = blocked_steps(to_run, needs)
     if len(blocked) == len(to_run):
         absent = missing_needs(to_run, needs)

@@ -81,9 +81,18 @@ def check_dir(path: str, *, create: bool, where: str) -> None:
         raise ConfigError(f"{where} is not a writable directory: {probe} is read-only")
 
 
-def check_output_file(path: str, flag: str) -> None:
-    """A one-line ConfigError unless a file can be written at `path` (the value of --`flag`):
-    checked before a tool's work starts, so that its result is never lost to a bad path."""
+def check_output_file(path: str, flag: str, inputs: dict[str, str | None] | None = None) -> None:
+    """A one-line ConfigError unless a file can be written at `path` (the value of --`flag`)
+    without replacing one of the tool's `inputs` ({flag: path}): checked before a tool's work
+    starts, so that its result is never lost to a bad path, nor its input to its result."""
     if os.path.isdir(path):
         raise ConfigError(f"--{flag}={path} is a directory; name the file to write")
+    for name, given in (inputs or {}).items():
+        if (
+            given
+            and os.path.isfile(given)
+            and os.path.exists(path)
+            and os.path.samefile(path, given)
+        ):
+            raise ConfigError(f"--{flag}={path} is the --{name} file; name another file to write")
     check_dir(os.path.dirname(path) or ".", create=True, where=f"--{flag}={path}: its folder")

@@ -156,12 +156,8 @@ def _check_flags(fv) -> None:
     if fv.model_dir and not Path(fv.model_dir).is_dir():
         raise ConfigError(f"--model_dir={fv.model_dir}: model directory does not exist")
     for flag in ("out", "samples_out"):  # before the evaluation, not after it
-        path = fv[flag].value
-        if path:
-            cli.check_output_file(path, flag)
-            data = fv.dataset
-            if data and Path(data).is_file() and Path(path).exists() and Path(path).samefile(data):
-                raise ConfigError(f"--{flag}={path} is the --dataset file; name another file")
+        if fv[flag].value:
+            cli.check_output_file(fv[flag].value, flag, inputs={"dataset": fv.dataset})
 
 
 def _task_options(fv) -> dict:

@@ -113,9 +113,7 @@ def generate_file(fv: flags.FlagValues) -> dict:
         if not fv[name].value:
             raise ConfigError(f"--{name} is required")
     # Before any sampling: a file that cannot be written must not cost the whole generation.
-    cli.check_output_file(fv.out, "out")
-    if Path(fv.out).exists() and Path(fv.prompts).exists() and Path(fv.out).samefile(fv.prompts):
-        raise ConfigError(f"--out={fv.out} is the --prompts file; name another file to write")
+    cli.check_output_file(fv.out, "out", inputs={"prompts": fv.prompts})
     if fv.n < 1 or fv.n > fv.num_slots:
         raise ConfigError(
             f"--n={fv.n} must be between 1 and --num_slots={fv.num_slots}: "

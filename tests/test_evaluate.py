@@ -373,7 +373,10 @@ def test_bad_inputs(model_dir, tmp_path, capsys):
         # Output paths it could not write: refused before the evaluation, not after it.
         ([m, d, f"--out={data / 'summary.json'}"], "its folder is not a writable directory"),
         ([m, d, f"--samples_out={tmp_path}"], f"--samples_out={tmp_path} is a directory"),
-        ([m, d, f"--samples_out={data}"], f"--samples_out={data} is the --dataset file"),
+        (
+            [m, d, f"--samples_out={data}"],
+            f"--samples_out={data} is the --dataset file; name another file to write",
+        ),
     ]
     before = data.read_text()
     for argv, message in cases:

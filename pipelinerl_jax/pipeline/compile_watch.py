@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 from jax import monitoring
 
-from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax import cli
 
 _LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # a compilation is about to start
 _COMPILED = "/jax/core/compile/backend_compile_duration"  # it ended (compiled or loaded)
@@ -66,15 +66,7 @@ def enable_persistent_cache(
             else 1.0
         )
     path = cache_path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError("not writable")
-    except OSError as e:
-        raise ConfigError(
-            f"compile_cache: cannot use {str(path)!r} as the compilation cache "
-            f"({e.strerror or e}): name a writable folder, or '' to turn the cache off"
-        ) from None
+    cli.check_dir(str(path), create=True, where=f"--config.compile_cache={path}")
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_time_s)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
