@@ -40,6 +40,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
     reward_fn_spec(cfg.reward.fn)
     devices = jax.local_devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
+    cfg.sampler.check_shards(len(sampler_devices) // cfg.devices.sampler_tp)
     model_cfg = model_config(cfg)
     # The same estimate and refusal as the run's start-up check (pipeline.components.check_memory).
     est = memory.estimate(cfg, model_cfg, shared_device=True)

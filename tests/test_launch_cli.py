@@ -158,6 +158,10 @@ def test_values_convert_to_the_field_type():
         (["--config.batch.max_sequences=3"], "is set from batch_size; leave it out"),
         (["--config.max_lag"], "--config.max_lag needs a value"),
         (["--config.sampler.head_dtype=int8"], "sampler head_dtype='int8': use one of"),
+        (
+            ["--config.sampler.num_slots=10", "--config.sampler.decode_widths=3"],
+            "decode_widths=3: num_slots=10 halves into 2 widths (10, 5); use decode_widths <= 2",
+        ),
         (["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
         (["stray"], "error: unexpected arguments ['stray']"),
     ],

@@ -24,7 +24,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.models.tiny_model import tiny_config
 from pipelinerl_jax.sampler import steps
-from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler.config import SamplerConfig, width_ladder
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.scheduler import Scheduler
 from pipelinerl_jax.sampler.sequence import SamplingParams
@@ -192,6 +192,19 @@ def test_a_narrowing_sampler_returns_the_samples_of_a_full_width_one():
 def test_decode_widths_below_one_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="decode_widths=0"):
         dataclasses.replace(SAMPLER, decode_widths=0)
+
+
+def test_more_widths_than_the_slots_halve_into_are_refused_not_capped():
+    assert width_ladder(16, 3) == [16, 8, 4] and width_ladder(12, 5) == [12, 6, 3]
+    with pytest.raises(ConfigError, match=r"num_slots=12 halves into 3 widths \(12, 6, 3\)"):
+        dataclasses.replace(SAMPLER, num_slots=12, decode_widths=4)
+    # Over data shards the bound is a shard's slots: 8 over 2 shards halve into (4, 2, 1).
+    config = dataclasses.replace(SAMPLER, num_slots=8, decode_widths=4)
+    config.check_shards(1)
+    with pytest.raises(ConfigError, match=r"over 2 data shards \(4 each\) halves into 3"):
+        config.check_shards(2)
+    with pytest.raises(ConfigError, match="num_slots=8 must divide by the sampler's 3 data"):
+        config.check_shards(3)
 
 
 CHILD = textwrap.dedent(

@@ -286,6 +286,7 @@ def build(
         sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
     else:  # the samplers are elsewhere: held-out evaluation shares this process's devices
         sampler_devices, trainer_devices = list(devices), list(trainer_devices)
+    cfg.sampler.check_shards(len(sampler_devices) // cfg.devices.sampler_tp)
     tokenizer, source, encode = build_data(cfg, load_source=prompts is None)
     env = cfg.env.make()
     if env is not None:  # episodes start from the environment's first messages

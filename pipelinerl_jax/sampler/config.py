@@ -13,6 +13,15 @@ KV_POLICIES = ("keep", "recompute")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 
+def width_ladder(slots: int, widths: int) -> list[int]:
+    """The decode widths `slots` offers, widest first: `slots` and up to `widths` - 1 exact
+    halvings of it (a width must divide evenly into the slots it narrows)."""
+    ladder = [slots]
+    while len(ladder) < widths and ladder[-1] % 2 == 0:
+        ladder.append(ladder[-1] // 2)
+    return ladder
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
     """Sizes and policies of one sampler. Size the pool with num_pages or kv_memory_bytes;
@@ -89,4 +98,26 @@ class SamplerConfig:
             raise ConfigError(
                 f"num_slots={self.num_slots}, chunk_steps={self.chunk_steps} must "
                 f"be >= 1 and max_seq_len={self.max_seq_len} >= 2"
+            )
+        self.check_shards(1)
+
+    def check_shards(self, shards: int) -> None:
+        """Raises a one-line ConfigError when the slots do not split over `shards` data shards
+        (the sampler mesh's data axis), or a shard's slots do not halve into `decode_widths`
+        widths."""
+        if self.num_slots % shards:
+            raise ConfigError(
+                f"num_slots={self.num_slots} must divide by the sampler's {shards} data shards "
+                "(sampler devices / devices.sampler_tp): change it or devices.sampler"
+            )
+        per_shard = self.num_slots // shards
+        ladder = width_ladder(per_shard, self.decode_widths)
+        if len(ladder) < self.decode_widths:
+            where = f"num_slots={self.num_slots}" + (
+                f" over {shards} data shards ({per_shard} each)" if shards > 1 else ""
+            )
+            raise ConfigError(
+                f"decode_widths={self.decode_widths}: {where} halves into {len(ladder)} widths "
+                f"{tuple(ladder)}; use decode_widths <= {len(ladder)} or a num_slots with more "
+                "factors of 2"
             )

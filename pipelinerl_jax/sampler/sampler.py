@@ -44,7 +44,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.sampler import packing
 from pipelinerl_jax.sampler import pages as pg
-from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler.config import SamplerConfig, width_ladder
 from pipelinerl_jax.sampler.engine import get_engine
 from pipelinerl_jax.sampler.param_view import ParamView
 from pipelinerl_jax.sampler.protocol import Sample  # what step() returns; importable here too
@@ -95,6 +95,7 @@ class PagedSampler:
         self.config, self.model_cfg = cfg, model_cfg
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         shards = 1 if mesh is None else mesh.shape[cfg.data_axis]
+        cfg.check_shards(shards)
         pages_per_slot = pg.max_pages_per_slot(cfg.max_seq_len, cfg.page_size)
         self.pool = pg.sampler_pool(cfg, model_cfg, shards=shards)
         num_pages = self.pool.num_pages
@@ -363,12 +364,8 @@ class PagedSampler:
 
     def _widths(self) -> list[int | None]:
         """The slots per shard a decode chunk may run, widest first: a shard's slots (None),
-        then up to `decode_widths` - 1 halvings of it."""
-        width, widths = self.scheduler.slots_per_shard, [None]
-        while len(widths) < self.config.decode_widths and width % 2 == 0:
-            width //= 2
-            widths.append(width)
-        return widths
+        then `decode_widths` - 1 halvings of it (validated at construction)."""
+        return [None, *width_ladder(self.scheduler.slots_per_shard, self.config.decode_widths)[1:]]
 
     def _width(self) -> int | None:
         """Slots per shard the next chunk decodes: the narrowest width that holds every
