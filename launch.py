@@ -85,12 +85,57 @@ _ELASTIC = flags.DEFINE_bool(
 )
 
 
+def _check_process_flags(cfg) -> None:
+    """Raises a one-line ConfigError for process flags a run would refuse or ignore: the
+    layout of a multi-process run (processes, ids, coordinator, trainer_processes), and flags
+    given where they mean nothing (--process_id, --coordinator, --elastic without several
+    processes; --num_processes and the rest beside --spawn_local, which sets them itself)."""
+    from pipelinerl_jax.distributed import roles
+
+    given = [f"--{name}" for name in ("coordinator", "num_processes", "process_id")]
+    given = [f for f in given if flags.FLAGS[f[2:]].present]
+    them = lambda names: "it" if len(names) == 1 else "them"
+    if _SPAWN_LOCAL.value:
+        if _SPAWN_LOCAL.value < 2:
+            raise ConfigError(
+                f"--spawn_local={_SPAWN_LOCAL.value}: use 2 or more (1 trainer + samplers), "
+                "or leave it out for one process"
+            )
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: --spawn_local sets {them(given)} for its processes "
+                f"itself; leave {them(given)} out"
+            )
+        # The children's settings, checked once here rather than failing in each child.
+        roles.process_spec(cfg, "127.0.0.1:1", _SPAWN_LOCAL.value, 0, elastic=_ELASTIC.value)
+    elif _NUM_PROCESSES.value > 1:
+        if not _COORDINATOR.value:
+            raise ConfigError("--num_processes > 1 needs --coordinator=host:port (process 0's)")
+        roles.process_spec(
+            cfg, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, elastic=_ELASTIC.value
+        )
+    elif _NUM_PROCESSES.value < 1:
+        raise ConfigError(
+            f"--num_processes={_NUM_PROCESSES.value}: use 2 or more for a multi-process run, or "
+            "leave it out for one process"
+        )
+    else:
+        # --num_processes=1 --process_id=0 (a script's generic flags) describe one process.
+        alone = [f for f in given if f != "--num_processes"]
+        alone = [f for f in alone if f != "--process_id" or _PROCESS_ID.value != 0]
+        alone += ["--elastic"] * _ELASTIC.value
+        if alone:
+            raise ConfigError(
+                f"{', '.join(alone)}: for multi-process runs; add --spawn_local=N or "
+                f"--num_processes=N (with --coordinator and --process_id), or leave {them(alone)} "
+                "out"
+            )
+
+
 def _multi_process(cfg):
     """Runs this process's role of a multi-process run; returns its exit code."""
     from pipelinerl_jax.distributed import roles, runtime
 
-    if not _COORDINATOR.value:
-        raise ConfigError("--num_processes > 1 needs --coordinator=host:port (process 0's)")
     spec = roles.process_spec(
         cfg, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, elastic=_ELASTIC.value
     )
@@ -169,23 +214,17 @@ def main(argv, overrides):
             from pipelinerl_jax.pipeline.checkpointing import check_own_config
 
             check_own_config(_WORKDIR.value)
+        _check_process_flags(cfg)  # a dry run checks them as the run would
         if _DRY_RUN.value:
             from pipelinerl_jax.dry_run import dry_run
 
             config_cli.check_workdir(_WORKDIR.value, create=False)
             dry_run(cfg, gpu=gpu)
             return
-        if _ELASTIC.value and not (_SPAWN_LOCAL.value or _NUM_PROCESSES.value > 1):
-            raise ConfigError(
-                "--elastic is for multi-process runs: add --spawn_local=N (or --num_processes), "
-                "or leave it out"
-            )
         config_cli.check_workdir(_WORKDIR.value, create=True)
         if _SPAWN_LOCAL.value:
             from pipelinerl_jax.distributed import roles
 
-            # The children's settings, checked once here rather than failing in each child.
-            roles.process_spec(cfg, "127.0.0.1:1", max(_SPAWN_LOCAL.value, 2), 0)
             argv = [os.path.abspath(__file__), *sys.argv[1:]]
             sys.exit(
                 roles.spawn_local(

@@ -347,11 +347,36 @@ def test_dry_run_of_a_reasoning_gym_task(capsys):
             ],
             "dataset file not found: no/such.jsonl",
         ),
+        (["--spawn_local=1"], "--spawn_local=1: use 2 or more"),
+        (["--spawn_local=3", "--config.devices.trainer_processes=3"], "trainer_processes=3: use"),
+        (["--spawn_local=3", "--num_processes=3"], "--spawn_local sets it for its processes"),
+        (["--num_processes=2"], "--num_processes > 1 needs --coordinator=host:port"),
+        (["--num_processes=2", "--coordinator=h:1", "--process_id=2"], "outside 0..1"),
+        (["--num_processes=0"], "--num_processes=0: use 2 or more"),
+        (["--process_id=1"], "--process_id: for multi-process runs; add --spawn_local=N"),
+        (["--coordinator=h:1", "--elastic"], "--coordinator, --elastic: for multi-process runs"),
+        (
+            ["--spawn_local=2", "--config.deterministic=true"],
+            "config.deterministic runs in one process",
+        ),
     ],
 )
 def test_dry_run_refuses_what_a_run_would(args, expected, capsys):
     code, _, err = _launch(TINY, "--dry_run", *args, capsys=capsys)
     assert code == 2 and expected in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--spawn_local=3", "--elastic", "--config.devices.trainer_processes=2"],
+        ["--num_processes=3", "--coordinator=10.0.0.1:8476", "--process_id=2", "--elastic"],
+        ["--num_processes=1", "--process_id=0"],  # a script's generic flags for one process
+    ],
+)
+def test_dry_run_accepts_a_valid_process_layout(args, capsys):
+    code, out, err = _launch(TINY, "--dry_run", *args, capsys=capsys)
+    assert code == 0 and "dry run: the config is valid" in out, err
 
 
 def test_third_party_info_logs_are_off_unless_verbosity_asks(capsys):
