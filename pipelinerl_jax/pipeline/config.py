@@ -27,6 +27,7 @@ from pipelinerl_jax.models.lora import lora_config
 from pipelinerl_jax.rewards.tables import get_reward_table
 from pipelinerl_jax.rl.config import BatchConfig
 from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler.sequence import SamplingParams
 from pipelinerl_jax.train.config import TrainerConfig
 
 MODES = ("pipeline", "conventional")
@@ -147,6 +148,11 @@ class RewardSpec:
 
     def __post_init__(self):
         get_reward_table(self.table, **dict(self.table_options))  # a bad name or option
+        if self.workers < 0 or not self.timeout_s > 0:
+            raise ConfigError(
+                f"config.reward: workers={self.workers} must be >= 0 (0: in the sampler "
+                f"thread) and timeout_s={self.timeout_s} > 0"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +270,17 @@ class RunSpec:
                 f"generation.temperature={self.temperature} must be > 0: RL samples, and "
                 "the trainer divides logits by it"
             )
+        # What the sampler would refuse of every request, said before the run starts.
+        error = SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+        ).error()
+        if error:
+            raise ConfigError(f"generation.{error}")
+        if self.max_prompt_tokens < 1:
+            raise ConfigError(f"generation.max_prompt_tokens={self.max_prompt_tokens} must be >= 1")
 
     @property
     def groups_per_step(self) -> int:
@@ -332,6 +349,19 @@ class RunConfig(RunSpec):
                 "same one (leave loss.temperature unset)"
             )
         self.check_deterministic()
+        seeds = (self.seed, self.data.shuffle_seed, self.sampler.seed)
+        if min(seeds) < 0 or max(self.seed + s for s in seeds[1:]) >= 2**32:
+            raise ConfigError(
+                f"config.seed={self.seed}, data.shuffle_seed={self.data.shuffle_seed} and "
+                f"sampler.seed={self.sampler.seed} must be >= 0, and each of the last two plus "
+                "config.seed < 2**32 (they are the prompt order's and sampling's seeds)"
+            )
+        if self.log_every < 0 or self.checkpoint_every < 0 or self.checkpoint_keep < 1:
+            raise ConfigError(
+                f"config.log_every={self.log_every} and checkpoint_every="
+                f"{self.checkpoint_every} must be >= 0 (0: none), checkpoint_keep="
+                f"{self.checkpoint_keep} >= 1"
+            )
         if self.eval_every < 0 or self.eval.num_problems < 1 or self.eval.k < 1:
             raise ConfigError(
                 f"config.eval_every={self.eval_every} must be >= 0 (0: never), "

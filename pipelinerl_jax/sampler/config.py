@@ -85,6 +85,9 @@ class SamplerConfig:
             raise ConfigError(f"sampler head_dtype={self.head_dtype!r}: use one of {HEAD_DTYPES}")
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(f"sampler attention={self.attention!r}: use one of {ATTENTION_IMPLS}")
+        for name in ("page_size", "max_prefill_rows", "max_stop_tokens", "min_window_pages"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"sampler.{name}={getattr(self, name)} must be >= 1")
         if self.prefill_chunk % self.page_size or self.prefill_chunk < self.page_size:
             raise ConfigError(
                 f"prefill_chunk={self.prefill_chunk} must be a positive multiple "

@@ -47,3 +47,23 @@ class TrainerConfig:
             )
         if self.warmup_steps < 0 or self.total_steps < 1 or self.grad_clip_norm < 0:
             raise ConfigError("trainer: warmup_steps >= 0, total_steps >= 1, grad_clip_norm >= 0")
+        for name in ("b1", "b2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"trainer.{name}={getattr(self, name)} must be in [0, 1)")
+        if not self.eps > 0:
+            raise ConfigError(
+                f"trainer.eps={self.eps} must be > 0: AdamW divides by sqrt(nu) + eps, and nu is "
+                "0 for a parameter whose gradient is 0"
+            )
+        if self.weight_decay < 0:
+            raise ConfigError(f"trainer.weight_decay={self.weight_decay} must be >= 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(
+                f"trainer.min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (the final lr as "
+                "a fraction of learning_rate)"
+            )
+        if self.attention_block < 0:
+            raise ConfigError(
+                f"trainer.attention_block={self.attention_block} must be >= 0 (0: plain "
+                "causal attention)"
+            )
