@@ -36,7 +36,7 @@ from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.pipeline import eval_lib
 from pipelinerl_jax.rewards.tables import reward_fn_spec
 from pipelinerl_jax.rewards.workers import RewardPool
-from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler import cli_flags
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.sequence import SamplingParams
 from pipelinerl_jax.train.checkpoint import RunCheckpointer
@@ -112,21 +112,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     )
     d(flags.DEFINE_integer, "reward_workers", 2, "Reward worker processes; 0 = inline, no timeout.")
     d(flags.DEFINE_float, "reward_timeout_s", 5.0, "Per-answer reward timeout (seconds).")
-    d(flags.DEFINE_integer, "num_slots", 32, "Sequences decoded at once.")
-    d(
-        flags.DEFINE_integer,
-        "max_seq_len",
-        0,
-        "Context limit; 0 = longest prompt + max_new_tokens (capped by the model).",
-    )
-    d(flags.DEFINE_integer, "page_size", 16, "KV cache page size (tokens).")
-    d(
-        flags.DEFINE_float,
-        "kv_memory_gb",
-        0.0,
-        "KV pool budget in GiB; 0 = every slot at max_seq_len.",
-    )
-    d(flags.DEFINE_integer, "chunk_steps", 16, "Decode steps per jitted chunk.")
+    cli_flags.define(fv, num_slots=32)
     d(
         flags.DEFINE_enum,
         "dtype",
@@ -151,6 +137,12 @@ def _check_flags(fv) -> None:
         raise ConfigError(f"--k={fv.k} must be between 1 and --num_slots={fv.num_slots}")
     if fv.max_new_tokens < 1 or fv.num_problems < 0:
         raise ConfigError("--max_new_tokens must be >= 1 and --num_problems >= 0")
+    cli_flags.check(fv)
+    if fv.reward_workers < 0 or not fv.reward_timeout_s > 0:
+        raise ConfigError(
+            f"--reward_workers={fv.reward_workers} must be >= 0 (0: inline) and "
+            f"--reward_timeout_s={fv.reward_timeout_s} > 0"
+        )
     if fv.task_options is not None:
         _task_options(fv)  # one line for bad JSON, before anything loads
     if fv.model_dir and not Path(fv.model_dir).is_dir():
@@ -309,21 +301,14 @@ def evaluate_cli(fv) -> dict:
         except Exception:
             pass  # the problem's error is reported per problem by evaluate_problems
     cfg, graphdef, params, step = _model(fv)
-    max_seq_len = fv.max_seq_len or min(
-        cfg.max_position_embeddings, longest + sampling.max_new_tokens
-    )
-    max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size
     sampler = PagedSampler(
         graphdef,
         params,
-        SamplerConfig(
-            num_slots=fv.num_slots,
-            max_seq_len=max_seq_len,
-            page_size=fv.page_size,
-            kv_memory_bytes=int(fv.kv_memory_gb * 2**30) if fv.kv_memory_gb > 0 else None,
-            chunk_steps=fv.chunk_steps,
-            prefill_chunk=min(512, max_seq_len),
-            seed=fv.seed,
+        cli_flags.sampler_config(
+            fv,
+            longest_prompt=longest,
+            max_new_tokens=sampling.max_new_tokens,
+            model_limit=cfg.max_position_embeddings,
         ),
         eos_token_ids=getattr(tokenizer, "eos_token_ids", ()),
     )

@@ -26,7 +26,7 @@ from pipelinerl_jax import cli
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import hf_io
 from pipelinerl_jax.models.tokenizer import Tokenizer
-from pipelinerl_jax.sampler.config import SamplerConfig
+from pipelinerl_jax.sampler import cli_flags
 from pipelinerl_jax.sampler.sampler import PagedSampler
 from pipelinerl_jax.sampler.sequence import SamplingParams
 
@@ -47,21 +47,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("n", 1, "Samples per prompt (share the prompt's prefill).", flag_values=fv)
     flags.DEFINE_bool("chat", False, "Wrap text prompts in the chat template.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Sampling seed.", flag_values=fv)
-    flags.DEFINE_integer("num_slots", 16, "Sequences decoded at once.", flag_values=fv)
-    flags.DEFINE_integer(
-        "max_seq_len",
-        0,
-        "Context limit; 0 = min(model limit, prompt + max_new_tokens of the longest prompt).",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer("page_size", 16, "KV cache page size (tokens).", flag_values=fv)
-    flags.DEFINE_float(
-        "kv_memory_gb",
-        0.0,
-        "KV pool budget in GiB; 0 = room for every slot at max_seq_len.",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer("chunk_steps", 16, "Decode steps per jitted chunk.", flag_values=fv)
+    cli_flags.define(fv, num_slots=16)
     flags.DEFINE_enum(
         "dtype", "float32", ["float32", "bfloat16"], "Param/compute dtype.", flag_values=fv
     )
@@ -121,6 +107,7 @@ def generate_file(fv: flags.FlagValues) -> dict:
         )
     if fv.max_new_tokens < 1:
         raise ConfigError(f"--max_new_tokens={fv.max_new_tokens} must be >= 1")
+    cli_flags.check(fv)
 
     if not Path(fv.model_dir).is_dir():
         raise ConfigError(f"--model_dir={fv.model_dir}: model directory does not exist")
@@ -137,17 +124,11 @@ def generate_file(fv: flags.FlagValues) -> dict:
     )
     if sampling.error():
         raise ConfigError(f"sampling flags: {sampling.error()}")
-    longest = max(len(p["ids"]) for p in prompts)
-    max_seq_len = fv.max_seq_len or min(cfg.max_position_embeddings, longest + fv.max_new_tokens)
-    max_seq_len = -(-max_seq_len // fv.page_size) * fv.page_size
-    config = SamplerConfig(
-        num_slots=fv.num_slots,
-        max_seq_len=max_seq_len,
-        page_size=fv.page_size,
-        kv_memory_bytes=int(fv.kv_memory_gb * 2**30) if fv.kv_memory_gb > 0 else None,
-        chunk_steps=fv.chunk_steps,
-        prefill_chunk=min(512, max_seq_len),
-        seed=fv.seed,
+    config = cli_flags.sampler_config(
+        fv,
+        longest_prompt=max(len(p["ids"]) for p in prompts),
+        max_new_tokens=fv.max_new_tokens,
+        model_limit=cfg.max_position_embeddings,
     )
     sampler = PagedSampler(graphdef, params, config, eos_token_ids=tokenizer.eos_token_ids)
     for i, p in enumerate(prompts):

@@ -167,6 +167,9 @@ def test_prompt_longer_than_context_is_an_error_line(model_dir, tmp_path, capsys
         ("no_prompt_key", "p.jsonl:1: expected an object"),
         ("unknown_model", "model directory does not exist"),
         ("n_too_large", "--n=5 must be between 1 and --num_slots=4"),
+        ("page_size_0", "--page_size=0 must be >= 1"),
+        ("negative_kv_budget", "--kv_memory_gb=-1.0 must be >= 0"),
+        ("negative_max_seq_len", "--max_seq_len=-5 must be >= 0"),
         ("missing_flag", "--out is required"),
         ("out_unwritable", "its folder is not a writable directory"),
         ("out_a_directory", "is a directory; name the file to write"),
@@ -191,6 +194,11 @@ def test_bad_input_one_line_error_exit_2(model_dir, tmp_path, capsys, case, matc
         "out_a_directory": tmp_path,
         "out_is_prompts": prompts,
     }.get(case, tmp_path / "out.jsonl")
+    argv += {
+        "page_size_0": ["--page_size=0"],
+        "negative_kv_budget": ["--kv_memory_gb=-1"],
+        "negative_max_seq_len": ["--max_seq_len=-5"],
+    }.get(case, [])
     if case != "missing_flag":
         argv.append(f"--out={out}")
     before = prompts.read_text()
