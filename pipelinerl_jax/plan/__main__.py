@@ -288,6 +288,13 @@ def run_plan() -> None:
             "--max_lag is required: the staleness (optimizer steps) your algorithm "
             "tolerates, e.g. --max_lag=8"
         )
+    for flag in (_TAU, _TRAIN_TPS):
+        if flag.value is not None and not flag.value > 0:
+            raise PlanError(f"--{flag.name}={flag.value:g}: must be > 0")
+    if _PLOT_MAX_LAG.value is not None and _PLOT_MAX_LAG.value < 1:
+        raise PlanError(
+            f"--plot_max_lag={_PLOT_MAX_LAG.value}: must be >= 1 (the figure's right end)"
+        )
     dist = (
         load_lengths(_LENGTHS.value)
         if _LENGTHS.value
