@@ -214,6 +214,7 @@ def export(
     # replaced (hf_io.check_replaceable), and --peft_out likewise.
     hf_io.check_replaceable(out)
     if peft_out:
+        _check_apart(out, peft_out)
         hf_io.check_replaceable(peft_out)
     step, cfg, _, params = load_model(workdir, step)
     if peft_out and cfg.lora is None:
@@ -238,6 +239,18 @@ def export(
         "dtype": cfg.param_dtype,
         "tokenizer": str(tokenizer_dir) if tokenizer_dir else None,
     }
+
+
+def _check_apart(out, peft_out) -> None:
+    """Refuses a --peft_out that is --out, holds it, or sits inside it anywhere but
+    <out>/adapter (the default): one write would replace the other."""
+    merged, adapter = Path(out).resolve(), Path(peft_out).resolve()
+    nested = merged.is_relative_to(adapter) or adapter.is_relative_to(merged)
+    if nested and adapter != merged / "adapter":
+        raise ConfigError(
+            f"--peft_out={peft_out} and --out={out} overlap, so one write would replace the "
+            "other: give --peft_out a folder of its own, or leave it out for <out>/adapter"
+        )
 
 
 def run_cli(argv: list[str]) -> int:

@@ -163,3 +163,15 @@ def test_peft_out_for_a_full_fine_tune_is_refused_before_writing(tmp_path):
     with pytest.raises(ConfigError, match="is not a LoRA run"):
         export.export(str(tmp_path / "run"), str(tmp_path / "out"), peft_out=str(tmp_path / "a"))
     assert not (tmp_path / "out").exists() and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("peft_out", ["out", "out/x", "."])
+def test_peft_out_overlapping_out_is_refused_before_loading(tmp_path, peft_out):
+    """--peft_out = --out (or either inside the other) replaced the merged model with the
+    adapter, or removed it; the default <out>/adapter stays allowed."""
+    out, adapter = tmp_path / "out", tmp_path / peft_out
+    with pytest.raises(ConfigError, match="overlap, so one write would replace the other"):
+        export.export(str(tmp_path / "no_run"), str(out), peft_out=str(adapter))
+    assert not out.exists()
+    export._check_apart(out, out / "adapter")
+    export._check_apart(out, tmp_path / "adapter")
