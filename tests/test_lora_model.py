@@ -149,11 +149,6 @@ def test_split_and_merge_are_inverse():
     jax.tree.map(np.testing.assert_array_equal, lora.merge(adapters, base), tree)
 
 
-def test_rank_zero_or_nothing_means_no_adapters():
-    for value in (None, {}, {"rank": 0, "alpha": 32.0, "targets": ["q"]}):
-        assert tiny_config(lora=value).lora is None
-
-
 def test_config_round_trips_through_json():
     from pipelinerl_jax.train.json_items import model_config_from_json, model_config_to_json
 
@@ -175,6 +170,10 @@ def test_config_round_trips_through_json():
         ({"targets": []}, "targets is empty"),
         ({"targets": ["q", "q_proj"]}, "names one twice"),
         ({"ranks": 4}, "unknown keys ['ranks']"),
+        ({"rank": 4, "alpha": float("inf")}, "alpha=inf: use a positive finite number"),
+        ({"rank": 0, "alpha": 8}, "alpha set without a rank"),
+        ({"rank": 0, "targets": ["q"], "alpha": 1}, "alpha and targets set without a rank"),
+        ({"rank": 10**6}, "model.lora rank=1000000 exceeds q_proj's"),
         (16, "give a dict"),
     ],
 )
@@ -182,3 +181,13 @@ def test_bad_lora_config_is_one_line(value, words):
     with pytest.raises(ConfigError) as err:
         tiny_config(lora=value)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rank_zero_or_nothing_means_no_adapters():
+    """The run config's own lora section (rank 0, default alpha and targets) means no LoRA;
+    rank 0 beside another alpha or targets is refused (above), not a silent full fine-tune."""
+    off = {"rank": 0, "alpha": 32.0, "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+    for value in (None, {}, off):
+        assert tiny_config(lora=value).lora is None
+    smallest = min(min(io) for io in tiny_config().projection_features.values())
+    assert tiny_config(lora={"rank": smallest}).lora.rank == smallest

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import rope
-from pipelinerl_jax.models.lora import LoraConfig, lora_config
+from pipelinerl_jax.models.lora import LoraConfig, check_rank, lora_config
 from pipelinerl_jax.models.remat import REMAT_POLICIES
 
 _DTYPES = ("float32", "bfloat16")
@@ -78,6 +78,23 @@ class ModelConfig:
             raise ConfigError(f"config.json: head_dim={self.head_dim} must be even for RoPE")
         # Validates the rope type early (one-line error for yarn, dynamic, ...).
         rope.check_rope_scaling(self.rope_scaling)
+        if self.lora is not None:
+            check_rank(self.lora, self.projection_features)
+
+    @property
+    def projection_features(self) -> dict[str, tuple[int, int]]:
+        """Each layer projection's (input, output) features."""
+        e, f = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return {
+            "q_proj": (e, q),
+            "k_proj": (e, kv),
+            "v_proj": (e, kv),
+            "o_proj": (q, e),
+            "gate_proj": (e, f),
+            "up_proj": (e, f),
+            "down_proj": (f, e),
+        }
 
     @property
     def rope_scaling_dict(self) -> dict | None:

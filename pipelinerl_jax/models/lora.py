@@ -63,8 +63,11 @@ class LoraConfig:
         object.__setattr__(self, "targets", targets)
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise ConfigError(f"model.lora rank={self.rank!r}: use a positive integer, e.g. 16")
-        if not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
-            raise ConfigError(f"model.lora alpha={self.alpha!r}: use a positive number, e.g. 32")
+        alpha = self.alpha
+        if not isinstance(alpha, (int, float)) or not (alpha > 0 and math.isfinite(alpha)):
+            raise ConfigError(
+                f"model.lora alpha={self.alpha!r}: use a positive finite number, e.g. 32"
+            )
         object.__setattr__(self, "alpha", float(self.alpha))
         if not targets:
             raise ConfigError(f"model.lora targets is empty: name projections from {TARGETS}")
@@ -101,12 +104,47 @@ def lora_config(value) -> LoraConfig | None:
             f"model.lora={value!r}: give a dict such as "
             '{"rank": 16, "alpha": 32, "targets": ["q", "k", "v", "o", "gate", "up", "down"]}'
         )
-    if not value or value.get("rank") == 0:
-        return None
     unknown = sorted(set(value) - {"rank", "alpha", "targets"})
     if unknown:
         raise ConfigError(f"model.lora: unknown keys {unknown}; use rank, alpha, targets")
+    if not value or value.get("rank") == 0:
+        # A rank turns LoRA on: alpha or targets without one would train the whole model.
+        defaults = LoraConfig().as_dict()
+        set_alone = [
+            k
+            for k in ("alpha", "targets")
+            if k in value and _normal(k, value[k]) != _normal(k, defaults[k])
+        ]
+        if set_alone:
+            raise ConfigError(
+                f"model.lora {' and '.join(set_alone)} set without a rank (rank 0 is off, a "
+                "full fine-tune): add --config.model.lora.rank=16, or leave "
+                + ("it" if len(set_alone) == 1 else "them")
+                + " out"
+            )
+        return None
     return LoraConfig(**value)
+
+
+def _normal(key: str, value):
+    """A lora field's value as compared with its default (targets by full name, any order)."""
+    if key == "targets" and isinstance(value, (list, tuple)):
+        return sorted(_full_name(t) if isinstance(t, str) else t for t in value)
+    return value
+
+
+def check_rank(lora: LoraConfig, shapes: dict[str, tuple[int, int]]) -> None:
+    """Refuses a rank above a target's smaller side: (x·A)·B has rank <= min(in, out) whatever
+    the rank, so the rest is memory and compute for nothing. `shapes`: projection -> (in, out)
+    features."""
+    for target in lora.targets:
+        smallest = min(shapes[target])
+        if lora.rank > smallest:
+            raise ConfigError(
+                f"model.lora rank={lora.rank} exceeds {target}'s {shapes[target][0]} x "
+                f"{shapes[target][1]} (an update of rank <= {smallest}): use a rank <= "
+                f"{min(min(shapes[t]) for t in lora.targets)}"
+            )
 
 
 def is_adapter(name: str) -> bool:
