@@ -21,7 +21,7 @@ import jax
 from pipelinerl_jax.data.datasets import resolve_files
 from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.models import param_counts
+from pipelinerl_jax.models import param_counts, peft_io
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import host_memory, memory
 from pipelinerl_jax.pipeline.components import model_config, split_devices
@@ -42,6 +42,8 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
     cfg.sampler.check_shards(len(sampler_devices) // cfg.devices.sampler_tp)
     model_cfg = model_config(cfg)
+    if cfg.model.lora_init:  # its config and tensor shapes, from the file headers alone
+        peft_io.check_peft(cfg.model.lora_init, model_cfg)
     # The same estimate and refusal as the run's start-up check (pipeline.components.check_memory).
     est = memory.estimate(cfg, model_cfg, shared_device=True)
     shared = " (shared)" if sampler_devices == trainer_devices else ""

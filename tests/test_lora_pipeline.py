@@ -175,3 +175,26 @@ def test_peft_out_overlapping_out_is_refused_before_loading(tmp_path, peft_out):
     assert not out.exists()
     export._check_apart(out, out / "adapter")
     export._check_apart(out, tmp_path / "adapter")
+
+
+def test_dry_run_checks_lora_init_as_the_run_would(tmp_path):
+    """The adapter's config and tensor shapes are read from the file headers: a rank that
+    differs from model.lora's, or an unreadable weights file, is refused before a run."""
+    from pipelinerl_jax.dry_run import dry_run
+    from pipelinerl_jax.models import peft_io
+    from pipelinerl_jax.pipeline.components import model_config
+
+    cfg = presets.tiny(model=dict(lora=LORA))
+    model_cfg = model_config(cfg)
+    _, params = decoder.init(model_cfg, jax.random.key(random.Random().randrange(1 << 16)))
+    peft_io.save_peft(model_cfg, params, tmp_path / "a")
+    quiet = lambda *_: None
+    dry_run(presets.tiny(model=dict(lora_init=str(tmp_path / "a"))), echo=quiet)
+    other_rank = dict(LORA, rank=2)
+    with pytest.raises(ConfigError, match="r=4 but model.lora rank=2; leave model.lora unset"):
+        dry_run(
+            presets.tiny(model=dict(lora=other_rank, lora_init=str(tmp_path / "a"))), echo=quiet
+        )
+    (tmp_path / "a" / peft_io.WEIGHTS_FILE).write_bytes(os.urandom(64))
+    with pytest.raises(ConfigError, match="cannot read safetensors file"):
+        dry_run(presets.tiny(model=dict(lora_init=str(tmp_path / "a"))), echo=quiet)

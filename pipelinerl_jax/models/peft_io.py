@@ -306,15 +306,17 @@ def peft_lora_config(adapter_dir: str | os.PathLike) -> lora.LoraConfig:
     )
 
 
-def load_peft(adapter_dir: str | os.PathLike, cfg: ModelConfig) -> dict:
-    """A PEFT LoRA directory's adapters in our layout: {"layers": {"q_proj_lora_a": [L, ...],
-    ...}} of f32 numpy arrays (lora.ADAPTER_DTYPE, whatever the base's dtype), for
-    lora.merge(adapters, base). `cfg.lora` must
-    be the directory's own (peft_lora_config); every tensor must be present with its shape."""
+def check_peft(adapter_dir: str | os.PathLike, cfg: ModelConfig):
+    """Checks a PEFT LoRA directory against `cfg` from its config and the safetensors header
+    alone (no tensor is read): `cfg.lora` must be the directory's own (peft_lora_config), and
+    every tensor present with its shape. Returns the open safetensors handle."""
     adapter_dir = Path(adapter_dir)
     found = peft_lora_config(adapter_dir)
     config_path = adapter_dir / CONFIG_FILE
-    fix = f"build the model config with lora=peft_lora_config({str(adapter_dir)!r})"
+    fix = (
+        "leave model.lora unset to take the adapter's rank, alpha and targets "
+        "(peft_lora_config), or set them to the adapter's"
+    )
     want = cfg.lora
     if want is None:
         raise ConfigError(f"{adapter_dir}: the model config has no LoRA adapters; {fix}")
@@ -354,12 +356,8 @@ def load_peft(adapter_dir: str | os.PathLike, cfg: ModelConfig) -> dict:
             f"{path}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all); only "
             f"plain LoRA on {_ALL} in every one of the model's {cfg.num_layers} layers loads"
         )
-    dtype = jnp.dtype(lora.ADAPTER_DTYPE)
-    layers = {}
     for s in specs:
-        shape = params_lib.shape_of(s, cfg, per_layer=True)
-        hf_shape = hf_io.hf_shape(s.key, shape, s.n_in)
-        host_Lx = np.empty((cfg.num_layers, *shape), dtype)
+        hf_shape = hf_io.hf_shape(s.key, params_lib.shape_of(s, cfg, per_layer=True), s.n_in)
         for i in range(cfg.num_layers):
             name = PREFIX + s.hf.format(i=i)
             got = tuple(handle.get_slice(name).get_shape())
@@ -368,6 +366,21 @@ def load_peft(adapter_dir: str | os.PathLike, cfg: ModelConfig) -> dict:
                     f"{path}: tensor {name!r} has shape {got} but r={want.rank} and the "
                     f"model config imply {hf_shape}; the adapter belongs to another base model"
                 )
-            host_Lx[i] = hf_io.to_ours(handle.get_tensor(name), shape, s.n_in)
+    return handle
+
+
+def load_peft(adapter_dir: str | os.PathLike, cfg: ModelConfig) -> dict:
+    """A PEFT LoRA directory's adapters in our layout: {"layers": {"q_proj_lora_a": [L, ...],
+    ...}} of f32 numpy arrays (lora.ADAPTER_DTYPE, whatever the base's dtype), for
+    lora.merge(adapters, base), after `check_peft`."""
+    handle = check_peft(adapter_dir, cfg)
+    dtype = jnp.dtype(lora.ADAPTER_DTYPE)
+    layers = {}
+    for s in _adapter_specs(cfg):
+        shape = params_lib.shape_of(s, cfg, per_layer=True)
+        host_Lx = np.empty((cfg.num_layers, *shape), dtype)
+        for i in range(cfg.num_layers):
+            tensor = handle.get_tensor(PREFIX + s.hf.format(i=i))
+            host_Lx[i] = hf_io.to_ours(tensor, shape, s.n_in)
         layers[s.name] = host_Lx
     return {"layers": layers}
