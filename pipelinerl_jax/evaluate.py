@@ -12,8 +12,10 @@ Problems come from dataset files in any supported format (data/formats.py) or fr
 procedural task (its own character tokenizer and partial-credit reward). Each problem gets k
 attempts from the continuous-batching sampler; answers are scored by the reward (default:
 math-verify in worker processes with a per-answer timeout; "task" for tasks; or
-"module:callable"). The summary (see eval_lib.py) is printed to stdout as JSON and written to
---out; --samples_out writes one JSON line per attempt. Bad input: one line, exit code 2.
+"module:callable"). A multi-turn run's checkpoint (its config.env), or --env=NAME, plays each
+attempt as an episode against the environment, as the run's held-out evaluation does. The
+summary (see eval_lib.py) is printed to stdout as JSON and written to --out; --samples_out
+writes one JSON line per attempt. Bad input: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from pipelinerl_jax import cli
 from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
 from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig
 from pipelinerl_jax.data.tasks import held_out_problems, make_task
+from pipelinerl_jax.envs.codec import EpisodeCodec
+from pipelinerl_jax.envs.runner import EnvironmentPool
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.export import load_model, read_run_config
 from pipelinerl_jax.models import hf_io
 from pipelinerl_jax.models.tokenizer import Tokenizer
+from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import eval_lib
+from pipelinerl_jax.pipeline.config import EnvSpec
+from pipelinerl_jax.pipeline.episodes import make_driver
 from pipelinerl_jax.rewards.tables import reward_fn_spec
 from pipelinerl_jax.rewards.workers import RewardPool
 from pipelinerl_jax.sampler import cli_flags
@@ -84,6 +91,20 @@ def define_flags(fv: flags.FlagValues) -> None:
         "Evaluate the first N problems; 0 = all (tasks: 200).",
     )
     d(flags.DEFINE_integer, "k", 4, "Attempts per problem.")
+    d(
+        flags.DEFINE_string,
+        "env",
+        None,
+        "Play multi-turn episodes with this environment (a name in envs.ENVIRONMENTS or "
+        "module:callable), scored as the run scores them; default: the run's config.env with "
+        "--workdir. '' = one answer per attempt.",
+    )
+    d(
+        flags.DEFINE_string,
+        "env_options",
+        None,
+        "The environment's options as a JSON object (default: the run's, for the run's env).",
+    )
     d(flags.DEFINE_bool, "greedy", False, "Greedy decoding (temperature 0, k = 1).")
     d(flags.DEFINE_float, "temperature", 1.0, "Sampling temperature.")
     d(flags.DEFINE_float, "top_p", 1.0, "Nucleus sampling mass; 1 = off.")
@@ -153,16 +174,51 @@ def _check_flags(fv) -> None:
 
 
 def _task_options(fv) -> dict:
+    return _json_object(fv, "task_options", '{"difficulty": 1}')
+
+
+def _json_object(fv, name: str, example: str) -> dict:
+    value = fv[name].value
     try:
-        options = json.loads(fv.task_options)
+        options = json.loads(value)
     except json.JSONDecodeError as e:
         raise ConfigError(
-            f"--task_options={fv.task_options!r} is not JSON ({e.msg}); give an "
-            "object such as '{\"difficulty\": 1}'"
+            f"--{name}={value!r} is not JSON ({e.msg}); give an object such as '{example}'"
         ) from None
     if not isinstance(options, dict):
-        raise ConfigError(f"--task_options={fv.task_options!r} must be a JSON object")
+        raise ConfigError(f"--{name}={value!r} must be a JSON object")
     return options
+
+
+def _env_spec(fv, run_config: dict | None) -> EnvSpec | None:
+    """The environment whose episodes are played (--env, else the run's), or None."""
+    run_env = (run_config or {}).get("env") or {}
+    name = (run_env.get("name") or "") if fv.env is None else fv.env
+    if not name:
+        if fv.env_options is not None:
+            raise ConfigError(
+                "--env_options needs an environment: give --env=NAME, or a --workdir of a "
+                "run that has one"
+            )
+        return None
+    runs = name == run_env.get("name")  # the run's own: its options and turn limits
+    workers = run_env.get("workers", 0) if runs else fv.reward_workers
+    if fv["reward_workers"].present:
+        workers = fv.reward_workers
+    timeout_s = fv.reward_timeout_s
+    if runs and not fv["reward_timeout_s"].present:
+        timeout_s = run_env.get("timeout_s", timeout_s)
+    options = dict(run_env.get("options") or []) if runs else {}
+    if fv.env_options is not None:
+        options = _json_object(fv, "env_options", '{"max_turns": 4}')
+    return EnvSpec(
+        name=name,
+        options=tuple(sorted(options.items())),
+        max_turns=run_env.get("max_turns", 0) if runs and fv.env_options is None else 0,
+        turn_tokens=run_env.get("turn_tokens", 0) if runs else 0,
+        workers=workers,  # the run's own workers and timeout unless the flags say otherwise
+        timeout_s=timeout_s if workers else EnvSpec().timeout_s,
+    )
 
 
 def _problems(fv, run_config: dict | None):
@@ -270,6 +326,7 @@ def evaluate_cli(fv) -> dict:
             raise ConfigError(f"--workdir={fv.workdir}: directory does not exist")
         run_config = read_run_config(fv.workdir)
     problems, task = _problems(fv, run_config)
+    env_spec = _env_spec(fv, run_config)  # a bad name or option: one line, before loading
     reward = fv.reward or (getattr(task, "reward_fn", "task") if task is not None else "math")
 
     reward_spec = reward_fn_spec(reward)  # one-line error for an unknown callable, early
@@ -293,9 +350,14 @@ def evaluate_cli(fv) -> dict:
     if sampling.error():
         raise ConfigError(f"sampling flags: {sampling.error()}")
     longest = 1
+    env = env_spec.make() if env_spec is not None else None
     for p in problems:
         try:
-            longest = max(longest, len(eval_lib.encode_problem(p, tokenizer, prompt_config)))
+            if env is not None:  # an episode's first prompt: the environment's messages
+                ids = EpisodeCodec(tokenizer).prompt(env.first_messages(p))
+            else:
+                ids = eval_lib.encode_problem(p, tokenizer, prompt_config)
+            longest = max(longest, len(ids))
         except ConfigError:
             raise
         except Exception:
@@ -320,20 +382,33 @@ def evaluate_cli(fv) -> dict:
 
         bar = tqdm(total=len(problems) * k, desc="attempts", unit="sample", file=sys.stderr)
 
-    with RewardPool(
-        reward_spec, num_workers=fv.reward_workers, timeout_s=fv.reward_timeout_s
-    ) as pool:
-        results = eval_lib.evaluate_problems(
-            sampler,
-            tokenizer,
-            problems,
-            pool,
-            k,
-            sampling,
-            prompt_config,
-            return_samples=bool(fv.samples_out),
-            progress=bar.update if bar else None,
-        )
+    if env_spec is not None:
+        with EnvironmentPool(
+            num_workers=env_spec.workers, timeout_s=env_spec.timeout_s
+        ) as env_pool:
+            driver = make_driver(
+                env_spec, tokenizer, env_pool, max_new_tokens=sampling.max_new_tokens
+            )
+            results = eval_lib.evaluate_episodes(
+                sampler, driver, problems, k, sampling, return_samples=bool(fv.samples_out)
+            )
+        if bar is not None:
+            bar.update(len(problems) * k)
+    else:
+        with RewardPool(
+            reward_spec, num_workers=fv.reward_workers, timeout_s=fv.reward_timeout_s
+        ) as pool:
+            results = eval_lib.evaluate_problems(
+                sampler,
+                tokenizer,
+                problems,
+                pool,
+                k,
+                sampling,
+                prompt_config,
+                return_samples=bool(fv.samples_out),
+                progress=bar.update if bar else None,
+            )
     if bar is not None:
         bar.close()
     samples = results.pop("samples", None)
@@ -349,7 +424,8 @@ def evaluate_cli(fv) -> dict:
         "top_k": sampling.top_k,
         "max_new_tokens": sampling.max_new_tokens,
         "template": prompt_config.template,
-        "reward": reward,
+        "reward": reward if env_spec is None else f"env {env_spec.name}",
+        "env": None if env_spec is None else config_lib.as_dict(env_spec),
         "seed": fv.seed,
     }
     if fv.samples_out:

@@ -403,3 +403,37 @@ def test_a_run_is_evaluated_with_its_own_generation_settings():
         "top_p": 1.0,
         "top_k": 0,
     }
+
+
+def test_a_multi_turn_run_is_evaluated_by_playing_its_environment(tmp_path, capsys):
+    """evaluate --workdir of a run with config.env plays the run's environment (its options,
+    turn limits), as the run's own held-out evaluation does: the same summary at the same
+    checkpoint, not one-answer attempts scored as text."""
+    from pipelinerl_jax import pipeline, presets
+
+    cfg = presets.guess(
+        steps=3, eval_every=3, checkpoint_every=3, log_every=0, eval={"num_problems": 8}
+    )
+    pipeline.run(cfg, str(tmp_path / "run"), echo=lambda *_: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    in_run = [r for r in records if r.get("kind") == "eval" and r["step"] == 3][-1]
+    argv = [f"--workdir={tmp_path / 'run'}", "--task=guess_number", "--num_problems=8"]
+    code, out, err = _run([*argv, "--greedy"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["config"]["env"]["name"] == "guess" and got["config"]["step"] == 3
+    timing = {"kind", "time", "step", "eval_s", "episode/seconds_mean", "config"}
+    assert {k: v for k, v in got.items() if k not in timing} == {
+        k: v for k, v in in_run.items() if k not in timing
+    }
+    assert got["episode/turns_mean"] > 1
+    # Another environment, or none, on request; bad environment flags are one line.
+    code, out, _ = _run([*argv, "--greedy", "--env="], capsys)
+    assert code == 0 and "episode/turns_mean" not in json.loads(out)
+    for flags, words in [
+        (["--env=nosuch"], "unknown environment 'nosuch'"),
+        (["--env_options={bad"], "--env_options='{bad' is not JSON"),
+        (["--env=", "--env_options={}"], "--env_options needs an environment"),
+    ]:
+        code, _, err = _run([*argv, *flags], capsys)
+        assert code == 2 and words in err and err.count("\n") == 1, err
