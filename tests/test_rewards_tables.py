@@ -6,6 +6,7 @@ import pytest
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards import tables
 from pipelinerl_jax.rewards.tables import Verdict, as_verdict, get_reward_table
+from pipelinerl_jax.rewards.workers import RewardPool
 
 CORRECT = Verdict("correct", 1.0)
 WRONG = Verdict("wrong", 0.0)
@@ -83,6 +84,16 @@ def test_as_verdict():
             as_verdict(bad)
     with pytest.raises(ValueError, match="not one of"):
         Verdict("maybe")
+    # A NaN or infinite score would poison its group's advantages: it is the reward
+    # function's error (the pool scores that answer as status "error"), not a score.
+    for bad in (float("nan"), float("inf"), np.float32("-inf")):
+        with pytest.raises(ValueError, match="return a finite number"):
+            as_verdict(bad)
+        with pytest.raises(ValueError, match="return a finite number"):
+            Verdict("wrong", bad)
+    with RewardPool(lambda completion, problem: float("nan"), num_workers=0) as pool:
+        got = pool.submit("x", None).result()
+    assert got.status == "error" and "return a finite number" in got.detail
 
 
 def test_resolve_callable():

@@ -15,6 +15,7 @@ string "module.path:callable" (or a built-in name), resolved here with a one-lin
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,10 @@ class Verdict:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"verdict status {self.status!r} is not one of {STATUSES}")
+        # A NaN or infinite reward would poison the group's advantages: the answer is scored
+        # as an error of the reward function instead, like any other bad return.
+        if not math.isfinite(self.score):
+            raise ValueError(f"a reward function scored {self.score}; return a finite number")
 
     @classmethod
     def from_score(cls, score: float) -> "Verdict":
@@ -50,12 +55,13 @@ def as_verdict(value: Any) -> Verdict:
     try:  # also numpy / jax scalars; never text, which float() would also accept
         if isinstance(value, (str, bytes)):
             raise TypeError
-        return Verdict.from_score(float(value))
+        score = float(value)
     except (TypeError, ValueError):
         raise TypeError(
             f"a reward function returned {type(value).__name__}; return a float or a "
             "pipelinerl_jax.rewards.tables.Verdict"
         ) from None
+    return Verdict.from_score(score)
 
 
 @dataclasses.dataclass(frozen=True)
