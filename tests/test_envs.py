@@ -181,7 +181,7 @@ def test_retry_pays_less_for_each_try_and_pickles():
         make_env("retry", {"discount": 2})
     with pytest.raises(ConfigError, match="unknown environment 'retr'"):
         make_env("retr")
-    with pytest.raises(ConfigError, match="bad options"):
+    with pytest.raises(ConfigError, match="'colour': environment 'guess' has no such option"):
         make_env("guess", {"colour": "red"})
     with pytest.raises(ConfigError, match="returned a list, not a pipelinerl_jax.envs.Environment"):
         make_env("pipelinerl_jax.envs.guess:problems", {"n": 1})

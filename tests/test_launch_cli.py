@@ -177,6 +177,58 @@ def test_values_convert_to_the_field_type():
             ["--config.sampler.num_slots=10", "--config.sampler.decode_widths=3"],
             "decode_widths=3: num_slots=10 halves into 2 widths (10, 5); use decode_widths <= 2",
         ),
+        (
+            [TINY, "--config.env.name=guess"],
+            "config.env.name='guess' cannot play the character task data.task=reverse_digits",
+        ),
+        (
+            [TINY, "--config.env.name=calculator"],
+            "whose vocabulary is '0123456789+=:': system prompt",
+        ),
+        (
+            ["--config=configs/guess.py", '--config.env.options={"closeness": "abc"}'],
+            "environment guess: option closeness='abc' must be a finite number >= 0",
+        ),
+        (
+            ["--config=configs/guess.py", '--config.env.options={"role": "bogus"}'],
+            "option role='bogus' must be one of ['user', 'tool', 'text']",
+        ),
+        (
+            ["--config=configs/guess.py", '--config.env.options={"higher": 5}'],
+            "option higher=5 must be a non-empty string",
+        ),
+        (
+            ["--config=configs/guess.py", '--config.env.options={"lo": 10, "hi": 2}'],
+            "options lo=10 > hi=2",
+        ),
+        (
+            [
+                "--config=configs/guess.py",
+                "--config.env.max_turns=3",
+                '--config.env.options={"max_turns": 5}',
+            ],
+            "config.env.max_turns=3 and env.options max_turns=5 disagree",
+        ),
+        (["--config.env.workers=5"], "config.env.workers=5 needs env.name"),
+        (["--config.env.timeout_s=30"], "config.env.timeout_s=30.0 needs env.name"),
+        (
+            ["--config=configs/guess.py", "--config.env.workers=0", "--config.env.timeout_s=1"],
+            "config.env.timeout_s=1.0 applies only with env.workers >= 1",
+        ),
+        (
+            ["--config=configs/guess.py", "--config.env.workers=1", "--config.env.timeout_s=inf"],
+            "timeout_s=inf finite and > 0",
+        ),
+        (
+            ["--config=configs/guess.py", "--config.env.turn_tokens=12"],
+            "config.env.turn_tokens=12 exceeds generation.max_new_tokens=11",
+        ),
+        (["--config.env.name=gues"], "unknown environment 'gues'"),
+        (["--config.env.name=gues"], "did you mean guess?"),
+        (
+            ["--config.env.name=single_turn", "--config.env.max_turns=6"],
+            "config.env.max_turns=6: environment 'single_turn' takes no max_turns",
+        ),
         (["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
         (["stray"], "error: unexpected arguments ['stray']"),
     ],

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.envs import arithmetic
-from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.envs.protocol import Environment, Turn, check_bool
 from pipelinerl_jax.rewards.math import verify_math
 
 OPEN, CLOSE = "<calc>", "</calc>"
@@ -56,10 +56,16 @@ class Calculator(Environment):
     stop_strings = (CLOSE,)
     system: str = SYSTEM  # the system prompt: how to call the tool
     shown: tuple = EXAMPLE  # the worked example's exchange, shown before the problem
+    ERROR = " error: "  # what a result that could not be computed starts with
 
     def __init__(self, *, max_turns: int | None = None, example: bool = True):
         super().__init__(max_turns=max_turns)
-        self.example = example
+        self.example = check_bool(self.name, "example", example)
+
+    def texts(self) -> dict[str, str]:
+        shown = "".join(m["content"] for m in self.shown) if self.example else ""
+        # A result's characters: a value (" = -12.5") or why there is none (" error: ...").
+        return {"system prompt": self.system + shown, "results": f" = -0.5{self.ERROR}"}
 
     def first_messages(self, problem: Problem) -> list[dict]:
         shown = [dict(m) for m in self.shown] if self.example else []
@@ -78,6 +84,6 @@ class Calculator(Environment):
             value = f" = {arithmetic.show(arithmetic.evaluate(expression))}"
             info = {"tool_calls": 1}
         except arithmetic.ExpressionError as e:
-            value = f" error: {e}"
+            value = f"{self.ERROR}{e}"
             info = {"tool_calls": 1, "tool_errors": 1}
         return Turn({"role": "text", "content": value}, info=info)

@@ -63,6 +63,9 @@ class Equations(Calculator):
     system = SYSTEM
     shown = EXAMPLE
 
+    def texts(self) -> dict[str, str]:
+        return {**super().texts(), "results": f"{NOTHING}-0.5"}
+
     def respond(self, problem: Problem, turns: Sequence[str]) -> Turn:
         turn = turns[-1]
         if not turn.rstrip().endswith("="):  # ended at EOS or the budget: the answer

@@ -18,7 +18,15 @@ import re
 from collections.abc import Sequence
 
 from pipelinerl_jax.data.formats import Problem
-from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.envs.protocol import (
+    ROLES,
+    Environment,
+    Turn,
+    check_choice,
+    check_int,
+    check_number,
+    check_text,
+)
 from pipelinerl_jax.errors import ConfigError
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -57,13 +65,40 @@ class GuessNumber(Environment):
         base: int = 10,
     ):
         super().__init__(max_turns=max_turns)
-        if not 2 <= base <= len(_DIGITS):
-            raise ConfigError(f"guess: base={base} must be in [2, {len(_DIGITS)}]")
+        base = check_int(self.name, "base", base, lo=2)
+        if base > len(_DIGITS):
+            raise ConfigError(
+                f"environment guess: option base={base} must be in [2, {len(_DIGITS)}]"
+            )
         self.base = base
         self._number = re.compile(f"[{_DIGITS[:base]}]+", re.IGNORECASE)
-        self.higher, self.lower, self.again, self.role = higher, lower, again, role
-        self.closeness, self.consistency = float(closeness), float(consistency)
-        self.lo, self.hi = lo, hi
+        self.higher, self.lower, self.again = (
+            check_text(self.name, option, value)
+            for option, value in (("higher", higher), ("lower", lower), ("again", again))
+        )
+        if self.higher == self.lower:
+            raise ConfigError(
+                f"environment guess: options higher and lower are both {higher!r}, so the model "
+                "cannot tell which way to go; give them different words"
+            )
+        self.role = check_choice(self.name, "role", role, ROLES)
+        self.closeness = check_number(self.name, "closeness", closeness, lo=0)
+        self.consistency = check_number(self.name, "consistency", consistency, lo=0)
+        # A guess is read as digits, never with a sign: a secret below 0 could not be named.
+        self.lo = check_int(self.name, "lo", lo, lo=0)
+        self.hi = check_int(self.name, "hi", hi, lo=0)
+        if lo > hi:
+            raise ConfigError(
+                f"environment guess: options lo={lo} > hi={hi}; the secrets' range needs "
+                "lo <= hi (the task's own lo and hi)"
+            )
+
+    def texts(self) -> dict[str, str]:
+        return {
+            "option higher": self.higher,
+            "option lower": self.lower,
+            "option again": self.again,
+        }
 
     def first_messages(self, problem: Problem) -> list[dict]:
         return [{"role": "user", "content": problem.question}]

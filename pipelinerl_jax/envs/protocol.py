@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import difflib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -73,6 +74,65 @@ def as_turn(value: Any) -> Turn:
     return value
 
 
+# Checks of an environment's options, each a one-line ConfigError naming the environment, the
+# option, the value and what it must be; each returns the value (a float for a number).
+
+
+def _refuse(env: str, option: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"environment {env}: option {option}={value!r} must be {expected}")
+
+
+def check_int(env: str, option: str, value: Any, *, lo: int | None = None) -> int:
+    """An int (not a bool), at least `lo` when given."""
+    if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo):
+        raise _refuse(env, option, value, "an int" + (f" >= {lo}" if lo is not None else ""))
+    return value
+
+
+def check_number(
+    env: str, option: str, value: Any, *, lo: float | None = None, hi: float | None = None
+) -> float:
+    """A finite int or float (not a bool) in [lo, hi] (each bound when given)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = (
+            f" in [{lo:g}, {hi:g}]"
+            if lo is not None and hi is not None
+            else (f" >= {lo:g}" if lo is not None else (f" <= {hi:g}" if hi is not None else ""))
+        )
+        raise _refuse(env, option, value, f"a finite number{bounds}")
+    return float(value)
+
+
+def check_text(env: str, option: str, value: Any) -> str:
+    """A non-empty string (an empty observation adds no token: the episode would end)."""
+    if not isinstance(value, str) or not value:
+        raise _refuse(env, option, value, "a non-empty string")
+    return value
+
+
+def check_bool(env: str, option: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _refuse(env, option, value, "true or false")
+    return value
+
+
+def did_you_mean(name: Any, choices: Sequence[str]) -> str:
+    """ "; did you mean X?" for the closest of `choices` to `name`, or ""."""
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_choice(env: str, option: str, value: Any, choices: Sequence[str]) -> str:
+    """One of `choices`, with the closest one suggested."""
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(
+            f"environment {env}: option {option}={value!r} must be one of {list(choices)}"
+            f"{did_you_mean(value, choices)}"
+        )
+    return value
+
+
 class Environment(abc.ABC):
     """Subclass with `first_messages` and `respond`; instances must pickle (they are sent to
     worker processes)."""
@@ -84,8 +144,17 @@ class Environment(abc.ABC):
     def __init__(self, *, max_turns: int | None = None):
         if max_turns is not None:
             self.max_turns = max_turns
-        if not (isinstance(self.max_turns, int) and self.max_turns >= 1):
-            raise ConfigError(f"{self.name}: max_turns={self.max_turns!r} must be an int >= 1")
+        check_int(self.name, "max_turns", self.max_turns, lo=1)
+
+    def texts(self) -> dict[str, str] | None:
+        """The fixed text this environment writes into an episode besides the problem's own
+        (its prompts, feedback words, observation markup), by what sets it, e.g.
+        {"option higher": "higher"}. A character-level task (data.tasks.DigitTask) can play
+        the environment only when its vocabulary holds every character of them and of the
+        first messages: RunConfig checks both before the run. None (the default): not
+        known, so only the first messages are checked (what it answers is not known until
+        the run: an observation the task's tokenizer cannot encode fails the run then)."""
+        return None
 
     @abc.abstractmethod
     def first_messages(self, problem: Problem) -> list[dict]:

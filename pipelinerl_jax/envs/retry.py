@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipelinerl_jax.data.formats import Problem
-from pipelinerl_jax.envs.protocol import Turn
+from pipelinerl_jax.envs.protocol import Turn, check_int, check_number, check_text
 from pipelinerl_jax.envs.single_turn import SingleTurn
-from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import as_verdict
 
 
@@ -28,12 +27,12 @@ class Retry(SingleTurn):
     ):
         super().__init__(reward_fn)
         if max_turns is not None:
-            self.max_turns = max_turns
-        if not (isinstance(self.max_turns, int) and self.max_turns >= 1):
-            raise ConfigError(f"{self.name}: max_turns={self.max_turns!r} must be an int >= 1")
-        if not 0.0 <= discount <= 1.0:
-            raise ConfigError(f"{self.name}: discount={discount} must be in [0, 1]")
-        self.feedback, self.discount = feedback, discount
+            self.max_turns = check_int(self.name, "max_turns", max_turns, lo=1)
+        self.feedback = check_text(self.name, "feedback", feedback)
+        self.discount = check_number(self.name, "discount", discount, lo=0, hi=1)
+
+    def texts(self) -> dict[str, str]:
+        return {"option feedback": self.feedback}
 
     def __getstate__(self):
         return {**super().__getstate__(), "rest": (self.max_turns, self.feedback, self.discount)}

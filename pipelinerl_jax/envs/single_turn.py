@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipelinerl_jax.data.formats import Problem
-from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.envs.protocol import Environment, Turn, did_you_mean
+from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, as_verdict, resolve_callable
 
 
@@ -16,6 +17,13 @@ class SingleTurn(Environment):
 
     def __init__(self, reward_fn: str | Callable = "math"):
         super().__init__()
+        named = isinstance(reward_fn, str) and (reward_fn in BUILTIN_REWARDS or ":" in reward_fn)
+        if not (named or callable(reward_fn)):
+            raise ConfigError(
+                f"environment {self.name}: option reward_fn={reward_fn!r} must be one of "
+                f"{sorted(BUILTIN_REWARDS)} or 'module.path:callable'"
+                f"{did_you_mean(reward_fn, BUILTIN_REWARDS)}"
+            )
         spec = BUILTIN_REWARDS.get(reward_fn, reward_fn) if isinstance(reward_fn, str) else None
         self._spec = spec
         self._fn = resolve_callable(spec) if spec is not None else reward_fn
@@ -26,6 +34,9 @@ class SingleTurn(Environment):
     def __setstate__(self, state):
         self._spec = state["_spec"]
         self._fn = resolve_callable(self._spec) if self._spec else state["_fn"]
+
+    def texts(self) -> dict[str, str]:
+        return {}  # the question alone
 
     def first_messages(self, problem: Problem) -> list[dict]:
         return [{"role": "user", "content": problem.question}]

@@ -170,16 +170,36 @@ class EnvSpec:
     timeout_s: float = 5.0  # seconds per turn before it counts as a timeout (ends the episode)
 
     def __post_init__(self):
-        if min(self.max_turns, self.turn_tokens, self.workers) < 0 or not self.timeout_s > 0:
+        if min(self.max_turns, self.turn_tokens, self.workers) < 0 or not (
+            0 < self.timeout_s < float("inf")
+        ):
             raise ConfigError(
                 f"config.env: max_turns={self.max_turns}, turn_tokens={self.turn_tokens} and "
-                f"workers={self.workers} must be >= 0 and timeout_s={self.timeout_s} > 0"
+                f"workers={self.workers} must be >= 0 and timeout_s={self.timeout_s} finite "
+                "and > 0"
             )
+        default = EnvSpec.__dataclass_fields__
+        timeout_set = self.timeout_s != default["timeout_s"].default
         if self.name:
             self.make()  # a bad name or option fails here, in one line
-        elif self.options or self.max_turns or self.turn_tokens:
+        else:
+            changed = [f"env.options={dict(self.options)}"] if self.options else []
+            changed += [
+                f"env.{f}={getattr(self, f)!r}"
+                for f in ("max_turns", "turn_tokens", "workers", "timeout_s")
+                if getattr(self, f) != default[f].default
+            ]
+            if changed:
+                raise ConfigError(
+                    f"config.{changed[0]} needs env.name (an environment); without one it "
+                    "applies to nothing (one-answer runs score with reward.workers and "
+                    "reward.timeout_s): set env.name or leave it out"
+                )
+        if self.workers == 0 and timeout_set:
             raise ConfigError(
-                "config.env.options, max_turns and turn_tokens need env.name (an environment)"
+                f"config.env.timeout_s={self.timeout_s} applies only with env.workers >= 1: "
+                "env.workers=0 answers turns in the sampler thread, with no time limit; set "
+                "env.workers or leave timeout_s out"
             )
 
     def make(self):
@@ -187,6 +207,58 @@ class EnvSpec:
         if not self.name:
             return None
         return make_env(self.name, dict(self.options), max_turns=self.max_turns)
+
+    def check_fits(self, data: DataSpec, max_new_tokens: int) -> None:
+        """The run's other sections (RunConfig.check_sections_fit): turns fit the episode's
+        budget, and a character-level task's vocabulary holds what the environment writes
+        (its tokenizer cannot encode more: the first turn would fail)."""
+        if not self.name:
+            return
+        if self.turn_tokens > max_new_tokens:
+            raise ConfigError(
+                f"config.env.turn_tokens={self.turn_tokens} exceeds generation.max_new_tokens="
+                f"{max_new_tokens}, which bounds the whole episode after its prompt; lower "
+                "env.turn_tokens (0: what is left of the episode) or raise max_new_tokens"
+            )
+        if not data.task or TASKS[data.task].text_task:
+            return  # the model's tokenizer: any text encodes
+        task = TASKS[data.task](**dict(data.task_options))  # a DigitTask
+        env = self.make()
+        vocab = task.tokenizer
+
+        def unknown(texts: dict) -> dict:
+            out = {}
+            for what, text in texts.items():
+                chars = "".join(sorted({ch for ch in text if vocab.token_to_id(ch) is None}))
+                if chars:
+                    out[what] = f"{what} {text[:30]!r} has {chars[:12]!r}"
+            return out
+
+        # What it says it writes, then (a subclass may prompt otherwise) its first messages.
+        bad = unknown(env.texts() or {})
+        if not bad:
+            try:
+                first = env.first_messages(task.problem(0))
+            except Exception as e:  # noqa: BLE001 - a user's environment: said in one line
+                raise ConfigError(
+                    f"config.env.name={self.name!r}: first_messages() of a {data.task} problem "
+                    f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                ) from None
+            text = "".join(str(m.get("content", "")) for m in first)
+            bad = unknown({"its first messages": text})
+        if bad:
+            allowed = "".join(t for t in vocab.tokens if len(t) == 1)
+            fix = (
+                "give env.options words of that vocabulary (configs/guess.py does) or "
+                if all(what.startswith("option ") for what in bad)
+                else ""
+            )
+            raise ConfigError(
+                f"config.env.name={self.name!r} cannot play the character task data.task="
+                f"{data.task}, whose vocabulary is {allowed!r}: {'; '.join(bad.values())}; "
+                f"{fix}train a text task (data.task=word_problems or data.datasets, with "
+                "model.hf_dir)"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +421,7 @@ class RunConfig(RunSpec):
                 "same one (leave loss.temperature unset)"
             )
         self.check_deterministic()
+        self.env.check_fits(self.data, self.max_new_tokens)
         seeds = (self.seed, self.data.shuffle_seed, self.sampler.seed)
         if min(seeds) < 0 or max(self.seed + s for s in seeds[1:]) >= 2**32:
             raise ConfigError(
