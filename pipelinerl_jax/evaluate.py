@@ -159,10 +159,15 @@ def _check_flags(fv) -> None:
     if fv.max_new_tokens < 1 or fv.num_problems < 0:
         raise ConfigError("--max_new_tokens must be >= 1 and --num_problems >= 0")
     cli_flags.check(fv)
-    if fv.reward_workers < 0 or not fv.reward_timeout_s > 0:
+    if fv.reward_workers < 0 or not 0 < fv.reward_timeout_s < float("inf"):
         raise ConfigError(
             f"--reward_workers={fv.reward_workers} must be >= 0 (0: inline) and "
-            f"--reward_timeout_s={fv.reward_timeout_s} > 0"
+            f"--reward_timeout_s={fv.reward_timeout_s} finite and > 0"
+        )
+    if fv.reward_workers == 0 and fv["reward_timeout_s"].present:
+        raise ConfigError(
+            "--reward_timeout_s applies only with --reward_workers >= 1: 0 scores inline, "
+            "with no time limit; set --reward_workers or leave --reward_timeout_s out"
         )
     if fv.task_options is not None:
         _task_options(fv)  # one line for bad JSON, before anything loads

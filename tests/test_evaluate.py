@@ -369,6 +369,7 @@ def test_bad_inputs(model_dir, tmp_path, capsys):
         ([m, d, "--page_size=0"], "--page_size=0 must be >= 1"),
         ([m, d, "--kv_memory_gb=-1"], "--kv_memory_gb=-1.0 must be >= 0"),
         ([m, d, "--reward_workers=-1"], "--reward_workers=-1 must be >= 0"),
+        ([m, d, "--reward_timeout_s=3"], "--reward_timeout_s applies only with --reward_workers"),
         ([m, d, "--chat"], "has no chat template"),
         ([m, "--task=word_problems", "--task_options={difficulty: 1}"], "is not JSON"),
         ([m, "--task=word_problems", "--task_options=[1]"], "must be a JSON object"),

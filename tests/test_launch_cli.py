@@ -72,6 +72,7 @@ def test_list_and_dict_overrides_reach_the_run_config():
 def test_fields_the_file_leaves_out_and_dict_keys_can_be_set():
     cfg = _config(
         "--config.reward.timeout_s=12",
+        "--config.reward.workers=1",
         "--config.data.task_options.num_problems=50",
         "--config.model.init.num_layers",
         "3",
@@ -165,7 +166,12 @@ def test_values_convert_to_the_field_type():
         (["--config.sampler.page_size=0"], "sampler.page_size=0 must be >= 1"),
         (["--config.sampler.max_prefill_rows=0"], "sampler.max_prefill_rows=0 must be >= 1"),
         (["--config.reward.workers=-1"], "config.reward: workers=-1 must be >= 0"),
-        (["--config.reward.timeout_s=0"], "timeout_s=0.0 > 0"),
+        (["--config.reward.timeout_s=0"], "timeout_s=0.0 finite and > 0"),
+        (["--config.reward.timeout_s=3"], "reward.timeout_s=3.0 applies only with reward.workers"),
+        (
+            ["--config.model.hf_dir=models/SmolLM2-135M-Instruct"],
+            "config.model.init is for a fresh model, and model.hf_dir=models/SmolLM2-135M",
+        ),
         (["--config.trainer.b2=1"], "trainer.b2=1.0 must be in [0, 1)"),
         (["--config.trainer.eps=0"], "trainer.eps=0.0 must be > 0"),
         (["--config.trainer.weight_decay=-0.1"], "trainer.weight_decay=-0.1 must be >= 0"),
@@ -366,6 +372,7 @@ def test_dry_run_prints_config_params_and_memory_and_exits_0(tmp_path, capsys):
     code, out, err = _launch(
         TINY,
         "--dry_run",
+        "--config.reward.workers=1",
         "--config.reward.timeout_s=9",
         f"--workdir={tmp_path / 'run'}",
         capsys=capsys,

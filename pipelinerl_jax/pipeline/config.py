@@ -82,6 +82,12 @@ class ModelSpec:
                 "config.model: set model.hf_dir to a Hugging Face directory or "
                 "model.init to the fields of a fresh decoder"
             )
+        if self.hf_dir and self.init:
+            # The loaded model's shape is its config.json's: init would be ignored.
+            raise ConfigError(
+                f"config.model.init is for a fresh model, and model.hf_dir={self.hf_dir} loads "
+                "one shaped by its config.json: add --config.model.init={} (or leave hf_dir out)"
+            )
         unknown = sorted(set(dict(self.init)) - INIT_FIELDS)
         if unknown:
             raise ConfigError(
@@ -148,10 +154,16 @@ class RewardSpec:
 
     def __post_init__(self):
         get_reward_table(self.table, **dict(self.table_options))  # a bad name or option
-        if self.workers < 0 or not self.timeout_s > 0:
+        if self.workers < 0 or not 0 < self.timeout_s < float("inf"):
             raise ConfigError(
                 f"config.reward: workers={self.workers} must be >= 0 (0: in the sampler "
-                f"thread) and timeout_s={self.timeout_s} > 0"
+                f"thread) and timeout_s={self.timeout_s} finite and > 0"
+            )
+        if self.workers == 0 and self.timeout_s != RewardSpec.timeout_s:
+            raise ConfigError(
+                f"config.reward.timeout_s={self.timeout_s} applies only with reward.workers >= "
+                "1: reward.workers=0 scores in the sampler thread, with no time limit; set "
+                "reward.workers or leave timeout_s out"
             )
 
 
