@@ -1,7 +1,8 @@
 """launch.py --dry_run: the checks a run makes before it loads or compiles anything, then stop.
 
 From a validated RunConfig: the task's options (built, not drawn from), the dataset files
-(found, not read), the reward function (imported), the devices split into the sampler and
+(read and mapped to problems, as the run reads them), the reward function (imported), a LoRA
+adapter to start from (its config and tensor shapes), the process flags (launch.py), the devices split into the sampler and
 trainer meshes as the run splits them (`pipeline.components.split_devices`), the model's shape
 (from model.hf_dir's config.json or model.init; no weights) and the run's own start-up memory
 estimate (`memory.estimate`, refused with one line when it cannot fit, as a run is). Prints the
@@ -18,7 +19,7 @@ import json
 
 import jax
 
-from pipelinerl_jax.data.datasets import resolve_files
+from pipelinerl_jax.data.datasets import load_dataset
 from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts, peft_io
@@ -35,8 +36,13 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
     `gpu`: also predict each role on that GPU, at this machine's device split."""
     if cfg.data.task:
         make_task(cfg.data.task, **dict(cfg.data.task_options))
-    for spec in (*cfg.data.datasets, *cfg.eval.datasets):
-        resolve_files(spec.path)
+    # The files read and mapped as the run reads them: a format that fits none of their
+    # records is refused here, not after the workdir is made.
+    counts = {
+        where: sum(len(load_dataset(spec).problems) for spec in specs)
+        for where, specs in (("train", cfg.data.datasets), ("eval", cfg.eval.datasets))
+        if specs
+    }
     reward_fn_spec(cfg.reward.fn)
     devices = jax.local_devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)
@@ -62,6 +68,9 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
         f"devices: {devices[0].platform} x {len(devices)}: sampler {len(sampler_devices)}, "
         f"trainer {len(trainer_devices)}{shared}"
     )
+    if counts:
+        echo("data: " + ", ".join(f"{n} {where} problems" for where, n in counts.items()))
+        out["problems"] = counts
     echo(
         f"model: {model_cfg.model_type}, {model_cfg.num_layers} layers, hidden "
         f"{model_cfg.hidden_size}: {out['params']:,} parameters ({model_cfg.param_dtype})"

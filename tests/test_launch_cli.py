@@ -494,3 +494,25 @@ def test_make_run_gets_a_timestamped_workdir_unless_args_name_one():
         l for l in make("ARGS=--workdir=/tmp/x --config.seed=3").splitlines() if "launch.py" in l
     ][-1]
     assert "runs/" not in line and line.endswith("--workdir=/tmp/x --config.seed=3")
+
+
+def test_dry_run_reads_the_dataset_files_as_the_run_would(tmp_path, capsys):
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "".join(
+            json.dumps({"question": f"{i}+1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(3)
+        )
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"q": "1+1?", "a": "2"}) + "\n")
+    args = ["--config.data.task=", "--config.eval_every=0"]
+    code, out, err = _launch(
+        TINY, "--dry_run", *args, f'--config.data.datasets=[{{"path": "{good}"}}]', capsys=capsys
+    )
+    assert code == 0 and "data: 3 train problems" in out, err
+    flags.FLAGS.unparse_flags()
+    code, _, err = _launch(
+        TINY, "--dry_run", *args, f'--config.data.datasets=[{{"path": "{bad}"}}]', capsys=capsys
+    )
+    assert code == 2 and err.count("\n") == 1, err
+    assert "none of its 1 records is usable as format 'fields'" in err
