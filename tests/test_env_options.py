@@ -175,7 +175,8 @@ def test_a_character_task_plays_an_environment_in_its_vocabulary():
     words = '{"higher": "+", "lower": ":", "again": "="}'
     cfg = _config("--config.env.name=guess", f"--config.env.options={words}")
     assert cfg.env.name == "guess"
-    _config("--config.env.name=single_turn")  # the question alone
+    # The question alone, scored as the task scores it.
+    _config("--config.env.name=single_turn", '--config.env.options={"reward_fn": "task"}')
     _config(
         "--config.env.name=retry", '--config.env.options={"reward_fn": "task", "feedback": "="}'
     )
@@ -213,3 +214,17 @@ def test_turn_tokens_beyond_the_episode_budget_are_refused():
     assert "config.env.turn_tokens=12 exceeds generation.max_new_tokens=11" in str(e.value)
     _one_line(e)
     assert _config("--config.env.turn_tokens=11", file="guess.py").env.turn_tokens == 11
+
+
+def test_an_environment_scoring_with_another_reward_than_the_task_is_refused():
+    """single_turn / retry score with their own reward_fn (math by default): on reverse_digits,
+    scored by its partial credit ("task"), every answer would be unparsable, reward 0."""
+    with pytest.raises(ConfigError) as e:
+        _config("--config.env.name=single_turn")
+    assert "scores answers with pipelinerl_jax.rewards.math:math_reward" in str(e.value)
+    assert "data.task=reverse_digits is scored by 'task'" in str(e.value)
+    _one_line(e)
+    cfg = _config("--config.env.name=single_turn", '--config.env.options={"reward_fn": "task"}')
+    assert cfg.env.make().reward_spec == "pipelinerl_jax.rewards.tables:task_reward"
+    # A text task scored by math-verify takes the default.
+    assert _config("--config.env.name=retry", file="smollm2_math.py").env.name == "retry"

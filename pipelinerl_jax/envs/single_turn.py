@@ -28,6 +28,11 @@ class SingleTurn(Environment):
         self._spec = spec
         self._fn = resolve_callable(spec) if spec is not None else reward_fn
 
+    @property
+    def reward_spec(self) -> str | None:
+        """The "module:callable" that scores its answers (None: a callable given as such)."""
+        return self._spec
+
     def __getstate__(self):  # a "module:callable" spec pickles as its string
         return {"_spec": self._spec, "_fn": None if self._spec else self._fn}
 

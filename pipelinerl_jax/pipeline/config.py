@@ -24,7 +24,7 @@ from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.lora import lora_config
-from pipelinerl_jax.rewards.tables import get_reward_table
+from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, get_reward_table
 from pipelinerl_jax.rl.config import BatchConfig
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sequence import SamplingParams
@@ -222,8 +222,8 @@ class EnvSpec:
 
     def check_fits(self, data: DataSpec, max_new_tokens: int) -> None:
         """The run's other sections (RunConfig.check_sections_fit): turns fit the episode's
-        budget, and a character-level task's vocabulary holds what the environment writes
-        (its tokenizer cannot encode more: the first turn would fail)."""
+        budget, a character-level task's vocabulary holds what the environment writes, and an
+        environment scoring with a reward function uses the task's."""
         if not self.name:
             return
         if self.turn_tokens > max_new_tokens:
@@ -232,10 +232,22 @@ class EnvSpec:
                 f"{max_new_tokens}, which bounds the whole episode after its prompt; lower "
                 "env.turn_tokens (0: what is left of the episode) or raise max_new_tokens"
             )
-        if not data.task or TASKS[data.task].text_task:
-            return  # the model's tokenizer: any text encodes
-        task = TASKS[data.task](**dict(data.task_options))  # a DigitTask
         env = self.make()
+        if data.task and not TASKS[data.task].text_task:
+            self._check_vocabulary(env, data)
+        scorer = getattr(env, "reward_spec", None)  # single_turn, retry: a reward function
+        wanted = getattr(TASKS.get(data.task), "reward_fn", "task") if data.task else None
+        if scorer and wanted and scorer != BUILTIN_REWARDS.get(wanted, wanted):
+            # e.g. retry's default math-verify on reverse_digits: every answer unparsable.
+            raise ConfigError(
+                f"config.env.name={self.name!r} scores answers with {scorer}, but "
+                f"data.task={data.task} is scored by {wanted!r}: add "
+                f'"reward_fn": "{wanted}" to --config.env.options'
+            )
+
+    def _check_vocabulary(self, env, data: DataSpec) -> None:
+        """A character task's tokenizer encodes what `env` writes (else its first turn fails)."""
+        task = TASKS[data.task](**dict(data.task_options))  # a DigitTask
         vocab = task.tokenizer
 
         def unknown(texts: dict) -> dict:
