@@ -8,25 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelinerl_jax import config_cli
 from pipelinerl_jax.envs.protocol import Environment, Turn
 from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.envs.single_turn import SingleTurn
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import config_dict
 from pipelinerl_jax.pipeline.config import EnvSpec
+from tests.config_args import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GUESS_WORDS = {"higher": ">", "lower": "<", "again": "=", "base": 16}
-
-
-def _config(*overrides, file="tiny.py"):
-    """The RunConfig a launch with these --config.* arguments would run."""
-    rest, parsed = config_cli.split_argv(list(overrides))
-    assert rest == []
-    c = config_cli.load_file(str(ROOT / "configs" / file))
-    config_cli.apply_overrides(c, parsed)
-    return config_dict.from_config_dict(c)
 
 
 def _one_line(e):
@@ -159,7 +149,7 @@ def test_env_spec_accepts_its_defaults():
 def test_a_character_task_refuses_an_environment_it_cannot_encode(name):
     # tiny.py trains reverse_digits: a vocabulary of digits and "+=:".
     with pytest.raises(ConfigError) as e:
-        _config(f"--config.env.name={name}")
+        run_config(f"--config.env.name={name}")
     message = str(e.value)
     assert (
         f"config.env.name={name!r} cannot play the character task data.task=reverse_digits"
@@ -173,14 +163,14 @@ def test_a_character_task_refuses_an_environment_it_cannot_encode(name):
 
 def test_a_character_task_plays_an_environment_in_its_vocabulary():
     words = '{"higher": "+", "lower": ":", "again": "="}'
-    cfg = _config("--config.env.name=guess", f"--config.env.options={words}")
+    cfg = run_config("--config.env.name=guess", f"--config.env.options={words}")
     assert cfg.env.name == "guess"
     # The question alone, scored as the task scores it.
-    _config("--config.env.name=single_turn", '--config.env.options={"reward_fn": "task"}')
-    _config(
+    run_config("--config.env.name=single_turn", '--config.env.options={"reward_fn": "task"}')
+    run_config(
         "--config.env.name=retry", '--config.env.options={"reward_fn": "task", "feedback": "="}'
     )
-    _config(file="guess.py")
+    run_config(file="guess.py")
 
 
 class Chatty(Environment):
@@ -203,28 +193,28 @@ class Prompted(SingleTurn):
 @pytest.mark.parametrize("name, chars", [("Chatty", "' Rersv'"), ("Prompted", "' Q'")])
 def test_a_user_environments_first_messages_are_checked(name, chars):
     with pytest.raises(ConfigError) as e:
-        _config(f"--config.env.name={__name__}:{name}")
+        run_config(f"--config.env.name={__name__}:{name}")
     assert "its first messages '" in str(e.value) and f"has {chars}" in str(e.value)
     _one_line(e)
 
 
 def test_turn_tokens_beyond_the_episode_budget_are_refused():
     with pytest.raises(ConfigError) as e:
-        _config("--config.env.turn_tokens=12", file="guess.py")
+        run_config("--config.env.turn_tokens=12", file="guess.py")
     assert "config.env.turn_tokens=12 exceeds generation.max_new_tokens=11" in str(e.value)
     _one_line(e)
-    assert _config("--config.env.turn_tokens=11", file="guess.py").env.turn_tokens == 11
+    assert run_config("--config.env.turn_tokens=11", file="guess.py").env.turn_tokens == 11
 
 
 def test_an_environment_scoring_with_another_reward_than_the_task_is_refused():
     """single_turn / retry score with their own reward_fn (math by default): on reverse_digits,
     scored by its partial credit ("task"), every answer would be unparsable, reward 0."""
     with pytest.raises(ConfigError) as e:
-        _config("--config.env.name=single_turn")
+        run_config("--config.env.name=single_turn")
     assert "scores answers with pipelinerl_jax.rewards.math:math_reward" in str(e.value)
     assert "data.task=reverse_digits is scored by 'task'" in str(e.value)
     _one_line(e)
-    cfg = _config("--config.env.name=single_turn", '--config.env.options={"reward_fn": "task"}')
+    cfg = run_config("--config.env.name=single_turn", '--config.env.options={"reward_fn": "task"}')
     assert cfg.env.make().reward_spec == "pipelinerl_jax.rewards.tables:task_reward"
     # A text task scored by math-verify takes the default.
-    assert _config("--config.env.name=retry", file="smollm2_math.py").env.name == "retry"
+    assert run_config("--config.env.name=retry", file="smollm2_math.py").env.name == "retry"

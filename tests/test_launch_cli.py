@@ -18,7 +18,7 @@ from absl import logging as absl_logging
 import launch
 from pipelinerl_jax import config_cli
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline import config_dict
+from tests.config_args import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = f"--config={ROOT / 'configs' / 'tiny.py'}"
@@ -41,17 +41,8 @@ def _launch(*args, capsys):
     return e.value.code or 0, out.out, out.err
 
 
-def _config(*overrides, file="tiny.py"):
-    """The RunConfig a launch with these --config.* arguments would run."""
-    rest, parsed = config_cli.split_argv(list(overrides))
-    assert rest == []
-    c = config_cli.load_file(str(ROOT / "configs" / file))
-    config_cli.apply_overrides(c, parsed)
-    return config_dict.from_config_dict(c)
-
-
 def test_list_and_dict_overrides_reach_the_run_config():
-    cfg = _config(
+    cfg = run_config(
         '--config.data.few_shot=[{"question": "1+2?", "answer": "3"}]',
         "--config.reward.table=success_and_format",
         '--config.reward.table_options={"format_weight": 0.3}',
@@ -61,7 +52,7 @@ def test_list_and_dict_overrides_reach_the_run_config():
     assert cfg.data.few_shot == (("1+2?", "3"),)
     assert dict(cfg.reward.table_options) == {"format_weight": 0.3}
     assert cfg.eval.datasets[0].path == "x.jsonl" and cfg.eval.datasets[0].format == "gsm8k"
-    cfg = _config(
+    cfg = run_config(
         "--config.data.task=",
         "--config.eval_every=0",
         '--config.data.datasets=[{"path": "train.jsonl", "format": "gsm8k"}]',
@@ -70,7 +61,7 @@ def test_list_and_dict_overrides_reach_the_run_config():
 
 
 def test_fields_the_file_leaves_out_and_dict_keys_can_be_set():
-    cfg = _config(
+    cfg = run_config(
         "--config.reward.timeout_s=12",
         "--config.reward.workers=1",
         "--config.data.task_options.num_problems=50",
@@ -87,7 +78,7 @@ def test_fields_the_file_leaves_out_and_dict_keys_can_be_set():
 
 
 def test_values_convert_to_the_field_type():
-    cfg = _config(
+    cfg = run_config(
         "--config.devices.sampler=1",
         "--config.model.remat",
         "--config.data.system_prompt=null",
@@ -102,7 +93,7 @@ def test_values_convert_to_the_field_type():
     assert cfg.trainer.loss.entropy_coef_end == 0.01 and cfg.compile_cache == ""
     assert cfg.trainer.learning_rate == 1e-3 and cfg.max_lag == 3
     assert cfg.data.prompt_template == "chat"
-    assert _config("--config.seed=1", "--config.seed=2").seed == 2  # the last one wins
+    assert run_config("--config.seed=1", "--config.seed=2").seed == 2  # the last one wins
 
 
 @pytest.mark.parametrize(
