@@ -4,8 +4,6 @@ what is wrong: an option of the wrong type or out of range, a setting that would
 (env.turn_tokens beyond generation.max_new_tokens), and an environment whose text a
 character-level task's vocabulary cannot encode (the run would fail at its first turn)."""
 
-from pathlib import Path
-
 import pytest
 
 from pipelinerl_jax.envs.protocol import Environment, Turn
@@ -15,7 +13,6 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline.config import EnvSpec
 from tests.config_args import run_config
 
-ROOT = Path(__file__).resolve().parents[1]
 GUESS_WORDS = {"higher": ">", "lower": "<", "again": "=", "base": 16}
 
 
