@@ -14,17 +14,20 @@ after it, so a checkpoint never holds a step whose record a kill could still los
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import jax
 
+from pipelinerl_jax import cli
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline.metrics import METRICS_FILE
 from pipelinerl_jax.pipeline.run_plot import PLOT_FILE, plot_run
-from pipelinerl_jax.train.checkpoint import RunCheckpointer
-from pipelinerl_jax.train.resume_compat import check_compatible
+from pipelinerl_jax.train.checkpoint import CHECKPOINT_DIR, RunCheckpointer
+from pipelinerl_jax.train.resume_compat import another_run, check_compatible
 
 
 class Checkpoints:
@@ -143,33 +146,75 @@ def check_own_config(workdir) -> None:
     )
 
 
-def preflight(cfg, workdir, stream=None) -> int | None:
+def preflight(cfg, workdir, stream=None, echo=print) -> int | None:
     """Before anything loads: raises ConfigError for a config change the workdir's newest
-    checkpoint cannot take, or for a resume the prompt stream cannot make (`stream`: the one
-    the run was given, None for the config's own; see data/prompts.py), and returns that
-    checkpoint's step when it is at cfg.steps or later (the run is finished), else None."""
-    if not cfg.checkpoint_every:
-        return None
+    checkpoint cannot take, for a resume the prompt stream cannot make (`stream`: the one
+    the run was given, None for the config's own; see data/prompts.py), for checkpoints a
+    run with checkpoint_every=0 would train past and never replace, and for a checkpoints
+    folder it cannot write; returns that checkpoint's step when it is at cfg.steps or later
+    (the run is finished), else None. Without a checkpoint, see `_check_fresh_start`."""
     ckpt = RunCheckpointer(workdir, read_only=True)
     try:
         latest = ckpt.latest_step()
         if latest is None:
-            return None
-        try:
-            extra = ckpt.read_json(latest, "extra")
-            saved = extra["config"]
-        except Exception:  # noqa: BLE001 - a damaged step: resume() falls back past it
-            return None
-        check_compatible(saved, config_lib.as_dict(cfg))
-        if latest >= cfg.steps:
-            return latest
-        if "data" in extra and extra["data"] is None:
-            raise prompts_lib.no_saved_position(latest)
-        if stream is not None and not prompts_lib.resumable(stream):
-            raise prompts_lib.not_resumable(stream, latest)
-        return None
+            _check_fresh_start(cfg, workdir, echo)
+        else:
+            try:
+                extra = ckpt.read_json(latest, "extra")
+                saved = extra["config"]
+            except Exception:  # noqa: BLE001 - a damaged step: resume() falls back past it
+                extra = None
+            if extra is not None:
+                check_compatible(saved, config_lib.as_dict(cfg))
+                if latest >= cfg.steps:
+                    return latest
+            if not cfg.checkpoint_every:
+                raise ConfigError(
+                    f"--workdir={workdir} holds checkpoints up to step {latest}, and "
+                    "config.checkpoint_every=0 would train on from there saving none (a "
+                    "relaunch would train those steps again): set checkpoint_every, or name "
+                    "a new --workdir"
+                )
+            if extra is not None and "data" in extra and extra["data"] is None:
+                raise prompts_lib.no_saved_position(latest)
+            if stream is not None and not prompts_lib.resumable(stream):
+                raise prompts_lib.not_resumable(stream, latest)
     finally:
         ckpt.close()
+    if cfg.checkpoint_every:  # before training, not at the first save; made by the run
+        cli.check_dir(
+            str(Path(workdir) / CHECKPOINT_DIR),
+            create=False,
+            where=f"--workdir={workdir}'s {CHECKPOINT_DIR}/",
+        )
+    return None
+
+
+def _check_fresh_start(cfg, workdir, echo) -> None:
+    """A workdir without a checkpoint but with a run's train records (killed before its first
+    checkpoint, or one saving none) starts over, said in one line: its records stay and the
+    new ones follow a start record. One whose config.json is another run's (a change a resume
+    would refuse) is refused instead of mixed into."""
+    metrics = Path(workdir) / METRICS_FILE
+    trained = 0
+    if metrics.is_file():
+        with metrics.open(errors="replace") as f:
+            trained = sum('"kind": "train"' in line for line in f)
+    if not trained:
+        return
+    saved = None
+    with contextlib.suppress(OSError, ValueError):
+        saved = json.loads((Path(workdir) / "config.json").read_text())
+    other = another_run(saved, config_lib.as_dict(cfg)) if isinstance(saved, dict) else None
+    if other:
+        raise ConfigError(
+            f"--workdir={workdir} holds {trained} steps of another run ({other}) and no "
+            "checkpoint: name a new --workdir, or move its files away to start over there"
+        )
+    echo(
+        f"no checkpoint in {workdir}: starting from step 0 (the {trained} steps an earlier "
+        f"launch logged stay in {METRICS_FILE})"
+    )
 
 
 def lora_base(trainer) -> dict | None:

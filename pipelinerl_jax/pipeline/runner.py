@@ -33,6 +33,7 @@ from pipelinerl_jax.envs.runner import EnvironmentPool
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import decoder
 from pipelinerl_jax.pipeline import config as config_lib
+from pipelinerl_jax.pipeline import workdir_lock
 from pipelinerl_jax.pipeline.checkpointing import (
     Checkpoints,
     check_own_config,
@@ -96,28 +97,32 @@ def run(
     if workdir:
         check_own_config(workdir)  # never overwrite a model's config.json
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        # May refuse the config or the resume: config.json stays as it was.
-        finished = preflight(cfg, workdir, stream)
-        if finished is not None:
-            echo(
-                f"already finished at step {finished} (config.steps={cfg.steps}): nothing to "
-                "train; raise config.steps to train it further"
-            )
-            return {"finished_at": finished}
-        # Renamed into place: a process starting beside this one (check_own_config) never
-        # reads half a file.
-        tmp = Path(workdir) / ".config.json.tmp"
-        tmp.write_text(json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
-        os.replace(tmp, Path(workdir) / "config.json")
-    if components is None:
-        check_memory(cfg, echo)  # before anything loads or compiles
-    watch = CompileWatch(echo=echo).install()
-    try:
+    with workdir_lock.hold(workdir) if workdir else contextlib.nullcontext():
+        if workdir:
+            # May refuse the config or the resume: config.json stays as it was.
+            finished = preflight(cfg, workdir, stream, echo)
+            if finished is not None:
+                echo(
+                    f"already finished at step {finished} (config.steps={cfg.steps}): nothing "
+                    "to train; raise config.steps to train it further"
+                )
+                return {"finished_at": finished}
+            # Renamed into place: a process starting beside this one (check_own_config)
+            # never reads half a file.
+            tmp = Path(workdir) / ".config.json.tmp"
+            tmp.write_text(json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
+            os.replace(tmp, Path(workdir) / "config.json")
         if components is None:
-            components = build(cfg, devices, prompts=prompts, loss_fn=loss_fn, optimizer=optimizer)
-        return _run(cfg, workdir, components, echo, watch)
-    finally:
-        watch.uninstall()
+            check_memory(cfg, echo)  # before anything loads or compiles
+        watch = CompileWatch(echo=echo).install()
+        try:
+            if components is None:
+                components = build(
+                    cfg, devices, prompts=prompts, loss_fn=loss_fn, optimizer=optimizer
+                )
+            return _run(cfg, workdir, components, echo, watch)
+        finally:
+            watch.uninstall()
 
 
 def _run(

@@ -57,12 +57,22 @@ _REFUSED = {
 }
 
 
+# Fields that may grow but not shrink: the groups carried over were made under the old value.
+_NO_SMALLER = {
+    "max_lag": "train carried-over groups up to the old bound's lag, above the new bound",
+    "max_new_tokens": "carry over completions longer than the new limit",
+    "max_prompt_tokens": "carry over prompts longer than the new limit",
+}
+
+
 def _refusal(field: str, old: Any, new: Any, saved: dict, new_cfg: dict) -> str | None:
     if field == "model" or field.startswith("model."):
         return "change the model the checkpoint holds"
     for name, why in _REFUSED.items():
         if field == name or field.startswith(name + "."):
             return why
+    if field in _NO_SMALLER and isinstance(old, int) and isinstance(new, int) and new < old:
+        return _NO_SMALLER[field]
     if field == "conventional_steps" and new_cfg.get("mode") == "conventional":
         return "change the conventional-mode round structure"
     if field == "trainer.grad_clip_norm" and ((old or 0) > 0) != ((new or 0) > 0):
@@ -83,17 +93,11 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_compatible(saved_config: dict, new_config: dict) -> list[str]:
-    """Compares a run's saved config dict with the new one (both `config.as_dict` form).
-
-    Returns the allowed changes as "field: old -> new" lines, for the log (learning rate,
-    steps, logging, sampler sizes, ...). Raises ConfigError naming the first change that would
-    break the resumed run (model, group/batch size, mode, data order).
-    """
+def _diffs(saved_config: dict, new_config: dict):
+    """(field, old, new, why it is refused or None) for each field that differs."""
     saved, new = _normalise(saved_config), _normalise(new_config)
     flat_old, flat_new = _flatten(saved), _flatten(new)
     missing = object()
-    changes = []
     for field in sorted(set(flat_old) | set(flat_new)):
         old, cur = flat_old.get(field, missing), flat_new.get(field, missing)
         if old == cur:
@@ -103,6 +107,18 @@ def check_compatible(saved_config: dict, new_config: dict) -> list[str]:
         why = _refusal(
             field, None if old is missing else old, None if cur is missing else cur, saved, new
         )
+        yield field, old_s, new_s, why
+
+
+def check_compatible(saved_config: dict, new_config: dict) -> list[str]:
+    """Compares a run's saved config dict with the new one (both `config.as_dict` form).
+
+    Returns the allowed changes as "field: old -> new" lines, for the log (learning rate,
+    steps, logging, sampler sizes, ...). Raises ConfigError naming the first change that would
+    break the resumed run (model, group/batch size, mode, data order).
+    """
+    changes = []
+    for field, old_s, new_s, why in _diffs(saved_config, new_config):
         if why:
             raise ConfigError(
                 f"config.{field} changed ({old_s} -> {new_s}) since the checkpoint: "
@@ -110,3 +126,12 @@ def check_compatible(saved_config: dict, new_config: dict) -> list[str]:
             )
         changes.append(f"{field}: {old_s} -> {new_s}")
     return changes
+
+
+def another_run(saved_config: dict, new_config: dict) -> str | None:
+    """ "config.F: old -> new" for the first field by which the saved config is another run's
+    (a change check_compatible refuses), or None."""
+    for field, old_s, new_s, why in _diffs(saved_config, new_config):
+        if why:
+            return f"config.{field}: {old_s} -> {new_s}"
+    return None
