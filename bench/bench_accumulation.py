@@ -18,7 +18,6 @@ Writes bench/results/accumulation.json.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -58,7 +57,7 @@ def _batch(cfg, vocab: int):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="timed steps per form")
     args = parser.parse_args()
     if args.rounds < 1:

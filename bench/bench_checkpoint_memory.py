@@ -101,7 +101,7 @@ def one_save(form: str, workdir: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="saves per form")
     parser.add_argument("--one", choices=FORMS, help=argparse.SUPPRESS)  # the child's form
     parser.add_argument("--workdir", help=argparse.SUPPRESS)

@@ -298,18 +298,38 @@ def flags_study(quick: bool) -> dict:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes: checks that it runs")
-    ap.add_argument("--batches", default="1,8,32,64")
-    ap.add_argument("--new_tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--chunk_steps", type=int, default=16)
-    args = ap.parse_args()
-    batches = [1, 8] if args.quick else [int(b) for b in args.batches.split(",")]
-    new_tokens = 16 if args.quick else args.new_tokens
-    repeats = 1 if args.quick else args.repeats
-    chunk = 4 if args.quick else min(args.chunk_steps, new_tokens)
+def main(argv=None):
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes (batches 1,8; 16 tokens; 1 repeat; chunks of 4): checks that it runs",
+    )
+    # None: not given (--quick sets its own sizes and refuses these).
+    ap.add_argument("--batches", default=None, help="comma-separated (default 1,8,32,64)")
+    ap.add_argument("--new_tokens", type=int, default=None, help="default 128")
+    ap.add_argument("--repeats", type=int, default=None, help="default 3")
+    ap.add_argument("--chunk_steps", type=int, default=None, help="default 16")
+    args = ap.parse_args(argv)
+    sizes = ("batches", "new_tokens", "repeats", "chunk_steps")
+    given = [f"--{k}" for k in sizes if getattr(args, k) is not None]
+    if args.quick and given:
+        common.refuse(f"--quick sets its own sizes: leave out {', '.join(given)}")
+    defaults = dict(batches="1,8,32,64", new_tokens=128, repeats=3, chunk_steps=16)
+    args = argparse.Namespace(
+        **{**vars(args), **{k: v for k, v in defaults.items() if getattr(args, k) is None}}
+    )
+    batches = common.number_list(args.batches, "--batches", minimum=1)
+    new_tokens = common.at_least(args.new_tokens, "--new_tokens")
+    repeats = common.at_least(args.repeats, "--repeats")
+    chunk = common.at_least(args.chunk_steps, "--chunk_steps")
+    if chunk >= new_tokens:
+        common.refuse(
+            f"--chunk_steps={chunk} with --new_tokens={new_tokens}: the param-swap benchmark "
+            "needs 2+ decode chunks a pass; give --chunk_steps below --new_tokens"
+        )
+    if args.quick:
+        batches, new_tokens, repeats, chunk = [1, 8], 16, 1, 4
 
     load = common.warn_if_busy()
     flop_per_token = 2 * param_counts.matmul_params_per_token(common.bench_model_config())
@@ -376,4 +396,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

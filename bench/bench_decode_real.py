@@ -25,7 +25,6 @@ records its repeat count: rows near a goal can be re-measured with more (`--repe
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -71,7 +70,7 @@ def _rows_carry_repeats(previous: dict | None) -> dict | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes: checks that it runs")
     ap.add_argument("--model", default=str(MODEL_DIR), help="a Llama-family HF directory")
     ap.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
@@ -102,6 +101,8 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         print(f"error: --repeats={args.repeats}: give 1 or more", file=sys.stderr)
         return 2
+    common.at_least(args.new_tokens, "--new_tokens")
+    common.at_least(args.chunk_steps, "--chunk_steps")
     path = common.require_model(args.model)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     new_tokens = 16 if args.quick else args.new_tokens

@@ -23,7 +23,6 @@ Writes bench/results/decode_widths.json.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -110,10 +109,11 @@ def sampler_alone(cfg, comp, widths: int, prompts) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--rounds", type=int, default=4)
     args = p.parse_args()
+    common.at_least(args.rounds, "--rounds")
     common.require_model(MODEL_DIR)
     load = common.warn_if_busy()
     cfg, comp = build(None if args.dtype == "float32" else args.dtype)

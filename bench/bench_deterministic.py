@@ -19,7 +19,6 @@ Writes bench/results/deterministic[_NAME].json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -34,20 +33,24 @@ from bench import common  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(config: str, steps: int, extra: list[str], checkpoint_every: int, workdir: Path) -> dict:
-    flags = [
-        f"--config={config}",
+def run_flags(steps: int, extra: list[str], checkpoint_every: int) -> list[str]:
+    """A run's config overrides, as launch.py flags."""
+    return [
         f"--config.steps={steps}",
         "--config.eval_every=0",
         f"--config.checkpoint_every={checkpoint_every}",
         *extra,
+    ]
+
+
+def run(config: str, steps: int, extra: list[str], checkpoint_every: int, workdir: Path) -> dict:
+    flags = [
+        f"--config={config}",
+        *run_flags(steps, extra, checkpoint_every),
         f"--workdir={workdir}",
     ]
-    subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *flags],
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
+    common.run_launch(
+        [sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT, stdout=subprocess.DEVNULL
     )
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     train = [json.loads(line) for line in lines if '"kind": "train"' in line]
@@ -69,14 +72,8 @@ def summarise(train: list[dict], batch_size: int, warmup: int) -> dict:
     }
 
 
-def batch_size(config: str) -> int:
-    from pipelinerl_jax import config_cli
-
-    return int(config_cli.load_file(config).batch_size)
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/default.py")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
@@ -84,15 +81,34 @@ def main():
     p.add_argument("--swap_chunks", default="0", help="deterministic variants, comma-separated")
     p.add_argument("--checkpoint_every", type=int, default=50, help="the runs with checkpoints")
     p.add_argument("--name", default="", help="results/deterministic_<name>.json")
-    args = p.parse_args()
-    load = common.warn_if_busy()
+    args = p.parse_args(argv)
+    common.at_least(args.steps, "--steps")
+    common.at_least(args.repeats, "--repeats")
+    common.at_least(args.warmup, "--warmup", minimum=0)
+    common.at_least(args.checkpoint_every, "--checkpoint_every")
+    if args.steps < args.warmup + 2:  # a rate needs two steps after the warm-up
+        common.refuse(
+            f"--steps={args.steps} with --warmup={args.warmup}: give --steps of at least "
+            "--warmup + 2 (samples/s is measured over the steps after the warm-up)"
+        )
+    swap_chunks = common.number_list(args.swap_chunks, "--swap_chunks", minimum=0, example="0,2,8")
+    if args.name:
+        common.result_name(args.name)
     variants = {"default": []}
-    for k in (int(x) for x in args.swap_chunks.split(",")):
+    for k in swap_chunks:
         name = "deterministic" + (f"_swap{k}" if k else "")
         variants[name] = ["--config.deterministic=true"] + (
             [f"--config.swap_chunks={k}"] if k else []
         )
-    bs = batch_size(args.config)
+    # Every run's config, checked as launch.py checks it, before the first run starts.
+    for extra in variants.values():
+        for every in (0, args.checkpoint_every):
+            cfg = common.check_launch_config(
+                args.config,
+                [f.removeprefix("--config.") for f in run_flags(args.steps, extra, every)],
+            )
+    bs = cfg.batch_size
+    load = common.warn_if_busy()
     runs: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for every in (0, args.checkpoint_every):

@@ -18,7 +18,6 @@ Writes bench/results/elastic.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -48,13 +47,25 @@ def rate(records, start: int, end: int, batch: int) -> float | None:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/default.py")
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--kill_at", type=int, default=150)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--settle", type=int, default=10)
     args = p.parse_args()
+    common.at_least(args.steps, "--steps")
+    common.at_least(args.kill_at, "--kill_at")
+    common.at_least(args.warmup, "--warmup", minimum=0)
+    common.at_least(args.settle, "--settle", minimum=0)
+    if args.kill_at >= args.steps:
+        common.refuse(
+            f"--kill_at={args.kill_at} with --steps={args.steps}: the kill must come before "
+            "the run ends; give --kill_at below --steps"
+        )
+    run_config = common.check_launch_config(
+        args.config, [f"steps={args.steps}", "eval_every=0", "checkpoint_every=0"]
+    )
     load = common.warn_if_busy()
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     flags = [f"--config={args.config}", f"--config.steps={args.steps}", "--config.eval_every=0"]
@@ -89,9 +100,7 @@ def main():
         text = log.read_text()
     if code != 0:
         raise SystemExit(f"the run failed ({code}):\n{text[-3000:]}")
-    from pipelinerl_jax import config_cli
-
-    batch = int(config_cli.load_file(args.config).batch_size)
+    batch = run_config.batch_size
     last = len(records) - 1
     phases = {
         "before": rate(records, args.warmup, kill_step - 1, batch),

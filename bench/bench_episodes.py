@@ -14,7 +14,6 @@ bench/results/bench_episodes.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -69,10 +68,9 @@ def run_mode(mode: str, steps: int, latency_s: float, root: Path) -> dict:
             "--config.env.workers=2",
         ]
     t0 = time.perf_counter()
-    subprocess.run(
+    common.run_launch(
         [sys.executable, str(ROOT / "launch.py"), *flags],
         cwd=ROOT,
-        check=True,
         stdout=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -101,10 +99,12 @@ def run_mode(mode: str, steps: int, latency_s: float, root: Path) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--latency_s", type=float, default=0.0, help="seconds per environment turn")
     args = p.parse_args()
+    common.at_least(args.steps, "--steps")
+    common.at_least(args.latency_s, "--latency_s", minimum=0)
     load_before = common.warn_if_busy()
     with tempfile.TemporaryDirectory() as tmp:
         rows = [

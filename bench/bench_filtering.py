@@ -19,9 +19,7 @@ Writes bench/results/filtering[_NAME].json.
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,33 +33,38 @@ from bench import common  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(config: str, steps: int, seed: int, filtering: bool, sets: list[str], workdir: Path):
+def overrides(steps: int, seed: int, filtering: bool, sets: list[str]) -> list[str]:
+    """A run's config overrides (FIELD=VALUE, each passed as --config.FIELD=VALUE)."""
+    return [
+        f"steps={steps}",
+        f"seed={seed}",
+        "eval_every=0",
+        "checkpoint_every=0",
+        f"batch.filter_groups={filtering}",
+        *sets,
+    ]
+
+
+def run(
+    config: str,
+    steps: int,
+    seed: int,
+    filtering: bool,
+    sets: list[str],
+    workdir: Path,
+    group_size: int,
+):
     flags = [
         f"--config={config}",
-        f"--config.steps={steps}",
-        f"--config.seed={seed}",
-        "--config.eval_every=0",
-        "--config.checkpoint_every=0",
-        f"--config.batch.filter_groups={filtering}",
-        *(f"--config.{s}" for s in sets),
+        *(f"--config.{o}" for o in overrides(steps, seed, filtering, sets)),
         f"--workdir={workdir}",
     ]
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT, check=True)
+    common.run_launch([sys.executable, str(ROOT / "launch.py"), *flags], cwd=ROOT)
     wall = time.perf_counter() - t0
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     train = [json.loads(line) for line in lines if '"kind": "train"' in line]
-    return summarise(
-        train, group_size(config, sets), wall, " ".join(["python launch.py", *flags[:-1]])
-    )
-
-
-def group_size(config: str, sets: list[str]) -> int:
-    from pipelinerl_jax import config_cli
-
-    c = config_cli.load_file(config)
-    config_cli.apply_overrides(c, [tuple(s.split("=", 1)) for s in sets])
-    return int(c.group_size)
+    return summarise(train, group_size, wall, " ".join(["python launch.py", *flags[:-1]]))
 
 
 def generated_reward(r: dict) -> float:
@@ -102,20 +105,38 @@ def summarise(train: list[dict], group_size: int, wall: float, command: str) -> 
     }
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/default.py")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], help="a config override, a.b=v")
     p.add_argument("--name", default="", help="results/filtering_<name>.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    common.at_least(args.steps, "--steps")
+    if args.name:
+        common.result_name(args.name)
+    # Each run's config, checked as launch.py checks it, before either run starts.
+    group_size = {
+        f: common.check_launch_config(
+            args.config, overrides(args.steps, args.seed, f, args.set)
+        ).group_size
+        for f in (False, True)
+    }
     load = common.warn_if_busy()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for filtering in (False, True):  # one after the other: never two timed runs at once
             key = "filtered" if filtering else "unfiltered"
-            out[key] = run(args.config, args.steps, args.seed, filtering, args.set, Path(tmp) / key)
+            out[key] = run(
+                args.config,
+                args.steps,
+                args.seed,
+                filtering,
+                args.set,
+                Path(tmp) / key,
+                group_size[filtering],
+            )
     f, u = out["filtered"], out["unfiltered"]
     ratios = {
         k: (f[k] / u[k] if u[k] else None)

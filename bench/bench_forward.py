@@ -15,7 +15,6 @@ implementations compute in full before masking).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -31,8 +30,11 @@ import numpy as np  # noqa: E402
 
 from bench.common import (  # noqa: E402
     BENCH_MODEL,
+    ArgumentParser,
     alternating_medians,
+    at_least,
     f32_matmul_gflops,
+    names_list,
     print_table,
     warn_if_busy,
     write_result,
@@ -70,17 +72,18 @@ def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> float:
     return matmul + attention
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="batch 2 x 64, 2 repeats: a smoke run")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--seq", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None, help="default 8 (--quick: 2)")
+    parser.add_argument("--seq", type=int, default=None, help="default 512 (--quick: 64)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (--quick: 2)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    args = parser.parse_args()
-    batch = args.batch or (2 if args.quick else 8)
-    seq = args.seq or (64 if args.quick else 512)
-    repeats = args.repeats or (2 if args.quick else 5)
+    args = parser.parse_args(argv)
+    dtypes = names_list(args.dtypes, "--dtypes", ("float32", "bfloat16"))
+    batch = at_least(args.batch, "--batch") or (2 if args.quick else 8)
+    seq = at_least(args.seq, "--seq") or (64 if args.quick else 512)
+    repeats = at_least(args.repeats, "--repeats") or (2 if args.quick else 5)
 
     import torch
     import transformers
@@ -93,7 +96,7 @@ def main() -> None:
     tokens = np.random.default_rng(0).integers(0, BENCH_MODEL["vocab_size"], (batch, seq))
     positions = np.broadcast_to(np.arange(seq), (batch, seq))
     rows = []
-    for dtype in args.dtypes.split(","):
+    for dtype in dtypes:
         cfg = bench_config(dtype)
         graphdef, params = decoder.init(cfg, jax.random.key(0))
         tokens_j = jnp.asarray(tokens, jnp.int32)

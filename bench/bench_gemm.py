@@ -27,7 +27,6 @@ bench/results/gemm.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -91,11 +90,12 @@ def pair(m: int, k: int, n: int, dtype: str, form: str | None):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--forms", default=",".join(FORMS), help="weight-gradient forms to time")
     args = ap.parse_args(argv)
+    common.at_least(args.repeats, "--repeats")
     forms = args.forms.split(",")
     if not forms or set(forms) - set(FORMS):
         print(f"--forms={args.forms}: use a comma list of {', '.join(FORMS)}", file=sys.stderr)

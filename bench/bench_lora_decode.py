@@ -21,7 +21,6 @@ number of decode steps per swap) goes with it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -37,10 +36,11 @@ LORA = {"rank": 16, "alpha": 32.0}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    common.at_least(args.repeats, "--repeats")
 
     import jax
     import numpy as np

@@ -31,7 +31,6 @@ bench/results/matvec_forms.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -176,7 +175,7 @@ def torch_fn(w: dict, dtype: str):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 layers, a small head: checks it runs")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()

@@ -18,7 +18,6 @@ bench/results/multiprocess.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -68,9 +67,10 @@ def run_layout(flags: list[str], steps: int, root: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
     args = parser.parse_args()
+    common.at_least(args.steps, "--steps")
     load = common.warn_if_busy()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

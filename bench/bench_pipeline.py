@@ -16,7 +16,6 @@ and training do not really run in parallel here; the comparison shows the schedu
 waits for whom, lag, swaps landing mid-sequence), not the GPU speedup of the paper.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -28,23 +27,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import print_table, warn_if_busy, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    ArgumentParser,
+    at_least,
+    check_launch_config,
+    print_table,
+    refuse,
+    warn_if_busy,
+    write_result,
+)
+
+MODES = ("pipeline", "conventional")
+
+
+def mode_overrides(mode: str, args) -> list[str]:
+    """A mode's config overrides (FIELD=VALUE, each passed as --config.FIELD=VALUE)."""
+    lag = f"max_lag={args.lag}" if mode == "pipeline" else f"conventional_steps={args.lag + 1}"
+    return [
+        f"mode={mode}",
+        f"steps={args.steps}",
+        "log_every=0",
+        f"seed={args.seed}",
+        "devices.sampler=0.5",
+        "checkpoint_every=0",
+        lag,
+    ]
 
 
 def run_mode(mode: str, args, workdir: Path) -> dict:
-    flags = [
-        f"--config.mode={mode}",
-        f"--config.steps={args.steps}",
-        "--config.log_every=0",
-        f"--config.seed={args.seed}",
-        "--config.devices.sampler=0.5",
-        "--config.checkpoint_every=0",
-        f"--workdir={workdir}",
-    ]
-    if mode == "pipeline":
-        flags.append(f"--config.max_lag={args.lag}")
-    else:
-        flags.append(f"--config.conventional_steps={args.lag + 1}")
+    flags = [f"--config.{o}" for o in mode_overrides(mode, args)]
+    flags.insert(-1, f"--workdir={workdir}")  # the order the flags always had
     env = dict(
         os.environ,
         PYTHONPATH=str(ROOT),
@@ -84,19 +96,25 @@ def run_mode(mode: str, args, workdir: Path) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=None, help="default 200 (--quick: 20)")
     parser.add_argument("--lag", type=int, default=3)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="20 steps, to check the script")
     args = parser.parse_args()
-    if args.quick:
-        args.steps = 20
+    if args.quick and args.steps is not None:
+        refuse(f"--quick runs 20 steps: leave out --steps={args.steps}")
+    args.steps = 20 if args.quick else 200 if args.steps is None else args.steps
+    at_least(args.steps, "--steps")
+    at_least(args.lag, "--lag", minimum=0)
+    at_least(args.devices, "--devices")
+    for mode in MODES:  # each run's config as launch.py checks it, before the first run
+        check_launch_config(None, mode_overrides(mode, args))
     load = warn_if_busy()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("pipeline", "conventional"):
+        for mode in MODES:
             rows.append(run_mode(mode, args, Path(tmp) / mode))
     print_table(
         rows,

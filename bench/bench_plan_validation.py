@@ -72,7 +72,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from bench.common import load_average, print_table, warn_if_busy, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    at_least,
+    load_average,
+    number_list,
+    print_table,
+    warn_if_busy,
+    write_result,
+)
 
 COLUMNS = {
     "planner_prelen": "planner on the device-only profile, lengths of the initial policy",
@@ -363,7 +370,9 @@ def main():
     args = parser.parse_args()
     if args.quick:
         args.devices, args.steps, args.repeats, args.chunks = "2", 12, 3, 40
-    device_counts = [int(n) for n in args.devices.split(",")]
+    device_counts = number_list(args.devices, "--devices", minimum=1, example="1,2,4")
+    for flag in ("steps", "repeats", "chunks"):
+        at_least(getattr(args, flag), f"--{flag}")
     config_path = Path(args.config).resolve()
     overrides = {
         "steps": args.steps,

@@ -17,7 +17,6 @@ weights) is the ceiling next to it. Writes bench/results/projections.json.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -127,10 +126,11 @@ def gemv_ceiling_gb_s(quick: bool) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
+    common.at_least(args.repeats, "--repeats")
     import jax
     import torch
 

@@ -24,7 +24,6 @@ operands (f32 accumulation), as torch autocast runs its head; the default keeps 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -142,7 +141,7 @@ def torch_step(cfg: ModelConfig, params, batch, autocast: bool, checkpointing: b
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per side (f32)")
     parser.add_argument(

@@ -22,7 +22,6 @@ ratios. Writes bench/results/<name>.json.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import subprocess
@@ -40,18 +39,28 @@ MODEL_DIR = common.REAL_MODEL_DIR
 STEADY_FROM = 2  # steps 0-1 include compilation or cache loads and the pipeline's fill
 
 
+CONFIG = "configs/smollm2_math.py"
+
+
+def launch_overrides(steps: int, trim: bool, overrides: list[str]) -> list[str]:
+    """A launch's config overrides (FIELD=VALUE, each passed as --config.FIELD=VALUE)."""
+    return [
+        f"steps={steps}",
+        "eval_every=0",
+        "eval.at_start=false",
+        "checkpoint_every=0",
+        f"trim_host_memory={'true' if trim else 'false'}",
+        *overrides,
+    ]
+
+
 def launch(workdir: Path, steps: int, trim: bool, overrides: list[str]) -> float:
     """Runs launch.py on configs/smollm2_math.py to its end; returns its wall seconds."""
     cmd = [
         sys.executable,
         str(ROOT / "launch.py"),
-        "--config=configs/smollm2_math.py",
-        f"--config.steps={steps}",
-        "--config.eval_every=0",
-        "--config.eval.at_start=false",
-        "--config.checkpoint_every=0",
-        f"--config.trim_host_memory={'true' if trim else 'false'}",
-        *(f"--config.{o}" for o in overrides),
+        f"--config={CONFIG}",
+        *(f"--config.{o}" for o in launch_overrides(steps, trim, overrides)),
         f"--workdir={workdir}",
     ]
     t0 = time.monotonic()
@@ -79,7 +88,7 @@ def summarise(workdir: Path, wall_s: float) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = common.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=2, help="ABBA pairs of timed launches")
     p.add_argument("--name", default="bench_trim", help="the result's name (results/<name>)")
@@ -94,7 +103,10 @@ def main() -> None:
     if args.steps < STEADY_FROM + 3 or args.repeats < 1:
         print(f"error: use --steps >= {STEADY_FROM + 3} and --repeats >= 1", file=sys.stderr)
         sys.exit(2)
+    common.result_name(args.name)
     common.require_model(MODEL_DIR)
+    for trim in (True, False):  # each launch's config as launch.py checks it, before any
+        common.check_launch_config(CONFIG, launch_overrides(args.steps, trim, args.overrides))
     load = common.warn_if_busy()
     root = Path(tempfile.mkdtemp(prefix="bench_trim_"))
     try:

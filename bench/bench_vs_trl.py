@@ -50,7 +50,6 @@ vs_trl_bf16.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
@@ -347,7 +346,7 @@ def run_side(args: list[str], cmd: list[str] | None = None) -> dict:
 
 
 def main() -> int | None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trl_steps", type=int, default=6)
     p.add_argument("--pipeline_steps", type=int, default=24)
     p.add_argument("--conventional_steps", type=int, default=12)
@@ -382,6 +381,10 @@ def main() -> int | None:
             file=sys.stderr,
         )
         return 2
+    for flag in ("trl_steps", "pipeline_steps", "conventional_steps"):
+        common.at_least(getattr(args, flag), f"--{flag}")
+    common.at_least(args.lora_rank, "--lora_rank", minimum=0)
+    common.at_least(args.decode_widths, "--decode_widths", minimum=0)
     if args.worker == "trl":
         return trl_worker(args.steps, Path(args.out), args.lora_rank, args.compute_dtype)
     if args.worker:
@@ -399,9 +402,7 @@ def main() -> int | None:
     try:
         import trl  # noqa: F401
     except ImportError:
-        raise SystemExit(
-            "trl is not installed: .venv/bin/pip install -r requirements-bench.txt"
-        ) from None
+        common.refuse("trl is not installed: .venv/bin/pip install -r requirements-bench.txt")
     load = common.warn_if_busy()
     lora = [
         f"--lora_rank={args.lora_rank}",

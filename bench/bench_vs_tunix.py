@@ -66,7 +66,6 @@ vs_tunix_quick.json, not committed).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -193,7 +192,7 @@ def tunix_side(steps: int, train_micro_batch: int) -> dict:
 def check_tunix_venv() -> None:
     common.require_model(MODEL_DIR)
     if not TUNIX_PY.exists():
-        raise SystemExit(f"{TUNIX_PY} is missing: run `make tunix-venv` first")
+        common.refuse(f"{TUNIX_PY} is missing: run `make tunix-venv` first")
 
 
 def report(result: dict) -> None:
@@ -219,7 +218,7 @@ def report(result: dict) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tunix_steps", type=int, default=6)
     p.add_argument("--pipeline_steps", type=int, default=24)
     p.add_argument("--conventional_steps", type=int, default=12)
@@ -235,6 +234,9 @@ def main() -> None:
     p.add_argument("--budget_s", type=float, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    for flag in ("tunix_steps", "pipeline_steps", "conventional_steps"):
+        common.at_least(getattr(args, flag), f"--{flag}")
+    common.at_least(args.tunix_train_micro_batch, "--tunix_train_micro_batch", minimum=0)
     if args.worker == "prepare":
         return prepare_worker(args.steps, Path(args.out))
     if args.worker:

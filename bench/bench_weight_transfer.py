@@ -214,7 +214,7 @@ def device_put_copy_s(model: str, repeats: int) -> tuple[int, float, list[float]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -224,6 +224,7 @@ def main() -> int:
     ap.add_argument("--transfer_size", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    common.at_least(args.repeats, "--repeats")
     if args.child:
         child_main(args)
         return 0

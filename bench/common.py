@@ -5,14 +5,18 @@ ratios, records the machine load before timing (other processes distorted timing
 to 7x), and writes one JSON file under bench/results/.
 """
 
+import argparse
 import datetime
 import json
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -81,6 +85,126 @@ def require_model(model_dir) -> Path:
         print(f"error: no model at {model_dir}: run `make real-model` first", file=sys.stderr)
         raise SystemExit(2)
     return model_dir
+
+
+# --- bad input: one line on stderr and exit code 2, before any work ----------------------
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with its own errors (an unknown flag, a value of the wrong type) as
+    one line and exit code 2, as refuse() gives ours (argparse prints its usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
+
+
+def refuse(message: str) -> NoReturn:
+    """Bad input: `message` as one line on stderr (what is wrong and how to fix it), and exit
+    code 2. Benches call this (through the checks below) before anything is set up or timed."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def at_least(value, flag: str, minimum: int = 1):
+    """`value` of `flag` if it is >= minimum; otherwise refused (a repeat count of 0 times
+    nothing, and a median of nothing is an error only after the setup)."""
+    if value is not None and value < minimum:
+        refuse(f"{flag}={value}: give {minimum} or more")
+    return value
+
+
+def number_list(text: str, flag: str, *, kind=int, minimum=None, example: str = "1,8") -> list:
+    """A comma-separated flag's numbers (`kind` int or float), each >= minimum when given, no
+    value twice; otherwise refused, with a valid example."""
+    try:
+        values = [kind(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or (minimum is not None and min(values) < minimum):
+        bound = "" if minimum is None else f" (each {minimum} or more)"
+        refuse(f"{flag}={text}: give a comma-separated list like {example}{bound}")
+    if len(set(values)) < len(values):
+        refuse(f"{flag}={text}: a value appears twice; give each once")
+    return values
+
+
+def names_list(text: str, flag: str, allowed) -> list[str]:
+    """A comma-separated flag's names, each one of `allowed`, none twice; otherwise refused."""
+    names = text.split(",")
+    unknown = [n for n in names if n not in allowed]
+    if unknown or len(set(names)) < len(names):
+        why = f"unknown {unknown}" if unknown else "a name appears twice"
+        refuse(f"{flag}={text}: {why}; use a comma list of {', '.join(allowed)}")
+    return names
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def result_name(name: str, flag: str = "--name") -> str:
+    """`name` if it makes a plain file name in bench/results (write_result's <name>.json);
+    otherwise refused, before the work whose result it would name (not after: lost)."""
+    if not _PLAIN_NAME.fullmatch(name):
+        refuse(
+            f"{flag}={name!r}: use letters, digits, '_', '-' and '.' (not first): it names "
+            "a file in bench/results"
+        )
+    return name
+
+
+def output_file(path: str, flag: str = "--out") -> Path:
+    """`path` if a file can be written there (not a directory; its folder exists or can be
+    made: made now); otherwise refused, before the work whose output it would hold."""
+    out = Path(path)
+    if out.is_dir():
+        refuse(f"{flag}={path}: is a directory; give a file path")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        refuse(f"{flag}={path}: cannot make its folder ({e.strerror}); give a writable path")
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (
+        out.exists() and not os.access(out, os.W_OK)
+    ):
+        refuse(f"{flag}={path}: not writable; give a writable path")
+    return out
+
+
+def check_launch_config(config: str | None, sets=(), *, steps: int | None = None):
+    """The RunConfig that `launch.py --config=<config> --config.<set> ...`, run from the
+    repository root as the benches run it, would run (config None: launch.py's default),
+    built as launch.py builds it; a bad config file or override is refused in launch.py's own
+    one line ("config error: ..."), exit code 2, before any run starts (a bench would
+    otherwise time some runs before one of them refused it)."""
+    from pipelinerl_jax import config_cli
+    from pipelinerl_jax.errors import ConfigError
+    from pipelinerl_jax.pipeline import config_dict
+
+    flags = [f"--config.{s}" for s in sets]
+    if steps is not None:
+        flags.append(f"--config.steps={steps}")
+    root = Path(__file__).resolve().parents[1]
+    path = str(root / (config or "configs/default.py"))  # an absolute config stays as it is
+    try:
+        rest, overrides = config_cli.split_argv(flags)
+        if rest:
+            raise ConfigError(f"--set={rest[0]}: give FIELD=VALUE")
+        c = config_cli.load_file(path)
+        config_cli.apply_overrides(c, overrides)
+        return config_dict.from_config_dict(c)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run_launch(cmd: list, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, **kwargs) for a launch.py run; when it fails, exits with its code,
+    adding nothing after the line the run printed itself (a config error: exit code 2)."""
+    proc = subprocess.run(cmd, **kwargs)
+    if proc.returncode:
+        if proc.returncode != 2:  # a run that failed, not one refused: say which
+            print(f"error: launch.py exited {proc.returncode}", file=sys.stderr)
+        raise SystemExit(proc.returncode)
+    return proc
 
 
 def load_average() -> dict:

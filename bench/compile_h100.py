@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from bench.common import RESULTS_DIR, bench_model_config  # noqa: E402
+from bench.common import RESULTS_DIR, at_least, bench_model_config, number_list  # noqa: E402
 from pipelinerl_jax.models.known_shapes import KNOWN_HF_CONFIGS, known_config  # noqa: E402
 from pipelinerl_jax.plan import gpu_compile  # noqa: E402
 from pipelinerl_jax.plan.gpu_specs import GPUS, gpu_spec  # noqa: E402
@@ -191,7 +191,10 @@ def main(argv=None) -> int:
     for prog in programs:
         if prog not in PROGRAMS:
             p.exit(2, f"compile_h100: unknown program {prog!r}; use some of {PROGRAMS}\n")
-    args.sampler_tps = [int(x) for x in args.sampler_tps.split(",")]
+    args.sampler_tps = number_list(args.sampler_tps, "--sampler_tps", minimum=1, example="1,2")
+    for flag in ("batch", "context_len", "chunk_steps", "fsdp", "tp", "rows", "seq_len"):
+        at_least(getattr(args, flag), f"--{flag}")
+    at_least(args.micro_batches, "--micro_batches")
     if args.quick:
         models = ["bench"]
         args.sampler_tps = [1, 2]

@@ -23,7 +23,6 @@ of at least that much. Episode runs report the last evaluation's mean turns per 
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import os
@@ -37,7 +36,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import load_average, print_table, warn_if_busy, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    ArgumentParser,
+    check_launch_config,
+    load_average,
+    print_table,
+    refuse,
+    warn_if_busy,
+    write_result,
+)
 
 QUICK_STEPS = 30
 
@@ -128,8 +135,8 @@ def run_seed(
     }
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument(
         "--parallel",
@@ -166,11 +173,17 @@ def main():
         action="store_true",
         help=f"{QUICK_STEPS} steps per seed, seeds 0-1: checks the script",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     overrides = list(args.set)
     if args.quick:
         overrides = [f"steps={QUICK_STEPS}", "log_every=10", *overrides]
         args.seeds = args.seeds[:2]
+    if len(set(args.seeds)) < len(args.seeds):  # two runs would share one workdir
+        refuse(f"--seeds {' '.join(map(str, args.seeds))}: a seed appears twice; give each once")
+    if args.workroot and Path(args.workroot).exists() and not Path(args.workroot).is_dir():
+        refuse(f"--workroot={args.workroot}: not a directory; give a directory to keep the runs in")
+    for seed in args.seeds:  # each run's config as launch.py checks it, before the first starts
+        check_launch_config(args.config, [f"seed={seed}", *overrides])
     load_before = warn_if_busy()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

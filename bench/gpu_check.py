@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import at_least, number_list  # noqa: E402
 from bench.gpu_check_decode import stage_decode  # noqa: E402
 from bench.gpu_check_harness import Check  # noqa: E402
 from bench.gpu_check_predict import pick_gpu, stage_predictions  # noqa: E402
@@ -130,6 +131,9 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if not args.out.strip():
         ap.error("--out is empty (on the GPU machine: --out=$OUT, the folder that comes back)")
+    if args.batches is not None:
+        number_list(args.batches, "--batches", minimum=1, example="1,16,64,256")
+    at_least(args.pipeline_steps, "--pipeline_steps")
     args.stages = [s for s in args.stages.split(",") if s]
     bad = [s for s in args.stages if s not in STAGES]
     if bad:

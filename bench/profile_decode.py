@@ -20,7 +20,6 @@ attention's products, the stage copies). Prints and writes (bench/results/decode
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ DECODE = "jit__decode_chunk"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--temperature", type=float, default=0.0)

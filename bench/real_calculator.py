@@ -17,9 +17,7 @@ bench/results/real_calculator.json.
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,8 +70,19 @@ def summarise(workdir: Path) -> dict:
     }
 
 
+CONFIG = "configs/smollm2_calculator.py"
+
+
+def run_overrides(args) -> list[str]:
+    """The run's config overrides (FIELD=VALUE, each passed as --config.FIELD=VALUE)."""
+    overrides = [f"seed={args.seed}", "eval.at_start=true", *args.set]
+    if args.steps:
+        overrides += [f"steps={args.steps}", f"eval_every={max(1, args.steps // 2)}"]
+    return overrides
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="default: the preset's")
     p.add_argument("--root", default=str(ROOT / "runs" / "real_calculator"))
@@ -83,27 +92,24 @@ def main() -> None:
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
     )
     args = p.parse_args()
+    common.result_name(args.name)
+    common.at_least(args.steps, "--steps")
+    if args.from_workdir:
+        if not (Path(args.from_workdir) / "metrics.jsonl").is_file():
+            common.refuse(
+                f"--from_workdir={args.from_workdir}: no metrics.jsonl; give a run's workdir"
+            )
+    else:
+        common.check_launch_config(CONFIG, run_overrides(args))
     load_before = common.warn_if_busy()
     t0 = time.perf_counter()
     if args.from_workdir:
         workdir = Path(args.from_workdir)
     else:
         workdir = Path(args.root) / args.name / f"seed_{args.seed}"
-        cmd = [
-            sys.executable,
-            str(ROOT / "launch.py"),
-            "--config=configs/smollm2_calculator.py",
-            f"--workdir={workdir}",
-            f"--config.seed={args.seed}",
-            "--config.eval.at_start=true",
-            *(f"--config.{o}" for o in args.set),
-        ]
-        if args.steps:
-            cmd += [
-                f"--config.steps={args.steps}",
-                f"--config.eval_every={max(1, args.steps // 2)}",
-            ]
-        subprocess.run(cmd, cwd=ROOT, check=True)
+        cmd = [sys.executable, str(ROOT / "launch.py"), f"--config={CONFIG}"]
+        cmd += [f"--workdir={workdir}", *(f"--config.{o}" for o in run_overrides(args))]
+        common.run_launch(cmd, cwd=ROOT)
     result = summarise(workdir)
     wall = time.perf_counter() - t0
     common.print_table(

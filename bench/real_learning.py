@@ -24,7 +24,6 @@ Writes bench/results/real_learning.json and real_learning.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
@@ -153,6 +152,21 @@ def re_estimate(workdir: Path) -> None:
     wall.write_text(json.dumps(launched))
 
 
+CONFIG = "configs/smollm2_math.py"
+
+
+def seed_overrides(seed: int, steps: int, overrides=()) -> list[str]:
+    """A seed's config overrides (FIELD=VALUE, each passed as --config.FIELD=VALUE)."""
+    return [
+        f"seed={seed}",
+        f"steps={steps}",
+        f"eval_every={max(1, steps // 2)}",
+        # one checkpoint, the final policy: `evaluate --workdir` can score it on more problems
+        f"checkpoint_every={steps}",
+        *overrides,
+    ]
+
+
 def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Path:
     workdir = root / f"seed_{seed}"
     if (workdir / "wall_s.json").exists():
@@ -165,13 +179,8 @@ def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Pa
         )
         sys.exit(2)
     flags = [
-        "--config=configs/smollm2_math.py",
-        f"--config.seed={seed}",
-        f"--config.steps={steps}",
-        f"--config.eval_every={max(1, steps // 2)}",
-        # one checkpoint, the final policy: `evaluate --workdir` can score it on more problems
-        f"--config.checkpoint_every={steps}",
-        *(f"--config.{o}" for o in overrides),
+        f"--config={CONFIG}",
+        *(f"--config.{o}" for o in seed_overrides(seed, steps, overrides)),
     ]
     estimate = memory_estimate_gib(flags)
     cmd = [sys.executable, str(ROOT / "launch.py"), *flags, f"--workdir={workdir}"]
@@ -181,8 +190,10 @@ def run_seed(seed: int, steps: int, root: Path, overrides: list[str] = ()) -> Pa
     with trace:
         code = proc.wait()
     wall = time.perf_counter() - t0
-    if code:
-        raise subprocess.CalledProcessError(code, cmd)
+    if code:  # launch.py said why (a refused config: code 2, one line)
+        if code != 2:
+            print(f"error: launch.py exited {code} (seed {seed}, {workdir})", file=sys.stderr)
+        sys.exit(code)
     print(trace.summary())
     print(f"seed {seed}: {wall:.0f} s")
     (workdir / "wall_s.json").write_text(
@@ -221,7 +232,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--root", default=None, help="default: runs/<name>")
@@ -244,8 +255,15 @@ def main() -> None:
         help="with --summarise: recompute each run's memory estimate with this checkout",
     )
     args = p.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = common.number_list(args.seeds, "--seeds", minimum=0, example="0,1,2")
+    common.at_least(args.steps, "--steps")
+    common.result_name(args.name)
     args.root = args.root or str(ROOT / "runs" / args.name)
+    if args.from_workdir and not (Path(args.from_workdir) / "metrics.jsonl").is_file():
+        common.refuse(f"--from_workdir={args.from_workdir}: no metrics.jsonl; give a run's workdir")
+    if not args.from_workdir and not args.summarise:
+        for s in seeds:  # each run's config as launch.py checks it, before the first run
+            common.check_launch_config(CONFIG, seed_overrides(s, args.steps, args.set))
     if args.from_workdir:
         workdirs = [Path(args.from_workdir)]
     elif args.summarise:

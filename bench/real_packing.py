@@ -18,7 +18,6 @@ and peak RSS per layout (each in its own process). Writes bench/results/real_pac
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import resource
@@ -111,7 +110,7 @@ def worker(layout: str, out: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", choices=("shared", "unshared"))
     p.add_argument("--out")
     args = p.parse_args()

@@ -31,7 +31,6 @@ Writes bench/results/real_profile.json. One shared device: the roles take turns 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import statistics
@@ -268,7 +267,7 @@ def planner_predictions(cfg, pipeline: dict, solo: dict) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument(
         "--warm_cache",

@@ -16,7 +16,6 @@ prompt. Writes bench/results/real_prompts.json.
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import sys
@@ -75,14 +74,21 @@ def score(samples: list[dict], k: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--problems", type=int, default=32)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--temperatures", default="0.8,1.0")
     p.add_argument("--variants", default="paper,described_in_system,asked_in_user,one_shot")
     p.add_argument("--max_new_tokens", type=int, default=192)
     args = p.parse_args()
+    for flag in ("problems", "k", "max_new_tokens"):
+        common.at_least(getattr(args, flag), f"--{flag}")
+    temperatures = common.number_list(
+        args.temperatures, "--temperatures", kind=float, minimum=0, example="0.8,1.0"
+    )
     common.require_model(MODEL_DIR)
+    all_variants = variants()
+    names = common.names_list(args.variants, "--variants", list(all_variants))
     from pipelinerl_jax.pipeline.compile_watch import enable_persistent_cache
 
     enable_persistent_cache("auto")
@@ -96,11 +102,6 @@ def main() -> None:
     from pipelinerl_jax.sampler.sequence import SamplingParams
 
     load = common.warn_if_busy()
-    all_variants = variants()
-    names = args.variants.split(",")
-    unknown = sorted(set(names) - set(all_variants))
-    if unknown:
-        raise SystemExit(f"unknown variant(s) {unknown}; choose from {sorted(all_variants)}")
     tokenizer = Tokenizer.from_dir(MODEL_DIR)
     _, graphdef, params = hf_io.load_hf(MODEL_DIR)
     problems = held_out_problems("word_problems", {"difficulty": 1}, args.problems)
@@ -113,7 +114,7 @@ def main() -> None:
         eos_token_ids=tokenizer.eos_token_ids,
     )
     rows = []
-    for temperature in (float(t) for t in args.temperatures.split(",")):
+    for temperature in temperatures:
         sampling = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens)
         for name in names:
             prompt = all_variants[name]

@@ -101,20 +101,25 @@ class RssTrace:
         )
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import common
+
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="the CSV to write")
     p.add_argument("--interval_s", type=float, default=0.2)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        print("rss_trace.py: no command given; put it after --", file=sys.stderr)
-        sys.exit(2)
+        common.refuse("no command given; put it after --")
     if args.interval_s <= 0:
-        print(f"rss_trace.py: --interval_s={args.interval_s} must be > 0", file=sys.stderr)
-        sys.exit(2)
-    proc = subprocess.Popen(command)
+        common.refuse(f"--interval_s={args.interval_s} must be > 0")
+    common.output_file(args.out)  # checked before the command runs, not after
+    try:
+        proc = subprocess.Popen(command)
+    except OSError as e:  # not found, not executable: nothing ran
+        common.refuse(f"cannot run {command[0]!r}: {e.strerror}")
     trace = RssTrace(proc.pid, args.out, interval_s=args.interval_s)
     with trace:
         code = proc.wait()

@@ -145,13 +145,14 @@ def time_child(model_dir: Path, dtype: str, side: str, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model_dir", default=str(MODEL_DIR))
     p.add_argument("--dtypes", default="float32,bfloat16", help="compute dtypes, in turn")
     p.add_argument("--sides", default=",".join(SIDES), help=f"of {list(SIDES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--child", default=None, help="(internal) time one side: DTYPE:SIDE")
     args = p.parse_args(argv)
+    common.at_least(args.repeats, "--repeats")
     model_dir = common.require_model(args.model_dir)
     sides, dtypes = args.sides.split(","), args.dtypes.split(",")
     unknown = sorted(set(sides) - set(SIDES))
