@@ -30,18 +30,22 @@ def test_remat_reaches_the_model_config():
     assert build_lib.model_config(_cfg()).remat_policy == "attention"
 
 
+# A text task: prompts (system prompt, worked examples) apply to text tasks alone.
+TEXT = {"data.task": "word_problems", "data.task_options": {}, "reward.fn": "math"}
+
+
 def test_system_prompt_default_custom_and_none():
-    default = build_lib.prompt_config(_cfg().data)
+    default = build_lib.prompt_config(_cfg(**TEXT).data)
     assert default.system_prompt == DEFAULT_SYSTEM_PROMPT
-    custom = build_lib.prompt_config(_cfg(**{"data.system_prompt": "Box it."}).data)
+    custom = build_lib.prompt_config(_cfg(**TEXT, **{"data.system_prompt": "Box it."}).data)
     assert build_messages("2+2?", custom)[0] == {"role": "system", "content": "Box it."}
-    none = build_lib.prompt_config(_cfg(**{"data.system_prompt": ""}).data)
+    none = build_lib.prompt_config(_cfg(**TEXT, **{"data.system_prompt": ""}).data)
     assert [m["role"] for m in build_messages("2+2?", none)] == ["user"]
 
 
 def test_few_shot_reaches_the_prompt_and_rejects_bad_items():
     shot = dict(question="1+2?", answer="The answer is \\boxed{3}.")
-    cfg = _cfg(**{"data.few_shot": [shot]})
+    cfg = _cfg(**TEXT, **{"data.few_shot": [shot]})
     assert cfg.data.few_shot == (("1+2?", "The answer is \\boxed{3}."),)
     messages = build_messages("7+1?", build_lib.prompt_config(cfg.data))
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
@@ -49,8 +53,14 @@ def test_few_shot_reaches_the_prompt_and_rejects_bad_items():
     assert config_lib.as_dict(cfg)["data"]["few_shot"] == [["1+2?", shot["answer"]]]
     for bad in ([dict(question="1+2?")], [dict(question="1+2?", answer="")], ["1+2? 3"]):
         with pytest.raises(ConfigError, match=r"data.few_shot\[0\]") as e:
-            _cfg(**{"data.few_shot": bad})
+            _cfg(**TEXT, **{"data.few_shot": bad})
         assert "\n" not in str(e.value)
+
+
+def test_prompt_fields_on_a_character_task_are_refused():
+    for field, value in (("data.system_prompt", "Box it."), ("data.few_shot", [["1", "2"]])):
+        with pytest.raises(ConfigError, match=f"config.{field} does not apply to data.task="):
+            _cfg(**{field: value})
 
 
 def test_reward_table_options_override_and_reject_unknown():

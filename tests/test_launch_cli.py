@@ -43,6 +43,9 @@ def _launch(*args, capsys):
 
 def test_list_and_dict_overrides_reach_the_run_config():
     cfg = run_config(
+        "--config.data.task=word_problems",
+        "--config.data.task_options={}",
+        "--config.reward.fn=math",
         '--config.data.few_shot=[{"question": "1+2?", "answer": "3"}]',
         "--config.reward.table=success_and_format",
         '--config.reward.table_options={"format_weight": 0.3}',

@@ -40,12 +40,12 @@ def test_each_preset_is_its_config_file(name):
 def test_overrides_match_the_command_line():
     rng = random.Random()
     steps, lr, layers = rng.randrange(2, 50), rng.uniform(1e-4, 1e-2), rng.randrange(1, 4)
-    lag, prompt = rng.randrange(0, 4), rng.choice(["", "Box it."])
+    lag, shuffle = rng.randrange(0, 4), rng.randrange(0, 100)
     cfg = presets.tiny(
         steps=steps,
         max_lag=lag,
         trainer=dict(learning_rate=lr),
-        data=dict(system_prompt=prompt, task_options={"min_digits": 3, "max_digits": 4}),
+        data=dict(shuffle_seed=shuffle, task_options={"min_digits": 3, "max_digits": 4}),
         **{"model.init.num_layers": layers, "sampler.num_pages": 40},
     )
     rest, overrides = config_cli.split_argv(
@@ -53,7 +53,7 @@ def test_overrides_match_the_command_line():
             f"--config.steps={steps}",
             f"--config.max_lag={lag}",
             f"--config.trainer.learning_rate={lr!r}",
-            f"--config.data.system_prompt={prompt}",
+            f"--config.data.shuffle_seed={shuffle}",
             '--config.data.task_options={"min_digits": 3, "max_digits": 4}',
             f"--config.model.init.num_layers={layers}",
             "--config.sampler.num_pages=40",

@@ -19,6 +19,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from pipelinerl_jax.data.prompts import TEMPLATES
 from pipelinerl_jax.data.tasks import TASKS
 from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.errors import ConfigError
@@ -112,6 +113,16 @@ class DataSpec:
     shuffle_seed: int = 0  # the prompt order's seed (added to the run's seed)
 
     def __post_init__(self):
+        if self.prompt_template not in TEMPLATES:
+            raise ConfigError(
+                f"config.data.prompt_template={self.prompt_template!r}: use one of {TEMPLATES}"
+                f"{did_you_mean(str(self.prompt_template), TEMPLATES)}"
+            )
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(
+                f"config.data.system_prompt={self.system_prompt!r}: give text, '' for none or "
+                "null for the paper's"
+            )
         if not self.task and not self.datasets:
             raise ConfigError(
                 "config.data: set data.task to a built-in task or data.datasets to dataset files"
@@ -128,6 +139,13 @@ class DataSpec:
         if self.task not in TASKS:
             raise ConfigError(
                 f"config.data.task={self.task!r} is unknown; choose one of {sorted(TASKS)}"
+            )
+        prompted = [f"data.{f}" for f in ("few_shot", "system_prompt") if getattr(self, f)]
+        if prompted and not TASKS[self.task].text_task:
+            # A character task's prompt is its bare question, in its own tokenizer.
+            raise ConfigError(
+                f"config.{prompted[0]} does not apply to data.task={self.task}, a character "
+                "task whose prompt is the bare question: leave it out, or train a text task"
             )
         options = {f.name for f in dataclasses.fields(TASKS[self.task])}
         unknown = sorted(set(dict(self.task_options)) - options)

@@ -255,14 +255,32 @@ def _few_shot(items) -> tuple:
     return tuple(pairs)
 
 
-def _dataset_specs(items) -> tuple:
-    """[{path, format, ...}, ...] -> (DatasetSpec, ...)."""
+def _dataset_specs(items, where: str) -> tuple:
+    """[{path, format, ...}, ...] -> (DatasetSpec, ...); `where` names the field in errors."""
+    fields = [f.name for f in dataclasses.fields(DatasetSpec)]
     specs = []
     for i, item in enumerate(items or ()):
-        try:
-            specs.append(DatasetSpec(**dict(item)))
-        except TypeError as e:
-            raise ConfigError(f"config.data.datasets[{i}]: {e}") from None
+        at = f"config.{where}[{i}]"
+        if hasattr(item, "to_dict"):  # ml_collections.ConfigDict
+            item = item.to_dict()
+        if not isinstance(item, dict):
+            raise ConfigError(
+                f"{at}={item!r}: give an object such as "
+                '{"path": "train.jsonl", "format": "gsm8k"}'
+            )
+        unknown = sorted(set(item) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"{at}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], fields)}; "
+                f"valid: {fields}"
+            )
+        if "path" not in item:
+            raise ConfigError(f"{at}: no path; give the file, folder or glob to read")
+        for key, value in item.items():
+            optional = key not in ("path", "format")
+            if not (isinstance(value, str) and value) and not (optional and value is None):
+                raise ConfigError(f"{at}.{key}={value!r}: give a non-empty string")
+        specs.append(DatasetSpec(**item))
     return tuple(specs)
 
 
@@ -271,8 +289,12 @@ def _dataset_specs(items) -> tuple:
 # section's list of valid fields leaves them out.
 _CONVERT = {
     "model": (("init", _items), ("lora", _items)),
-    "data": (("task_options", _items), ("few_shot", _few_shot), ("datasets", _dataset_specs)),
+    "data": (
+        ("task_options", _items),
+        ("few_shot", _few_shot),
+        ("datasets", lambda items: _dataset_specs(items, "data.datasets")),
+    ),
     "reward": (("table_options", _items),),
-    "eval": (("datasets", _dataset_specs),),
+    "eval": (("datasets", lambda items: _dataset_specs(items, "eval.datasets")),),
     "env": (("options", _items),),
 }
