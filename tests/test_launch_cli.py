@@ -171,7 +171,7 @@ def test_values_convert_to_the_field_type():
         (["--config.trainer.weight_decay=-0.1"], "trainer.weight_decay=-0.1 must be >= 0"),
         (["--config.trainer.min_lr_ratio=2"], "trainer.min_lr_ratio=2.0 must be in [0, 1]"),
         (["--config.checkpoint_every=-1"], "checkpoint_every=-1 must be >= 0"),
-        (["--config.checkpoint_keep=0"], "checkpoint_keep=0 >= 1"),
+        (["--config.checkpoint_keep=0"], "config.checkpoint_keep=0 must be >= 1"),
         (["--config.seed=-1"], "config.seed=-1, data.shuffle_seed=0 and sampler.seed=0 must be"),
         (
             ["--config.sampler.num_slots=10", "--config.sampler.decode_widths=3"],

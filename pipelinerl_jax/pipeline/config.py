@@ -471,11 +471,13 @@ class RunConfig(RunSpec):
                 f"sampler.seed={self.sampler.seed} must be >= 0, and each of the last two plus "
                 "config.seed < 2**32 (they are the prompt order's and sampling's seeds)"
             )
-        if self.log_every < 0 or self.checkpoint_every < 0 or self.checkpoint_keep < 1:
+        for name in ("log_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 0 (0: none)")
+        if self.checkpoint_keep < 1:
             raise ConfigError(
-                f"config.log_every={self.log_every} and checkpoint_every="
-                f"{self.checkpoint_every} must be >= 0 (0: none), checkpoint_keep="
-                f"{self.checkpoint_keep} >= 1"
+                f"config.checkpoint_keep={self.checkpoint_keep} must be >= 1 (the newest "
+                "checkpoints kept)"
             )
         if self.eval_every < 0 or self.eval.num_problems < 1 or self.eval.k < 1:
             raise ConfigError(
