@@ -41,3 +41,29 @@ def test_writer_appends_jsonl(tmp_path):
     assert records[1]["loss"] == 0.5
     assert len(lines) == 2 and "reward 0.200" in lines[1]
     assert len(writer.of_kind("train")) == 4
+
+
+def test_a_resume_says_which_steps_the_log_lost(tmp_path):
+    """Records lost before the checkpoint (a file cut, lines removed) are said on resume, not
+    left to a summary that counts fewer steps than the run trained."""
+    writer = MetricsWriter(tmp_path, echo=lambda *_: None)
+    writer.start()
+    for step in range(6):
+        writer.write("train", {"step": step, "loss": 0.1})
+    writer.close()
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if '"step": 3' in line and "train" in line)
+    path.write_text("".join(lines[:cut]) + lines[cut][:25])  # cut inside step 3's record
+    said = []
+    again = MetricsWriter(tmp_path, echo=said.append)
+    again.start(resumed_from=6)
+    again.close()
+    assert [r["step"] for r in again.history] == [0, 1, 2]
+    assert len(said) == 1 and "holds no record of 3 of the 6 steps" in said[0]
+    assert "(first: step 3;" in said[0]
+    said.clear()
+    whole = MetricsWriter(tmp_path / "other", echo=said.append)
+    whole.start()
+    whole.close()
+    assert said == []

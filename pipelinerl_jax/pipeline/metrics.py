@@ -150,6 +150,14 @@ class MetricsWriter:
         step = resumed_from or 0
         if resumed_from is not None:  # what a fresh start leaves in the file is not this run's
             self.history = run_history(read_records(self._path), resumed_from)
+            trained = {r["step"] for r in self.history if r["kind"] == "train"}
+            missing = [s for s in range(resumed_from) if s not in trained]
+            if missing:  # not silent: the summary's step count and curves lack them
+                self.echo(
+                    f"warning: {self._path} holds no record of {len(missing)} of the "
+                    f"{resumed_from} steps before the checkpoint (first: step {missing[0]}; "
+                    "lines cut or removed): the summary and curves leave them out"
+                )
             offset = max((r.get("time", 0.0) for r in self.history), default=0.0)
             self._t0 = time.perf_counter() - offset
         self._tb.purge_step = step
