@@ -19,7 +19,7 @@ import json
 
 import jax
 
-from pipelinerl_jax.data.datasets import load_dataset
+from pipelinerl_jax.data.datasets import load_problems
 from pipelinerl_jax.data.tasks import make_task
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts, peft_io
@@ -39,8 +39,11 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
     # The files read and mapped as the run reads them: a format that fits none of their
     # records is refused here, not after the workdir is made.
     counts = {
-        where: sum(len(load_dataset(spec).problems) for spec in specs)
-        for where, specs in (("train", cfg.data.datasets), ("eval", cfg.eval.datasets))
+        side: len(load_problems(specs, f"{section}.datasets"))
+        for side, section, specs in (
+            ("train", "data", cfg.data.datasets),
+            ("eval", "eval", cfg.eval.datasets),
+        )
         if specs
     }
     reward_fn_spec(cfg.reward.fn)

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelinerl_jax.data.datasets import DatasetSpec, PromptStream, load_dataset
+from pipelinerl_jax.data.datasets import DatasetSpec, PromptStream, load_dataset, load_problems
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.errors import ConfigError
 
@@ -206,3 +206,19 @@ def test_bad_stream_arguments():
         PromptStream(_problems(2), num_epochs=0)
     with pytest.raises(ConfigError, match="seed -1"):
         PromptStream(_problems(2), seed=-1)
+
+
+def test_two_datasets_of_one_name_are_refused(tmp_path):
+    """Uids are name/index: two datasets named alike (two files of one stem, or one file
+    twice) would give different problems one uid."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for folder, question in (("a", "1+1?"), ("b", "2+2?")):
+        _write_jsonl(tmp_path / folder / "train.jsonl", [{"question": question, "answer": "2"}])
+    specs = [DatasetSpec(path=str(tmp_path / f / "train.jsonl")) for f in ("a", "b")]
+    with pytest.raises(ConfigError, match="two datasets are named 'train'") as e:
+        load_problems(specs, "data.datasets")
+    assert "config.data.datasets:" in str(e.value) and "\n" not in str(e.value)
+    named = [specs[0], DatasetSpec(path=specs[1].path, name="train_b")]
+    uids = [p.uid for p in load_problems(named, "data.datasets")]
+    assert len(set(uids)) == 2

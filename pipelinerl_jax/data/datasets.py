@@ -114,6 +114,21 @@ def read_records(path: str) -> list[Any]:
         return records
 
 
+def load_problems(specs, where: str) -> list[Problem]:
+    """The problems of every dataset in `specs` (the config field `where`, for messages), in
+    order; two datasets of one name are refused, as their problems' uids (name/index) and
+    per-source metrics would clash."""
+    loaded = [load_dataset(spec) for spec in specs]
+    names = [d.name for d in loaded]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise ConfigError(
+            f"config.{where}: two datasets are named {twice!r} (a name defaults to the file's "
+            'stem), so their problems\' uids would clash: give each a distinct "name"'
+        )
+    return [p for d in loaded for p in d.problems]
+
+
 def load_dataset(spec: DatasetSpec) -> LoadedDataset:
     """Reads and maps every record of `spec`; bad records are skipped, counted and logged."""
     fmt = get_format(spec.format)

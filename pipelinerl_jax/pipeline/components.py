@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 
 from pipelinerl_jax import sharding
 from pipelinerl_jax.data import prompts as prompts_lib
-from pipelinerl_jax.data.datasets import PromptStream, load_dataset
+from pipelinerl_jax.data.datasets import PromptStream, load_problems
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.procedural import ProceduralSource
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
@@ -121,7 +121,7 @@ def build_data(
             return tokenizer, task.source(), encode
         source = task.source()
     elif load_source:
-        source = [p for spec in data.datasets for p in load_dataset(spec).problems]
+        source = load_problems(data.datasets, "data.datasets")
     else:
         source = None
     tokenizer = model_tokenizer(cfg, "data.task" if data.task else "data.datasets")
@@ -389,7 +389,7 @@ def build_evaluator(
         )
 
     if cfg.eval.datasets:
-        problems = [p for spec in cfg.eval.datasets for p in load_dataset(spec).problems]
+        problems = load_problems(cfg.eval.datasets, "eval.datasets")
         prompt_cfg = prompt_config(cfg.data)
     else:
         problems = held_out_problems(
