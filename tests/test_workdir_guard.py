@@ -68,3 +68,10 @@ def test_a_checkpoints_folder_it_cannot_write_is_refused_before_training(tmp_pat
     with pytest.raises(ConfigError, match="checkpoints/ is not a writable directory"):
         run_lib.run(tiny_config(steps=2, checkpoint_every=2), str(tmp_path), echo=QUIET)
     assert not (tmp_path / "config.json").exists()
+
+
+def test_an_unreadable_config_json_is_named_so(tmp_path):
+    (tmp_path / "config.json").write_text("{bad")
+    with pytest.raises(ConfigError, match=r"not a run's \(unreadable: Expecting property name"):
+        run_lib.run(tiny_config(steps=1), str(tmp_path), echo=QUIET)
+    assert (tmp_path / "config.json").read_text() == "{bad"

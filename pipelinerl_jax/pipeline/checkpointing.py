@@ -130,16 +130,17 @@ def check_own_config(workdir) -> None:
     path = Path(workdir) / "config.json"
     if not path.is_file():
         return
+    unreadable = ""
     try:
         saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = None
+    except (OSError, ValueError) as e:
+        saved, unreadable = None, f"(unreadable: {e.msg if hasattr(e, 'msg') else e}) "
     if isinstance(saved, dict) and {"max_lag", "sampler", "trainer"} <= saved.keys():
         return  # a run's config: this run resumes it or starts over it
     if isinstance(saved, dict) and ("architectures" in saved or "model_type" in saved):
         fix = f"(a Hugging Face model's): pass the model as --config.model.hf_dir={workdir} and"
     else:
-        fix = "(the run would overwrite it): move it, or"
+        fix = f"{unreadable}(the run would overwrite it): move it, or"
     raise ConfigError(
         f"--workdir={workdir} holds a config.json that is not a run's {fix} name a new "
         "--workdir for the run"
