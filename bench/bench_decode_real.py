@@ -91,6 +91,7 @@ def main(argv=None) -> int:
         help="our LM head's operands in the bf16 rows (transformers bf16 runs its head in bf16)",
     )
     args = ap.parse_args(argv)
+    common.quick_alone(args, ap, ("batches", "new_tokens", "repeats", "chunk_steps"))
     try:
         batches = [1, 8] if args.quick else _listed(args.batches, int, "--batches", "1,8")
         dtypes = _listed(args.dtypes, str, "--dtypes", "float32,bfloat16", GOALS)

@@ -104,6 +104,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
+    common.quick_alone(args, ap, ("repeats",))
     repeats = 2 if args.quick else args.repeats
     rows = []
     for dtype in ("float32", "bfloat16"):

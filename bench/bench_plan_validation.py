@@ -77,6 +77,7 @@ from bench.common import (  # noqa: E402
     load_average,
     number_list,
     print_table,
+    quick_alone,
     warn_if_busy,
     write_result,
 )
@@ -368,6 +369,7 @@ def main():
         help="N=2 only, 12 steps, short probes: checks the script in minutes",
     )
     args = parser.parse_args()
+    quick_alone(args, parser, ("devices", "steps", "repeats", "chunks"))
     if args.quick:
         args.devices, args.steps, args.repeats, args.chunks = "2", 12, 3, 40
     device_counts = number_list(args.devices, "--devices", minimum=1, example="1,2,4")

@@ -139,6 +139,7 @@ def main():
 
     torch.set_num_threads(os.cpu_count())
     load = common.warn_if_busy()
+    common.quick_alone(args, ap, ("repeats",))
     cfg = common.bench_model_config(args.quick)
     _, params = decoder.init(cfg, jax.random.key(0))
     dparams = fwd.decode_params(cfg, params)

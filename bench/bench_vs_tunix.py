@@ -243,6 +243,7 @@ def main() -> None:
         return ours_worker(
             args.steps, args.worker, args.budget_s, Path(args.out), weighting=WEIGHTING
         )
+    common.quick_alone(args, p, ("tunix_steps", "pipeline_steps", "conventional_steps"))
     check_tunix_venv()
     if args.quick:
         args.tunix_steps = args.pipeline_steps = args.conventional_steps = QUICK_STEPS

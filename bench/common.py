@@ -141,6 +141,15 @@ def names_list(text: str, flag: str, allowed) -> list[str]:
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
+def quick_alone(args, parser, names) -> None:
+    """--quick sets its own sizes: any of the flags `names` given beside it with a value other
+    than its default would be ignored, so it is refused."""
+    if getattr(args, "quick", False):
+        given = [f"--{n}" for n in names if getattr(args, n) != parser.get_default(n)]
+        if given:
+            refuse(f"--quick sets its own sizes: leave out {', '.join(given)}")
+
+
 def result_name(name: str, flag: str = "--name") -> str:
     """`name` if it makes a plain file name in bench/results (write_result's <name>.json);
     otherwise refused, before the work whose result it would name (not after: lost)."""

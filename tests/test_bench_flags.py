@@ -194,3 +194,16 @@ def test_scripts_refuse_an_unknown_flag_in_one_line():
         assert proc.stderr.strip().splitlines() == [
             f"error: unrecognized arguments: --bogus=1 ({name} --help lists the flags)"
         ]
+
+
+def test_quick_refuses_the_sizes_it_would_ignore(capsys):
+    parser = common.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=60)
+    common.quick_alone(parser.parse_args(["--quick"]), parser, ("repeats", "steps"))
+    common.quick_alone(parser.parse_args(["--repeats=3"]), parser, ("repeats", "steps"))
+    common.quick_alone(parser.parse_args(["--quick", "--steps=60"]), parser, ("steps",))
+    args = parser.parse_args(["--quick", "--repeats=3", "--steps=5"])
+    line = refused(lambda _: common.quick_alone(args, parser, ("repeats", "steps")), [], capsys)
+    assert line == "error: --quick sets its own sizes: leave out --repeats, --steps"
