@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import difflib
 import math
 from collections.abc import Sequence
 from typing import Any
 
 from pipelinerl_jax.data.formats import Problem
-from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.errors import ConfigError, did_you_mean
 
 ROLES = ("user", "tool", "text")  # text: raw, inside the model's message (codec.py)
 STATUSES = ("ok", "error", "timeout")
@@ -115,12 +114,6 @@ def check_bool(env: str, option: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _refuse(env, option, value, "true or false")
     return value
-
-
-def did_you_mean(name: Any, choices: Sequence[str]) -> str:
-    """ "; did you mean X?" for the closest of `choices` to `name`, or ""."""
-    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 def check_choice(env: str, option: str, value: Any, choices: Sequence[str]) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipelinerl_jax.data.formats import Problem
-from pipelinerl_jax.envs.protocol import Environment, Turn, did_you_mean
-from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.envs.protocol import Environment, Turn
+from pipelinerl_jax.errors import ConfigError, did_you_mean
 from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, as_verdict, resolve_callable
 
 

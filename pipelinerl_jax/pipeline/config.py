@@ -15,14 +15,13 @@ command-line overrides). Each field's meaning is the `#` comment beside it in it
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
 from typing import Any
 
 from pipelinerl_jax.data.prompts import TEMPLATES
 from pipelinerl_jax.data.tasks import TASKS
 from pipelinerl_jax.envs.registry import make_env
-from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.errors import ConfigError, did_you_mean
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.lora import lora_config
 from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, get_reward_table
@@ -41,12 +40,6 @@ INIT_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {
     "remat_policy",
     "lora",
 }
-
-
-def did_you_mean(name: str, choices) -> str:
-    """ "; did you mean X?" for the closest of `choices` to `name`, or ""."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipelinerl_jax.data.datasets import DatasetSpec
-from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.errors import ConfigError, did_you_mean
 from pipelinerl_jax.pipeline.config import (
     DataSpec,
     DeviceSpec,
@@ -26,7 +26,6 @@ from pipelinerl_jax.pipeline.config import (
     RewardSpec,
     RunConfig,
     RunSpec,
-    did_you_mean,
 )
 from pipelinerl_jax.rl.config import BatchConfig, LossConfig
 from pipelinerl_jax.sampler.config import SamplerConfig
