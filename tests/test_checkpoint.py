@@ -512,3 +512,30 @@ def test_killed_during_async_write(tmp_path):
     np.testing.assert_array_equal(np.asarray(state.params["w"]), 1.0)
     # Unfinished writes are swept when a run opens the directory again.
     assert not [d for d in os.listdir(tmp_path / "checkpoints") if "tmp" in d]
+
+
+def test_a_failed_restore_leaves_no_traceback_noise(monkeypatch, capsys):
+    """After a restore from a damaged checkpoint fails, TensorStore's late callbacks find
+    Orbax's loop closed and the other arrays' read coroutines are collected unawaited: their
+    reports are dropped (hundreds of traceback lines under the one-line warning), and every
+    other error still reaches the hooks."""
+    import sys
+    import types
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(("except", value)))
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: seen.append(("raise", report)))
+    ck.quiet_failed_restore_reports()
+    ck.quiet_failed_restore_reports()  # twice: installed once
+    closed = RuntimeError("Event loop is closed")
+    sys.excepthook(RuntimeError, closed, None)
+    leftover = types.SimpleNamespace(
+        exc_value=Exception("Encountered error while reading array index"),
+        object=types.SimpleNamespace(__name__="_read_array_index_and_device_put"),
+    )
+    sys.unraisablehook(leftover)
+    other = ValueError("a real error")
+    sys.excepthook(ValueError, other, None)
+    report = types.SimpleNamespace(exc_value=other, object=None)
+    sys.unraisablehook(report)
+    assert seen == [("except", other), ("raise", report)]

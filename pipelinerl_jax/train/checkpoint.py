@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,6 +132,39 @@ def _processes(processes: Sequence[int] | None):
         return ocp.options.MultiprocessingOptions()
     group = {jax.process_index()} if processes is None else {int(p) for p in processes}
     return ocp.options.MultiprocessingOptions(primary_host=min(group), active_processes=group)
+
+
+def _is_closed_loop_report(value) -> bool:
+    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
+# Orbax's coroutine reading one array of a checkpoint; those of a failed restore are dropped
+# unawaited, each with the same read error the restore already raised.
+_ORBAX_ARRAY_READ = "_read_array_index_and_device_put"
+
+
+def quiet_failed_restore_reports() -> None:
+    """Drops the reports of a failed restore's leftovers from then on: after a restore from a
+    damaged checkpoint fails, Orbax has closed its event loop while TensorStore still completes
+    the reads it had started (each completion's callback finds the loop closed), and the other
+    arrays' read coroutines are collected unawaited with the same read error. Each printed a
+    traceback (tens to over a thousand lines under the one-line warning that names the step);
+    nothing else is hidden: other errors reach the hooks as before."""
+    if getattr(sys.excepthook, "_quiets_closed_loop", False):
+        return
+    previous_except, previous_unraisable = sys.excepthook, sys.unraisablehook
+
+    def excepthook(kind, value, tb):
+        if not _is_closed_loop_report(value):
+            previous_except(kind, value, tb)
+
+    def unraisablehook(report):
+        leftover = getattr(report.object, "__name__", None) == _ORBAX_ARRAY_READ
+        if not (leftover or _is_closed_loop_report(report.exc_value)):
+            previous_unraisable(report)
+
+    excepthook._quiets_closed_loop = True
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
 
 
 class RunCheckpointer:
@@ -397,6 +431,7 @@ class RunCheckpointer:
                 result = restore_one(step)
                 break
             except CorruptCheckpointError as e:
+                quiet_failed_restore_reports()
                 log.warning(
                     "checkpoint step %d is corrupt or incomplete (%s); trying the previous one",
                     step,
