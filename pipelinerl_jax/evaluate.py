@@ -39,7 +39,7 @@ from pipelinerl_jax.models import hf_io
 from pipelinerl_jax.models.tokenizer import Tokenizer
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import eval_lib
-from pipelinerl_jax.pipeline.config import EnvSpec
+from pipelinerl_jax.pipeline.env_spec import EnvSpec
 from pipelinerl_jax.pipeline.episodes import make_driver
 from pipelinerl_jax.rewards.tables import reward_fn_spec
 from pipelinerl_jax.rewards.workers import RewardPool

@@ -10,7 +10,7 @@ from pipelinerl_jax.envs.protocol import Environment, Turn
 from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.envs.single_turn import SingleTurn
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.pipeline.config import EnvSpec
+from pipelinerl_jax.pipeline.env_spec import EnvSpec
 from tests.config_args import run_config
 
 GUESS_WORDS = {"higher": ">", "lower": "<", "again": "=", "base": 16}

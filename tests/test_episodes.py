@@ -255,7 +255,7 @@ def test_failing_environments_end_their_episode_with_a_status(workers):
 
 
 def test_make_driver_templates_the_first_messages():
-    from pipelinerl_jax.pipeline.config import EnvSpec
+    from pipelinerl_jax.pipeline.env_spec import EnvSpec
 
     spec = EnvSpec(name="guess", options=(("higher", ">"), ("lower", "<")), workers=0)
     driver = make_driver(spec, TOK, pool=None, max_new_tokens=8)

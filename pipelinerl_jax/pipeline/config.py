@@ -2,7 +2,7 @@
 
 Library code only ever sees a `RunConfig`: the run's own fields (`RunSpec`: mode, sizes,
 steps, sampling) and one section per part (model, data, reward, devices, sampler, trainer,
-batch, eval, env). Each section checks its own fields in `__post_init__` (SamplerConfig,
+batch, eval, env; the env section, EnvSpec, in env_spec.py). Each section checks its own fields in `__post_init__` (SamplerConfig,
 TrainerConfig, LossConfig and BatchConfig in their own modules likewise), and `RunConfig`
 checks how the sections fit together, so every check that can fail does so at construction,
 before any compilation, with a one-line `ConfigError` naming the field and the fix.
@@ -20,11 +20,11 @@ from typing import Any
 
 from pipelinerl_jax.data.prompts import TEMPLATES
 from pipelinerl_jax.data.tasks import TASKS
-from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.errors import ConfigError, did_you_mean
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.lora import lora_config
-from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS, get_reward_table
+from pipelinerl_jax.pipeline.env_spec import EnvSpec
+from pipelinerl_jax.rewards.tables import get_reward_table
 from pipelinerl_jax.rl.config import BatchConfig
 from pipelinerl_jax.sampler.config import SamplerConfig
 from pipelinerl_jax.sampler.sequence import SamplingParams
@@ -175,124 +175,6 @@ class RewardSpec:
                 f"config.reward.timeout_s={self.timeout_s} applies only with reward.workers >= "
                 "1: reward.workers=0 scores in the sampler thread, with no time limit; set "
                 "reward.workers or leave timeout_s out"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSpec:
-    """Multi-turn episodes: the environment that answers each model turn (pipeline/episodes.py).
-    Without one, every attempt is one answer scored by the reward section."""
-
-    name: str = ""  # "": one answer per attempt; a name in envs.ENVIRONMENTS ("guess",
-    #   "calculator", "single_turn") or "module.path:callable" returning an Environment
-    options: tuple = ()  # a dict of the environment's keyword arguments
-    max_turns: int = 0  # model turns per episode, at most (0: the environment's own)
-    turn_tokens: int = 0  # tokens per model turn, at most (0: what is left of
-    #   generation.max_new_tokens, which bounds the whole episode after its prompt)
-    workers: int = 2  # processes answering turns (0: in the sampler thread, no time limit)
-    timeout_s: float = 5.0  # seconds per turn before it counts as a timeout (ends the episode)
-
-    def __post_init__(self):
-        if min(self.max_turns, self.turn_tokens, self.workers) < 0 or not (
-            0 < self.timeout_s < float("inf")
-        ):
-            raise ConfigError(
-                f"config.env: max_turns={self.max_turns}, turn_tokens={self.turn_tokens} and "
-                f"workers={self.workers} must be >= 0 and timeout_s={self.timeout_s} finite "
-                "and > 0"
-            )
-        default = EnvSpec.__dataclass_fields__
-        timeout_set = self.timeout_s != default["timeout_s"].default
-        if self.name:
-            self.make()  # a bad name or option fails here, in one line
-        else:
-            changed = [f"env.options={dict(self.options)}"] if self.options else []
-            changed += [
-                f"env.{f}={getattr(self, f)!r}"
-                for f in ("max_turns", "turn_tokens", "workers", "timeout_s")
-                if getattr(self, f) != default[f].default
-            ]
-            if changed:
-                raise ConfigError(
-                    f"config.{changed[0]} needs env.name (an environment); without one it "
-                    "applies to nothing (one-answer runs score with reward.workers and "
-                    "reward.timeout_s): set env.name or leave it out"
-                )
-        if self.workers == 0 and timeout_set:
-            raise ConfigError(
-                f"config.env.timeout_s={self.timeout_s} applies only with env.workers >= 1: "
-                "env.workers=0 answers turns in the sampler thread, with no time limit; set "
-                "env.workers or leave timeout_s out"
-            )
-
-    def make(self):
-        """The environment (envs.protocol.Environment), or None without one."""
-        if not self.name:
-            return None
-        return make_env(self.name, dict(self.options), max_turns=self.max_turns)
-
-    def check_fits(self, data: DataSpec, max_new_tokens: int) -> None:
-        """The run's other sections (RunConfig.check_sections_fit): turns fit the episode's
-        budget, a character-level task's vocabulary holds what the environment writes, and an
-        environment scoring with a reward function uses the task's."""
-        if not self.name:
-            return
-        if self.turn_tokens > max_new_tokens:
-            raise ConfigError(
-                f"config.env.turn_tokens={self.turn_tokens} exceeds generation.max_new_tokens="
-                f"{max_new_tokens}, which bounds the whole episode after its prompt; lower "
-                "env.turn_tokens (0: what is left of the episode) or raise max_new_tokens"
-            )
-        env = self.make()
-        if data.task and not TASKS[data.task].text_task:
-            self._check_vocabulary(env, data)
-        scorer = getattr(env, "reward_spec", None)  # single_turn, retry: a reward function
-        wanted = getattr(TASKS.get(data.task), "reward_fn", "task") if data.task else None
-        if scorer and wanted and scorer != BUILTIN_REWARDS.get(wanted, wanted):
-            # e.g. retry's default math-verify on reverse_digits: every answer unparsable.
-            raise ConfigError(
-                f"config.env.name={self.name!r} scores answers with {scorer}, but "
-                f"data.task={data.task} is scored by {wanted!r}: add "
-                f'"reward_fn": "{wanted}" to --config.env.options'
-            )
-
-    def _check_vocabulary(self, env, data: DataSpec) -> None:
-        """A character task's tokenizer encodes what `env` writes (else its first turn fails)."""
-        task = TASKS[data.task](**dict(data.task_options))  # a DigitTask
-        vocab = task.tokenizer
-
-        def unknown(texts: dict) -> dict:
-            out = {}
-            for what, text in texts.items():
-                chars = "".join(sorted({ch for ch in text if vocab.token_to_id(ch) is None}))
-                if chars:
-                    out[what] = f"{what} {text[:30]!r} has {chars[:12]!r}"
-            return out
-
-        # What it says it writes, then (a subclass may prompt otherwise) its first messages.
-        bad = unknown(env.texts() or {})
-        if not bad:
-            try:
-                first = env.first_messages(task.problem(0))
-            except Exception as e:  # noqa: BLE001 - a user's environment: said in one line
-                raise ConfigError(
-                    f"config.env.name={self.name!r}: first_messages() of a {data.task} problem "
-                    f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                ) from None
-            text = "".join(str(m.get("content", "")) for m in first)
-            bad = unknown({"its first messages": text})
-        if bad:
-            allowed = "".join(t for t in vocab.tokens if len(t) == 1)
-            fix = (
-                "give env.options words of that vocabulary (configs/guess.py does) or "
-                if all(what.startswith("option ") for what in bad)
-                else ""
-            )
-            raise ConfigError(
-                f"config.env.name={self.name!r} cannot play the character task data.task="
-                f"{data.task}, whose vocabulary is {allowed!r}: {'; '.join(bad.values())}; "
-                f"{fix}train a text task (data.task=word_problems or data.datasets, with "
-                "model.hf_dir)"
             )
 
 
