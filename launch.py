@@ -192,12 +192,9 @@ def main(argv, overrides):
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     interrupts.install()
     glibc_malloc.limit_arenas()  # before JAX's threads too (pipelinerl_jax/glibc_malloc.py)
-    from pipelinerl_jax.pipeline import config_dict
 
     try:
-        c = config_cli.load_file(_CONFIG.value)
-        config_cli.apply_overrides(c, overrides)
-        cfg = config_dict.from_config_dict(c)
+        cfg = config_cli.load_run_config(_CONFIG.value, overrides)
         if cfg.deterministic:
             from pipelinerl_jax.pipeline import determinism
 

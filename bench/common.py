@@ -186,7 +186,6 @@ def check_launch_config(config: str | None, sets=(), *, steps: int | None = None
     otherwise time some runs before one of them refused it)."""
     from pipelinerl_jax import config_cli
     from pipelinerl_jax.errors import ConfigError
-    from pipelinerl_jax.pipeline import config_dict
 
     flags = [f"--config.{s}" for s in sets]
     if steps is not None:
@@ -197,9 +196,7 @@ def check_launch_config(config: str | None, sets=(), *, steps: int | None = None
         rest, overrides = config_cli.split_argv(flags)
         if rest:
             raise ConfigError(f"--set={rest[0]}: give FIELD=VALUE")
-        c = config_cli.load_file(path)
-        config_cli.apply_overrides(c, overrides)
-        return config_dict.from_config_dict(c)
+        return config_cli.load_run_config(path, overrides)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -27,6 +27,7 @@ import ml_collections
 
 from pipelinerl_jax import cli, config_schema
 from pipelinerl_jax.errors import ConfigError
+from pipelinerl_jax.pipeline import config_dict
 
 PREFIX = "--config."
 
@@ -116,6 +117,15 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides) -> None:
     with cfg.unlocked():  # a file may lock its ConfigDict; overrides may still add fields
         for path, text in overrides:
             set_path(cfg, path, parse_value(config_schema.find(path), text))
+
+
+def load_run_config(path: str, overrides=()):
+    """The RunConfig launch.py runs: the file's get_config() with the parsed `overrides`
+    (split_argv's pairs) applied, converted and checked; every failure a one-line
+    ConfigError."""
+    cfg = load_file(path)
+    apply_overrides(cfg, overrides)
+    return config_dict.from_config_dict(cfg)
 
 
 def set_path(cfg: ml_collections.ConfigDict, path: str, value) -> None:

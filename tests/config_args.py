@@ -4,7 +4,6 @@ launch.py builds it (split, load, override, convert), without launching anything
 from pathlib import Path
 
 from pipelinerl_jax import config_cli
-from pipelinerl_jax.pipeline import config_dict
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -13,6 +12,4 @@ def run_config(*overrides: str, file: str = "tiny.py"):
     """configs/`file` with `overrides` (each a `--config.<field>=<value>` argument)."""
     rest, parsed = config_cli.split_argv(list(overrides))
     assert rest == [], rest
-    c = config_cli.load_file(str(CONFIGS / file))
-    config_cli.apply_overrides(c, parsed)
-    return config_dict.from_config_dict(c)
+    return config_cli.load_run_config(str(CONFIGS / file), parsed)
