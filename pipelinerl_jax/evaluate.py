@@ -207,10 +207,10 @@ def _env_spec(fv, run_config: dict | None) -> EnvSpec | None:
             )
         return None
     runs = name == run_env.get("name")  # the run's own: its options and turn limits
-    workers = run_env.get("workers", 0) if runs else fv.reward_workers
-    if fv["reward_workers"].present:
-        workers = fv.reward_workers
-    timeout_s = fv.reward_timeout_s
+    # The run's own workers and timeout, unless the flags say otherwise.
+    workers, timeout_s = fv.reward_workers, fv.reward_timeout_s
+    if runs and not fv["reward_workers"].present:
+        workers = run_env.get("workers", 0)
     if runs and not fv["reward_timeout_s"].present:
         timeout_s = run_env.get("timeout_s", timeout_s)
     options = dict(run_env.get("options") or []) if runs else {}
@@ -221,7 +221,7 @@ def _env_spec(fv, run_config: dict | None) -> EnvSpec | None:
         options=tuple(sorted(options.items())),
         max_turns=run_env.get("max_turns", 0) if runs and fv.env_options is None else 0,
         turn_tokens=run_env.get("turn_tokens", 0) if runs else 0,
-        workers=workers,  # the run's own workers and timeout unless the flags say otherwise
+        workers=workers,
         timeout_s=timeout_s if workers else EnvSpec().timeout_s,
     )
 
@@ -356,10 +356,11 @@ def evaluate_cli(fv) -> dict:
         raise ConfigError(f"sampling flags: {sampling.error()}")
     longest = 1
     env = env_spec.make() if env_spec is not None else None
+    codec = EpisodeCodec(tokenizer) if env is not None else None
     for p in problems:
         try:
             if env is not None:  # an episode's first prompt: the environment's messages
-                ids = EpisodeCodec(tokenizer).prompt(env.first_messages(p))
+                ids = codec.prompt(env.first_messages(p))
             else:
                 ids = eval_lib.encode_problem(p, tokenizer, prompt_config)
             longest = max(longest, len(ids))

@@ -24,7 +24,7 @@ from pipelinerl_jax import cli
 from pipelinerl_jax.data import prompts as prompts_lib
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.pipeline import config as config_lib
-from pipelinerl_jax.pipeline.metrics import METRICS_FILE
+from pipelinerl_jax.pipeline.metrics import METRICS_FILE, read_records
 from pipelinerl_jax.pipeline.run_plot import PLOT_FILE, plot_run
 from pipelinerl_jax.train.checkpoint import CHECKPOINT_DIR, RunCheckpointer
 from pipelinerl_jax.train.resume_compat import another_run, check_compatible
@@ -196,11 +196,7 @@ def _check_fresh_start(cfg, workdir, echo) -> None:
     checkpoint, or one saving none) starts over, said in one line: its records stay and the
     new ones follow a start record. One whose config.json is another run's (a change a resume
     would refuse) is refused instead of mixed into."""
-    metrics = Path(workdir) / METRICS_FILE
-    trained = 0
-    if metrics.is_file():
-        with metrics.open(errors="replace") as f:
-            trained = sum('"kind": "train"' in line for line in f)
+    trained = sum(r["kind"] == "train" for r in read_records(Path(workdir) / METRICS_FILE))
     if not trained:
         return
     saved = None
