@@ -98,20 +98,9 @@ def run(
         check_own_config(workdir)  # never overwrite a model's config.json
         Path(workdir).mkdir(parents=True, exist_ok=True)
     with workdir_lock.hold(workdir) if workdir else contextlib.nullcontext():
-        if workdir:
-            # May refuse the config or the resume: config.json stays as it was.
-            finished = preflight(cfg, workdir, stream, echo)
-            if finished is not None:
-                echo(
-                    f"already finished at step {finished} (config.steps={cfg.steps}): nothing "
-                    "to train; raise config.steps to train it further"
-                )
-                return {"finished_at": finished}
-            # Renamed into place: a process starting beside this one (check_own_config)
-            # never reads half a file.
-            tmp = Path(workdir) / ".config.json.tmp"
-            tmp.write_text(json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
-            os.replace(tmp, Path(workdir) / "config.json")
+        finished = _claim(cfg, workdir, stream, echo) if workdir else None
+        if finished is not None:
+            return {"finished_at": finished}
         if components is None:
             check_memory(cfg, echo)  # before anything loads or compiles
         watch = CompileWatch(echo=echo).install()
@@ -123,6 +112,25 @@ def run(
             return _run(cfg, workdir, components, echo, watch)
         finally:
             watch.uninstall()
+
+
+def _claim(cfg: config_lib.RunConfig, workdir: str, stream, echo) -> int | None:
+    """Checks the workdir (its lock held) and writes the run's config.json there; returns the
+    step of a run finished already (said, nothing written), else None."""
+    # May refuse the config or the resume: config.json stays as it was.
+    finished = preflight(cfg, workdir, stream, echo)
+    if finished is not None:
+        echo(
+            f"already finished at step {finished} (config.steps={cfg.steps}): nothing to "
+            "train; raise config.steps to train it further"
+        )
+        return finished
+    # Renamed into place: a process starting beside this one (check_own_config) never reads
+    # half a file.
+    tmp = Path(workdir) / ".config.json.tmp"
+    tmp.write_text(json.dumps(config_lib.as_dict(cfg), indent=2, default=str))
+    os.replace(tmp, Path(workdir) / "config.json")
+    return None
 
 
 def _run(
