@@ -132,6 +132,22 @@ def test_math_gold_is_the_last_box_of_the_solution():
     assert loaded.problems[-1].answer == "2\\sqrt{3}"
 
 
+def test_math500_without_answer_reads_the_solutions_box():
+    # A MATH-500 record that lacks "answer" falls back to "solution": its gold is the last box
+    # of the worked solution, not the solution's whole text.
+    fmt = formats.get_format("math500")
+    solution = "First $\\boxed{2}$ is wrong; so $x = \\boxed{\\frac{1}{3}}$."
+    got = formats.to_problem({"problem": "Q", "solution": solution}, fmt, source="m", row=0)
+    assert got.answer == "\\frac{1}{3}"
+    got = formats.to_problem({"problem": "Q", "solution": "no box"}, fmt, source="m", row=1)
+    assert got == "no gold answer extractable (math500 format)"
+    # The answer field itself is taken as it is, boxes or not.
+    got = formats.to_problem(
+        {"problem": "Q", "answer": "7", "solution": solution}, fmt, source="m", row=2
+    )
+    assert got.answer == "7"
+
+
 def test_field_overrides_and_unknown_format():
     spec = DatasetSpec(
         path=os.path.join(DATA, "math500.jsonl"),

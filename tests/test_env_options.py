@@ -215,3 +215,19 @@ def test_an_environment_scoring_with_another_reward_than_the_task_is_refused():
     assert cfg.env.make().reward_spec == "pipelinerl_jax.rewards.tables:task_reward"
     # A text task scored by math-verify takes the default.
     assert run_config("--config.env.name=retry", file="smollm2_math.py").env.name == "retry"
+
+
+def test_guess_refuses_a_range_other_than_its_tasks():
+    """guess_number draws secrets from its lo..hi: the env's own range must be the same, or its
+    consistency reward pays for guesses the secrets rule out."""
+    with pytest.raises(ConfigError) as e:
+        run_config('--config.data.task_options={"lo": 0, "hi": 9}', file="guess.py")
+    assert "options lo=0, hi=15 differ from task guess_number's lo=0, hi=9" in str(e.value)
+    _one_line(e)
+    options = '{"higher": ">", "lower": "<", "again": "=", "base": 16, "lo": 0, "hi": 9}'
+    cfg = run_config(
+        '--config.data.task_options={"lo": 0, "hi": 9}',
+        f"--config.env.options={options}",
+        file="guess.py",
+    )
+    assert cfg.env.make().hi == 9

@@ -54,9 +54,14 @@ def get_path(record: Any, path: str) -> Any:
 
 def first_present(record: Any, paths: tuple[str, ...]) -> Any:
     """Value at the first of `paths` present in record; KeyError naming them all otherwise."""
+    return first_present_path(record, paths)[1]
+
+
+def first_present_path(record: Any, paths: tuple[str, ...]) -> tuple[str, Any]:
+    """(path, value) of the first of `paths` present in record; KeyError naming them all."""
     for path in paths:
         try:
-            return get_path(record, path)
+            return path, get_path(record, path)
         except KeyError:
             continue
     raise KeyError(" or ".join(repr(p) for p in paths))
@@ -117,6 +122,13 @@ class Format:
     answer_fields: tuple[str, ...]
     extract_answer: Callable[[Any], str | None]
     description: str
+    # A fallback answer field that holds something else than the answer itself reads it its
+    # own way: MATH-500's "solution" (when a record lacks "answer") is a worked solution whose
+    # gold is its last \\boxed{}, not the whole text.
+    field_extractors: tuple[tuple[str, Callable[[Any], str | None]], ...] = ()
+
+    def extractor(self, path: str) -> Callable[[Any], str | None]:
+        return dict(self.field_extractors).get(path, self.extract_answer)
 
 
 FORMATS: dict[str, Format] = {
@@ -148,7 +160,9 @@ FORMATS: dict[str, Format] = {
             ("problem",),
             ("answer", "solution"),
             answer_as_is,
-            "MATH-500: the 'answer' field (LaTeX, no \\boxed)",
+            "MATH-500: the 'answer' field (LaTeX, no \\boxed), else the last \\boxed{} of "
+            "the solution",
+            field_extractors=(("solution", boxed_answer),),
         ),
         Format(
             "orz",
@@ -195,10 +209,10 @@ def to_problem(
     if question is None:
         return "empty or non-text question"
     try:
-        raw_answer = first_present(record, a_paths)
+        a_path, raw_answer = first_present_path(record, a_paths)
     except KeyError as e:
         return f"missing answer field {e.args[0]}"
-    answer = fmt.extract_answer(raw_answer)
+    answer = fmt.extractor(a_path)(raw_answer)
     if answer is None:
         return f"no gold answer extractable ({fmt.name} format)"
     return Problem(uid=f"{source}/{row}", question=question, answer=answer, source=source)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.envs.protocol import (
@@ -99,6 +100,17 @@ class GuessNumber(Environment):
             "option lower": self.lower,
             "option again": self.again,
         }
+
+    def check_task(self, task: Any) -> None:
+        # guess_number draws its secrets from its own lo..hi: a different range here would
+        # pay `consistency` for guesses the secrets rule out (or none for a secret outside it).
+        task_range = getattr(task, "lo", None), getattr(task, "hi", None)
+        if None not in task_range and task_range != (self.lo, self.hi):
+            raise ConfigError(
+                f"environment guess: options lo={self.lo}, hi={self.hi} differ from task "
+                f"{task.name}'s lo={task_range[0]}, hi={task_range[1]}, where its secrets come "
+                "from; give env.options the task's lo and hi"
+            )
 
     def first_messages(self, problem: Problem) -> list[dict]:
         return [{"role": "user", "content": problem.question}]

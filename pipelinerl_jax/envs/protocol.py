@@ -149,6 +149,12 @@ class Environment(abc.ABC):
         the run: an observation the task's tokenizer cannot encode fails the run then)."""
         return None
 
+    def check_task(self, task: Any) -> None:
+        """Raise ConfigError when this environment cannot play `task` (the run's data.task, a
+        data.tasks instance), in one line saying which options to change. RunConfig calls
+        it before the run; the default accepts every task."""
+        return None
+
     @abc.abstractmethod
     def first_messages(self, problem: Problem) -> list[dict]:
         """The chat messages the episode starts from (the system prompt, the task)."""

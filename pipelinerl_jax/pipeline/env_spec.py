@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipelinerl_jax.data.tasks import TASKS
+from pipelinerl_jax.data.tasks import TASKS, make_task
+from pipelinerl_jax.envs.protocol import Environment
 from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS
@@ -78,6 +79,8 @@ class EnvSpec:
                 "env.turn_tokens (0: what is left of the episode) or raise max_new_tokens"
             )
         env = self.make()
+        if data.task and type(env).check_task is not Environment.check_task:
+            env.check_task(make_task(data.task, **dict(data.task_options)))
         if data.task and not TASKS[data.task].text_task:
             self._check_vocabulary(env, data)
         scorer = getattr(env, "reward_spec", None)  # single_turn, retry: a reward function
