@@ -4,6 +4,9 @@
 - codec.py       messages -> token ids: the prompt, and each observation appended as sampled
 - arithmetic.py  safe evaluation of an arithmetic expression (no `eval`): the calculator's core
 - calculator.py  word problems with a calculator tool the model calls between its thoughts
+- equations.py   the calculator completing the model's own equations at each "="
+- python_tool.py math with a Python interpreter: fenced blocks run, their output shown
+- sandbox.py     a model's Python in a child process with time, memory and output limits
 - guess.py       guess a number with higher / lower feedback, within K turns
 - retry.py       any task with feedback: a wrong answer may be tried again, within K turns
 - single_turn.py any task with a reward function, as an environment of one turn

@@ -13,12 +13,15 @@ from pipelinerl_jax.envs.calculator import Calculator
 from pipelinerl_jax.envs.equations import Equations
 from pipelinerl_jax.envs.guess import GuessNumber
 from pipelinerl_jax.envs.protocol import Environment
+from pipelinerl_jax.envs.python_tool import PythonTool
 from pipelinerl_jax.envs.retry import Retry
 from pipelinerl_jax.envs.single_turn import SingleTurn
 from pipelinerl_jax.errors import ConfigError, did_you_mean
 from pipelinerl_jax.rewards.tables import resolve_callable
 
-ENVIRONMENTS = {cls.name: cls for cls in (Calculator, Equations, GuessNumber, Retry, SingleTurn)}
+ENVIRONMENTS = {
+    cls.name: cls for cls in (Calculator, Equations, GuessNumber, PythonTool, Retry, SingleTurn)
+}
 
 
 def make_env(name: str, options: dict | None = None, *, max_turns: int = 0) -> Environment:

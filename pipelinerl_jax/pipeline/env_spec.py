@@ -12,6 +12,10 @@ from pipelinerl_jax.envs.registry import make_env
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.rewards.tables import BUILTIN_REWARDS
 
+# What a turn takes beyond an environment's own limit: starting its child process, the pool's
+# round trip.
+_START_S = 1.0
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
@@ -19,7 +23,7 @@ class EnvSpec:
     Without one, every attempt is one answer scored by the reward section."""
 
     name: str = ""  # "": one answer per attempt; a name in envs.ENVIRONMENTS ("guess",
-    #   "calculator", "single_turn") or "module.path:callable" returning an Environment
+    #   "calculator", "python", "single_turn") or "module.path:callable" returning an Environment
     options: tuple = ()  # a dict of the environment's keyword arguments
     max_turns: int = 0  # model turns per episode, at most (0: the environment's own)
     turn_tokens: int = 0  # tokens per model turn, at most (0: what is left of
@@ -79,6 +83,14 @@ class EnvSpec:
                 "env.turn_tokens (0: what is left of the episode) or raise max_new_tokens"
             )
         env = self.make()
+        own = getattr(env, "turn_seconds", None)  # a turn's own time limit (python's)
+        if own is not None and self.workers and own + _START_S > self.timeout_s:
+            raise ConfigError(
+                f"config.env.name={self.name!r} gives a turn {own:g} s of its own (option "
+                f"timeout_s), which env.timeout_s={self.timeout_s:g} cuts short (the worker "
+                f"is ended and the episode with it): raise env.timeout_s to at least "
+                f"{own + _START_S:g} or lower the option"
+            )
         if data.task and type(env).check_task is not Environment.check_task:
             env.check_task(make_task(data.task, **dict(data.task_options)))
         if data.task and not TASKS[data.task].text_task:
