@@ -40,9 +40,10 @@ def usage(doc: str | None, fv: flags.FlagValues, full: bool = False) -> str:
 def run(
     argv: list[str],
     define_flags: Callable[[flags.FlagValues], None],
-    body: Callable[[flags.FlagValues], None],
+    body: Callable[[flags.FlagValues], int | None],
 ) -> int:
-    """Parses argv (argv[0] is the program name), runs body(flag_values); returns the exit code."""
+    """Parses argv (argv[0] is the program name), runs body(flag_values); returns the exit code:
+    2 for a bad flag or config, else what body returns (None: 0)."""
     fv = flags.FlagValues()
     define_flags(fv)
     asked = wants_help(argv)
@@ -52,11 +53,11 @@ def run(
         return 0
     try:
         fv(argv)
-        body(fv)
+        code = body(fv)
     except (flags.Error, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return code or 0
 
 
 def check_dir(path: str, *, create: bool, where: str) -> None:

@@ -379,6 +379,9 @@ def evaluate_cli(fv) -> dict:
             model_limit=cfg.max_position_embeddings,
         ),
         eos_token_ids=getattr(tokenizer, "eos_token_ids", ()),
+        # The text an environment's stop strings match (a tool call's end): without it every
+        # episode of calculator, equations or python was an error.
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
     )
     del params
 
@@ -396,7 +399,7 @@ def evaluate_cli(fv) -> dict:
                 env_spec, tokenizer, env_pool, max_new_tokens=sampling.max_new_tokens
             )
             results = eval_lib.evaluate_episodes(
-                sampler, driver, problems, k, sampling, return_samples=bool(fv.samples_out)
+                sampler, driver, problems, k, sampling, return_samples=True
             )
         if bar is not None:
             bar.update(len(problems) * k)
@@ -412,7 +415,7 @@ def evaluate_cli(fv) -> dict:
                 k,
                 sampling,
                 prompt_config,
-                return_samples=bool(fv.samples_out),
+                return_samples=True,  # the first error's message, said below
                 progress=bar.update if bar else None,
             )
     if bar is not None:
@@ -440,7 +443,20 @@ def evaluate_cli(fv) -> dict:
         )
     if fv.out:
         _write_atomic(fv.out, json.dumps(results, indent=2) + "\n")
+    _say_errors(samples)
     return results
+
+
+def _say_errors(samples: list[dict]) -> None:
+    """One stderr line when attempts ended in an error (the summary only counts them)."""
+    failed = [r for r in samples if r.get("status") == "error"]
+    if failed:
+        first = str(failed[0].get("error") or "no message").splitlines()[0][:300]
+        print(
+            f"evaluate: {len(failed)} of {len(samples)} attempts ended in an error; the "
+            f"first: {first}",
+            file=sys.stderr,
+        )
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -453,7 +469,17 @@ def _write_atomic(path: str, text: str) -> None:
 
 def run_cli(argv: list[str]) -> int:
     """Parses argv (argv[0] is the program name) with fresh flags; returns the exit code."""
-    return cli.run(argv, define_flags, lambda fv: print(json.dumps(evaluate_cli(fv), indent=2)))
+    return cli.run(argv, define_flags, _cli_body)
+
+
+def _cli_body(fv: flags.FlagValues) -> int:
+    """Prints the summary; exit code 1 when every attempt ended in an error (nothing was
+    evaluated: a broken reward function, environment or model)."""
+    results = evaluate_cli(fv)
+    print(json.dumps(results, indent=2))
+    return (
+        1 if results["num_samples"] and results["status"]["error"] == results["num_samples"] else 0
+    )
 
 
 def main() -> None:

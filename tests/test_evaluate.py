@@ -40,6 +40,11 @@ def exact_match(completion, problem):
     return float(completion.strip() == problem.answer.strip())
 
 
+def broken_reward(completion, problem):
+    """A reward function that always raises: every attempt ends in an error."""
+    raise RuntimeError("the reward server is down")
+
+
 # --- evaluate_problems with a scripted sampler -------------------------------------------------
 
 
@@ -438,3 +443,31 @@ def test_a_multi_turn_run_is_evaluated_by_playing_its_environment(tmp_path, caps
     ]:
         code, _, err = _run([*argv, *flags], capsys)
         assert code == 2 and words in err and err.count("\n") == 1, err
+
+
+def test_an_environment_with_stop_strings_plays_on_a_model_dir(model_dir, tmp_path, capsys):
+    """--env with a tool whose call ends at a stop string (python's closing fence): the sampler
+    reads the turns' text; it was built without a detokenizer, and every attempt was an
+    error with exit code 0."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in QUESTIONS))
+    argv = [f"--model_dir={model_dir}", f"--dataset={data}", "--env=python", "--k=2"]
+    argv.append('--env_options={"example": false}')  # the tiny model's 64 positions
+    code, out, err = _run([*argv, "--max_new_tokens=6", "--num_slots=4", "--chunk_steps=4"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["num_samples"] == 4 and got["status"]["error"] == 0, got["status"]
+    assert got["episode/turns_mean"] >= 1 and got["config"]["env"]["name"] == "python"
+
+
+def test_every_attempt_an_error_is_said_and_exits_1(model_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in QUESTIONS))
+    argv = [f"--model_dir={model_dir}", f"--dataset={data}", "--greedy", "--max_new_tokens=4"]
+    code, out, err = _run([*argv, "--reward=test_evaluate:broken_reward"], capsys)
+    assert code == 1
+    assert json.loads(out)["status"]["error"] == 2  # the summary is still printed
+    assert err.count("\n") == 1 and "evaluate: 2 of 2 attempts ended in an error" in err
+    assert "the reward server is down" in err
+    code, _, err = _run([*argv, "--reward=test_evaluate:exact_match"], capsys)
+    assert code == 0 and err == ""
