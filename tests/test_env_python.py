@@ -24,6 +24,7 @@ from pipelinerl_jax.pipeline.groups import completion_text
 from pipelinerl_jax.sampler.protocol import Sample
 from pipelinerl_jax.sampler.sequence import SamplingParams
 from tests.config_args import run_config
+from tests.test_episodes import ScriptedSampler
 
 FAST = Limits(timeout_s=2.0)
 
@@ -212,52 +213,29 @@ TOK = CharTokenizer("".join(dict.fromkeys(string.printable)))
 EOS = TOK.eos_token_id
 
 
-class ScriptedTexts:
-    """A sampler whose episodes say scripted texts, one turn per step(), at version = step."""
+class ScriptedTexts(ScriptedSampler):
+    """test_episodes' scripted sampler, saying scripted texts: one turn per step()."""
 
     def __init__(self, script: list[str]):
-        self.script, self.version = script, 0
-        self.seqs, self.turn, self.running, self.parked = {}, {}, [], set()
-
-    def submit(self, prompt_ids, *, n, params, request_id, episode=False):
-        for a in range(n):
-            key = (request_id, a)
-            self.seqs[key] = Sample(request_id, a, list(prompt_ids), [], [], [], 0, "stop")
-            self.turn[key] = 0
-            self.running.append(key)
-        return request_id
-
-    def has_work(self):
-        return bool(self.running)
+        super().__init__(seed=0)
+        self.script, self.turn = script, {}
 
     def step(self):
         out = []
         for key in self.running:
             s = self.seqs[key]
-            text = self.script[self.turn[key]]
+            text = self.script[self.turn.get(key, 0)]
             ids = TOK.encode(text, add_special_tokens=False)
             ids += [] if text.endswith("```\n") else [EOS]  # a call ends at its stop string
             s.token_ids += ids
             s.logprobs += [-0.5] * len(ids)
             s.versions += [self.version] * len(ids)
-            self.turn[key] += 1
+            self.turn[key] = self.turn.get(key, 0) + 1
             self.parked.add(key)
             out.append(Sample(**{**vars(s), "token_ids": list(s.token_ids)}))
         self.running = []
         self.version += 1
         return out
-
-    def resume(self, request_id, attempt, observation_ids, *, max_new_tokens):
-        key = (request_id, attempt)
-        self.parked.remove(key)
-        s = self.seqs[key]
-        s.token_ids += list(observation_ids)
-        s.logprobs += [0.0] * len(observation_ids)
-        s.versions += [-1] * len(observation_ids)
-        self.running.append(key)
-
-    def release(self, request_id, attempt):
-        self.parked.remove((request_id, attempt))
 
 
 @pytest.mark.parametrize("workers", [0, 1])
