@@ -130,6 +130,14 @@ def test_earlier_blocks_give_their_state_silently():
     assert r.output == "42\n" and r.error is None
 
 
+def test_an_earlier_block_that_looped_leaves_the_new_one_its_time():
+    # It timed out in its own turn; rerun, it gets half the time and the new block runs.
+    t0 = time.perf_counter()
+    r = run_python("y * 21", Limits(timeout_s=2.0), ("y = 2", "while True: pass", "y = 3"))
+    assert r.output == "42\n" and r.error is None  # the block after the loop was skipped
+    assert 1.0 <= time.perf_counter() - t0 < 2.0
+
+
 PROBLEM = Problem(uid="p/0", question="What is 37 times 12?", answer="444", source="p")
 
 

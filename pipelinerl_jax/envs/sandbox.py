@@ -6,9 +6,9 @@ path). What it prints comes back, cut to a length; an exception comes back as it
 
 A notebook cell's habit is kept: a block whose last statement is an expression shows that
 value (`2**10` shows 1024). `earlier` blocks run first, in the same namespace, with their
-output dropped: the state an episode built in its earlier calls, without a process kept alive
-between turns (a turn is a pure function of the episode's text, so a restarted worker, a
-resumed run or a replay computes the same answer).
+output dropped and half the time at most: the state an episode built in its earlier calls,
+without a process kept alive between turns (a turn is a pure function of the episode's text,
+so a restarted worker, a resumed run or a replay computes the same answer).
 
 This is a limit on mistakes, not a security boundary: the code runs as the training user, can
 read what that user can and reach the network. Train a policy you do not trust in a container
@@ -31,18 +31,39 @@ from pathlib import Path
 # then reads {"limits": ..., "earlier": [...], "code": "..."} from stdin. Standard library
 # only, and names that cannot clash with the model's (leading underscores).
 _HARNESS = r"""
-import ast, contextlib, io, json, resource, sys
+import ast, contextlib, io, json, resource, signal, sys
 _job = json.loads(sys.stdin.read())
 for _name, _value in _job["limits"].items():
     _kind = getattr(resource, _name)
     resource.setrlimit(_kind, (_value, _value))
 _ns = {"__name__": "__main__"}
-for _block in _job["earlier"]:
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            exec(compile(_block, "<earlier>", "exec"), _ns)
-    except BaseException:
-        pass
+
+
+class _Late(BaseException):
+    pass
+
+
+def _late(*_):
+    raise _Late()
+
+
+# Earlier blocks get half the time: one that looped (and timed out in its own turn) must not
+# take every later block's time with it. Past it, the rest of them are skipped.
+signal.signal(signal.SIGALRM, _late)
+signal.setitimer(signal.ITIMER_REAL, _job["earlier_s"])
+try:
+    for _block in _job["earlier"]:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                exec(compile(_block, "<earlier>", "exec"), _ns)
+        except _Late:
+            raise
+        except BaseException:
+            pass
+except _Late:
+    pass
+finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
 try:
     _tree = ast.parse(_job["code"], "<code>")
     _last = None
@@ -101,7 +122,14 @@ def _head(path: Path, n: int) -> str:
 
 def run_python(code: str, limits: Limits = Limits(), earlier: tuple[str, ...] = ()) -> Result:
     """Run `code` (after `earlier`, their output dropped) in a limited child process."""
-    job = json.dumps({"limits": limits.rlimits(), "earlier": list(earlier), "code": code})
+    job = json.dumps(
+        {
+            "limits": limits.rlimits(),
+            "earlier": list(earlier),
+            "earlier_s": limits.timeout_s / 2 if earlier else 0,
+            "code": code,
+        }
+    )
     n = limits.max_output_chars
     with tempfile.TemporaryDirectory(prefix="prl_python_") as tmp:
         work = Path(tmp) / "work"
