@@ -25,7 +25,7 @@ from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import param_counts, peft_io
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import host_memory, memory
-from pipelinerl_jax.pipeline.components import model_config, split_devices
+from pipelinerl_jax.pipeline.components import check_text_has_model, model_config, split_devices
 from pipelinerl_jax.plan import gpu_run
 from pipelinerl_jax.plan.gpu_specs import GpuSpec
 from pipelinerl_jax.rewards.tables import reward_fn_spec
@@ -46,6 +46,7 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
         )
         if specs
     }
+    check_text_has_model(cfg)  # after the files: a missing one is the first thing to fix
     reward_fn_spec(cfg.reward.fn)
     devices = jax.local_devices()
     sampler_devices, trainer_devices = split_devices(devices, cfg.devices)

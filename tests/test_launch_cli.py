@@ -381,13 +381,27 @@ def test_dry_run_prints_config_params_and_memory_and_exits_0(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
 
-def test_dry_run_of_a_reasoning_gym_task(capsys):
-    code, out, err = _launch(
-        TINY,
-        "--dry_run",
+def test_dry_run_of_a_reasoning_gym_task(tmp_path, capsys):
+    from tests.tiny_models import save_hf_llama
+
+    save_hf_llama(tmp_path / "hf", seed=0, vocab_size=64)  # a text task needs a model's tokenizer
+    task = [
         "--config.data.task=reasoning_gym",
         '--config.data.task_options={"name": "chain_sum", "config": {"max_terms": 3}}',
         "--config.reward.fn=reasoning_gym",
+    ]
+    # Without model.hf_dir the run is refused before its workdir is touched: so is the dry run.
+    code, _, err = _launch(TINY, "--dry_run", *task, capsys=capsys)
+    assert code == 2 and "config.data.task is text: it needs model.hf_dir" in err, err
+    code, _, err = _launch(TINY, *task, f"--workdir={tmp_path / 'run'}", capsys=capsys)
+    assert code == 2 and "config.data.task is text: it needs model.hf_dir" in err, err
+    assert not (tmp_path / "run").exists()  # no config.json, no lock
+    code, out, err = _launch(
+        TINY,
+        "--dry_run",
+        *task,
+        f"--config.model.hf_dir={tmp_path / 'hf'}",
+        "--config.model.init={}",
         capsys=capsys,
     )
     assert code == 0, err
@@ -414,6 +428,14 @@ def test_dry_run_of_a_reasoning_gym_task(capsys):
                 "--config.eval_every=0",
             ],
             "dataset file not found: no/such.jsonl",
+        ),
+        (
+            [
+                f'--config.data.datasets=[{{"path": "{ROOT / "tests/data/gsm8k.jsonl"}"}}]',
+                "--config.data.task=",
+                "--config.eval_every=0",
+            ],
+            "config.data.datasets is text: it needs model.hf_dir",
         ),
         (["--spawn_local=1"], "--spawn_local=1: use 2 or more"),
         (["--spawn_local=3", "--config.devices.trainer_processes=3"], "trainer_processes=3: use"),
@@ -491,6 +513,9 @@ def test_make_run_gets_a_timestamped_workdir_unless_args_name_one():
 
 
 def test_dry_run_reads_the_dataset_files_as_the_run_would(tmp_path, capsys):
+    from tests.tiny_models import save_hf_llama
+
+    save_hf_llama(tmp_path / "hf", seed=0, vocab_size=64)  # text data: a model's tokenizer
     good = tmp_path / "good.jsonl"
     good.write_text(
         "".join(
@@ -499,7 +524,12 @@ def test_dry_run_reads_the_dataset_files_as_the_run_would(tmp_path, capsys):
     )
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"q": "1+1?", "a": "2"}) + "\n")
-    args = ["--config.data.task=", "--config.eval_every=0"]
+    args = [
+        "--config.data.task=",
+        "--config.eval_every=0",
+        f"--config.model.hf_dir={tmp_path / 'hf'}",
+        "--config.model.init={}",
+    ]
     code, out, err = _launch(
         TINY, "--dry_run", *args, f'--config.data.datasets=[{{"path": "{good}"}}]', capsys=capsys
     )

@@ -35,7 +35,7 @@ from pipelinerl_jax.data.datasets import PromptStream, load_problems
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.procedural import ProceduralSource
 from pipelinerl_jax.data.prompts import PromptConfig, build_prompt
-from pipelinerl_jax.data.tasks import CharTokenizer, held_out_problems, make_task
+from pipelinerl_jax.data.tasks import TASKS, CharTokenizer, held_out_problems, make_task
 from pipelinerl_jax.envs.codec import EpisodeCodec
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import config_json, decoder, lora, peft_io
@@ -130,13 +130,28 @@ def build_data(
 
 def model_tokenizer(cfg: config_lib.RunConfig, what: str) -> Tokenizer:
     """The tokenizer of model.hf_dir: text prompts need the model's own."""
-
     if not cfg.model.hf_dir:
-        raise ConfigError(
-            f"config.{what} is text: it needs model.hf_dir (its tokenizer and chat "
-            "template render the prompts)"
-        )
+        raise _text_needs_model(what)
     return Tokenizer.from_dir(cfg.model.hf_dir)
+
+
+def check_text_has_model(cfg: config_lib.RunConfig) -> None:
+    """Text data (a text task, data.datasets) is tokenized by model.hf_dir's tokenizer: refused
+    without one by the dry run, and before a run touches its workdir."""
+    data = cfg.data
+    if cfg.model.hf_dir:
+        return
+    if data.task and TASKS[data.task].text_task:
+        raise _text_needs_model("data.task")
+    if not data.task and data.datasets:
+        raise _text_needs_model("data.datasets")
+
+
+def _text_needs_model(what: str) -> ConfigError:
+    return ConfigError(
+        f"config.{what} is text: it needs model.hf_dir (its tokenizer and chat template "
+        "render the prompts)"
+    )
 
 
 def prompt_config(data: config_lib.DataSpec) -> PromptConfig:

@@ -43,7 +43,13 @@ from pipelinerl_jax.pipeline.checkpointing import (
     resume,
 )
 from pipelinerl_jax.pipeline.compile_watch import CompileWatch, enable_persistent_cache
-from pipelinerl_jax.pipeline.components import Components, build, build_evaluator, check_memory
+from pipelinerl_jax.pipeline.components import (
+    Components,
+    build,
+    build_evaluator,
+    check_memory,
+    check_text_has_model,
+)
 from pipelinerl_jax.pipeline.coordinator import Coordinator
 from pipelinerl_jax.pipeline.diagnostics import RewardDiagnostics
 from pipelinerl_jax.pipeline.episodes import make_driver
@@ -92,6 +98,8 @@ def run(
         stream = components.stream
     elif prompts is not None:
         stream = prompts = prompts_lib.as_stream(prompts)
+    if components is None:
+        check_text_has_model(cfg)  # refused before the workdir is touched, as by the dry run
     if cfg.compile_cache:  # a folder it cannot make is refused before the workdir is touched
         enable_persistent_cache(cfg.compile_cache)
     if workdir:
