@@ -7,9 +7,10 @@ meaning the `#` comment beside it in the source, continued on the comment lines 
 indented past the field, or the comment block just above it. The comments are read with
 `ast` + `tokenize`, so there is no second copy of them to fall out of date.
 
-Three dict fields take keys of their own, each a field here too: `model.init` (ModelConfig's
-architecture), `data.task_options` (the built-in tasks' fields) and `reward.table_options`
-(RewardTable's coefficients).
+Dict fields take keys of their own, each a field here too: `model.init` (ModelConfig's
+architecture), `model.lora` (LoraConfig), `data.task_options` (the built-in tasks' fields),
+`reward.table_options` (RewardTable's coefficients) and `env.options` (the shipped
+environments' keyword arguments).
 """
 
 from __future__ import annotations
@@ -190,8 +191,8 @@ def _section_fields(section: str, cls) -> list[Field]:
 
 
 def _dict_keys(path: str) -> list[Field]:
-    """The keys of model.init, model.lora, data.task_options and reward.table_options, as
-    fields."""
+    """The keys of model.init, model.lora, data.task_options, reward.table_options and
+    env.options, as fields."""
 
     if path in ("model.init", "model.lora"):
         cls = ModelConfig if path == "model.init" else LoraConfig
@@ -201,6 +202,8 @@ def _dict_keys(path: str) -> list[Field]:
             for f in dataclasses.fields(cls)
             if path == "model.lora" or f.name in config_lib.INIT_FIELDS
         ]
+    if path == "env.options":
+        return _env_options(path)
     owners = TASKS if path == "data.task_options" else REWARD_TABLES
     what = "task" if path == "data.task_options" else "table"
     classes = list(TASKS.values()) if path == "data.task_options" else [RewardTable]
@@ -217,6 +220,33 @@ def _dict_keys(path: str) -> list[Field]:
             if path == "data.task_options" and len(which) < len(owners):
                 doc += f" (tasks: {', '.join(which)})"
             out.append(Field(f"{path}.{f.name}", hints[f.name], default, doc, derived=per_owner))
+    return out
+
+
+def _env_options(path: str) -> list[Field]:
+    """The shipped environments' constructor keywords: env.options' keys."""
+    from pipelinerl_jax.envs.registry import ENVIRONMENTS  # envs import the reward tables
+
+    options: dict[str, dict[str, tuple[Any, Any]]] = {}  # option -> env -> (default, type)
+    for env, cls in ENVIRONMENTS.items():
+        hints = typing.get_type_hints(cls.__init__)
+        for p in inspect.signature(cls.__init__).parameters.values():
+            if p.name != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+                default = MISSING if p.default is p.empty else p.default
+                options.setdefault(p.name, {})[env] = (default, hints.get(p.name, Any))
+    out = []
+    for name, per_env in options.items():
+        defaults = {env: default for env, (default, _) in per_env.items()}
+        same = len({repr(v) for v in defaults.values()}) == 1
+        derived = (
+            ""
+            if same
+            else "per environment: " + ", ".join(f"{env} {v!r}" for env, v in defaults.items())
+        )
+        doc = f"an option of the {', '.join(per_env)} environment" + "s" * (len(per_env) > 1)
+        typ = next(iter(per_env.values()))[1]
+        default = next(iter(defaults.values())) if same else MISSING
+        out.append(Field(f"{path}.{name}", typ, default, doc, derived=derived))
     return out
 
 

@@ -10,7 +10,9 @@ import pytest
 
 from pipelinerl_jax import config_schema, evaluate, export, generate
 from pipelinerl_jax.data import word_problems
+from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models import real_model
+from tests.config_args import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +76,22 @@ def test_launch_help_lists_every_config_field_with_value_and_meaning():
     assert "  --config.trainer.learning_rate=0.001  (float; [built-in 1e-06])" in lines
     assert "  --config.reward.timeout_s=5.0  (float)" in lines
     assert "  --config.trainer.total_steps  (int; default: steps)" in lines
+
+
+def test_env_options_are_the_environments_keywords():
+    """env.options' keys are the shipped environments' (they were the reward table's, so
+    --config.env.options.lo=... was 'no such field')."""
+    paths = {f.path: f for f in config_schema.fields() if f.path.startswith("env.options.")}
+    assert "env.options.success_weight" not in paths
+    assert paths["env.options.lo"].doc == "an option of the guess environment"
+    assert paths["env.options.timeout_s"].default == 3.0
+    assert paths["env.options.max_turns"].default is None  # every environment's
+    cfg = run_config(
+        "--config.env.options.closeness=0.2", "--config.env.options.lo=0", file="guess.py"
+    )
+    assert dict(cfg.env.options)["closeness"] == 0.2 and cfg.env.make().closeness == 0.2
+    with pytest.raises(ConfigError, match="environment 'guess' has no such option"):
+        run_config("--config.env.options.timeout_s=2", file="guess.py")
 
 
 def test_launch_help_shows_the_chosen_file_and_overrides_and_helpfull_adds_absl():

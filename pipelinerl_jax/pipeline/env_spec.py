@@ -22,8 +22,9 @@ class EnvSpec:
     """Multi-turn episodes: the environment that answers each model turn (pipeline/episodes.py).
     Without one, every attempt is one answer scored by the reward section."""
 
-    name: str = ""  # "": one answer per attempt; a name in envs.ENVIRONMENTS ("guess",
-    #   "calculator", "python", "single_turn") or "module.path:callable" returning an Environment
+    name: str = ""  # "": one answer per attempt; a name in envs.ENVIRONMENTS (calculator,
+    #   equations, guess, python, retry, single_turn) or "module.path:callable" returning an
+    #   Environment
     options: tuple = ()  # a dict of the environment's keyword arguments
     max_turns: int = 0  # model turns per episode, at most (0: the environment's own)
     turn_tokens: int = 0  # tokens per model turn, at most (0: what is left of
