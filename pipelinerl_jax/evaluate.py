@@ -4,16 +4,18 @@
         [--k=4 --temperature=1.0 --max_new_tokens=1024 | --greedy] [--chat] [--out=results.json]
     python -m pipelinerl_jax.evaluate --workdir=RUN [--step=N] --dataset=gsm8k_test.jsonl \\
         --format=gsm8k
-    python -m pipelinerl_jax.evaluate --workdir=RUN --task=reverse_digits --num_problems=200
+    python -m pipelinerl_jax.evaluate --workdir=RUN --num_problems=200   # the run's own task
 
 The model is a Hugging Face directory (--model_dir) or a run's checkpoint (--workdir, newest
 readable step or --step; its tokenizer comes from the run's model.hf_dir or --tokenizer_dir).
 Problems come from dataset files in any supported format (data/formats.py) or from a built-in
-procedural task (its own character tokenizer and partial-credit reward). Each problem gets k
+procedural task (its own character tokenizer and partial-credit reward; with --workdir and
+neither flag, the run's own task and options). Each problem gets k
 attempts from the continuous-batching sampler; answers are scored by the reward (default:
 math-verify in worker processes with a per-answer timeout; "task" for tasks; or
 "module:callable"). A multi-turn run's checkpoint (its config.env), or --env=NAME, plays each
-attempt as an episode against the environment, as the run's held-out evaluation does. The
+attempt as an episode against the environment, as the run's held-out evaluation does
+(--env_max_turns, --env_turn_tokens: the episode's limits, e.g. for an exported run). The
 summary (see eval_lib.py) is printed to stdout as JSON and written to --out; --samples_out
 writes one JSON line per attempt. Bad input: one line, exit code 2.
 """
@@ -105,6 +107,20 @@ def define_flags(fv: flags.FlagValues) -> None:
         None,
         "The environment's options as a JSON object (default: the run's, for the run's env).",
     )
+    d(
+        flags.DEFINE_integer,
+        "env_max_turns",
+        None,
+        "Model turns per episode, at most (default: the run's env.max_turns for its env, "
+        "else the environment's own).",
+    )
+    d(
+        flags.DEFINE_integer,
+        "env_turn_tokens",
+        None,
+        "Tokens per model turn, at most (default: the run's env.turn_tokens for its env, "
+        "else 0: what is left of --max_new_tokens).",
+    )
     d(flags.DEFINE_bool, "greedy", False, "Greedy decoding (temperature 0, k = 1).")
     d(flags.DEFINE_float, "temperature", 1.0, "Sampling temperature.")
     d(flags.DEFINE_float, "top_p", 1.0, "Nucleus sampling mass; 1 = off.")
@@ -152,8 +168,11 @@ def _check_flags(fv) -> None:
             "give exactly one of --model_dir (a Hugging Face directory) or "
             "--workdir (a run's checkpoint)"
         )
-    if bool(fv.dataset) == bool(fv.task):
+    if fv.dataset and fv.task or not (fv.dataset or fv.task or fv.workdir):
         raise ConfigError("give exactly one of --dataset (a file) or --task (a built-in task)")
+    for flag in ("env_max_turns", "env_turn_tokens"):
+        if fv[flag].value is not None and fv[flag].value < 0:
+            raise ConfigError(f"--{flag}={fv[flag].value} must be >= 0 (0: no limit of its own)")
     if fv.k < 1 or fv.k > fv.num_slots:
         raise ConfigError(f"--k={fv.k} must be between 1 and --num_slots={fv.num_slots}")
     if fv.max_new_tokens < 1 or fv.num_problems < 0:
@@ -216,11 +235,13 @@ def _env_spec(fv, run_config: dict | None) -> EnvSpec | None:
     options = dict(run_env.get("options") or []) if runs else {}
     if fv.env_options is not None:
         options = _json_object(fv, "env_options", '{"max_turns": 4}')
+    max_turns = run_env.get("max_turns", 0) if runs and fv.env_options is None else 0
+    turn_tokens = run_env.get("turn_tokens", 0) if runs else 0
     return EnvSpec(
         name=name,
         options=tuple(sorted(options.items())),
-        max_turns=run_env.get("max_turns", 0) if runs and fv.env_options is None else 0,
-        turn_tokens=run_env.get("turn_tokens", 0) if runs else 0,
+        max_turns=max_turns if fv.env_max_turns is None else fv.env_max_turns,
+        turn_tokens=turn_tokens if fv.env_turn_tokens is None else fv.env_turn_tokens,
         workers=workers,
         timeout_s=timeout_s if workers else EnvSpec().timeout_s,
     )
@@ -330,6 +351,13 @@ def evaluate_cli(fv) -> dict:
         if not Path(fv.workdir).is_dir():
             raise ConfigError(f"--workdir={fv.workdir}: directory does not exist")
         run_config = read_run_config(fv.workdir)
+        if not fv.dataset and not fv.task:  # the run's own task
+            fv.task = ((run_config or {}).get("data") or {}).get("task") or None
+            if not fv.task:
+                raise ConfigError(
+                    f"give --dataset or --task: the run in {fv.workdir} trains on files "
+                    "(data.datasets), not a task; its held-out files are its eval.datasets"
+                )
     problems, task = _problems(fv, run_config)
     env_spec = _env_spec(fv, run_config)  # a bad name or option: one line, before loading
     reward = fv.reward or (getattr(task, "reward_fn", "task") if task is not None else "math")

@@ -433,6 +433,33 @@ def test_a_multi_turn_run_is_evaluated_by_playing_its_environment(tmp_path, caps
         k: v for k, v in in_run.items() if k not in timing
     }
     assert got["episode/turns_mean"] > 1
+    same = lambda a, b: (
+        {k: v for k, v in a.items() if k not in timing}
+        == {k: v for k, v in b.items() if k not in timing}
+    )
+    # Without --task: the run's own task and options.
+    code, out, err = _run([f"--workdir={tmp_path / 'run'}", "--num_problems=8", "--greedy"], capsys)
+    assert code == 0 and same(json.loads(out), got), err
+    # Exported, the model plays the same episodes when the flags give the run's limits.
+    from pipelinerl_jax import export
+
+    export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+    env = cfg.env
+    argv_hf = [
+        f"--model_dir={tmp_path / 'hf'}",
+        "--task=guess_number",
+        "--num_problems=8",
+        "--greedy",
+        f"--max_new_tokens={cfg.max_new_tokens}",
+        f"--env={env.name}",
+        f"--env_options={json.dumps(dict(env.options))}",
+        f"--env_max_turns={env.max_turns}",
+        f"--env_turn_tokens={env.turn_tokens}",
+    ]
+    code, out, err = _run(argv_hf, capsys)
+    assert code == 0 and same(json.loads(out), got), err
+    code, _, err = _run([*argv_hf, "--env_turn_tokens=-1"], capsys)
+    assert code == 2 and "--env_turn_tokens=-1 must be >= 0" in err
     # Another environment, or none, on request; bad environment flags are one line.
     code, out, _ = _run([*argv, "--greedy", "--env="], capsys)
     assert code == 0 and "episode/turns_mean" not in json.loads(out)
