@@ -26,6 +26,7 @@ import typing
 from typing import Any
 
 from pipelinerl_jax.data.tasks import TASKS
+from pipelinerl_jax.envs.registry import ENVIRONMENTS
 from pipelinerl_jax.errors import ConfigError
 from pipelinerl_jax.models.config import ModelConfig
 from pipelinerl_jax.models.lora import LoraConfig
@@ -225,8 +226,6 @@ def _dict_keys(path: str) -> list[Field]:
 
 def _env_options(path: str) -> list[Field]:
     """The shipped environments' constructor keywords: env.options' keys."""
-    from pipelinerl_jax.envs.registry import ENVIRONMENTS  # envs import the reward tables
-
     options: dict[str, dict[str, tuple[Any, Any]]] = {}  # option -> env -> (default, type)
     for env, cls in ENVIRONMENTS.items():
         hints = typing.get_type_hints(cls.__init__)
