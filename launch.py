@@ -85,8 +85,9 @@ _ELASTIC = flags.DEFINE_bool(
 )
 
 
-def _check_process_flags(cfg) -> None:
-    """Raises a one-line ConfigError for process flags a run would refuse or ignore: the
+def _check_process_flags(cfg):
+    """The ProcessSpec of a multi-process launch (None for one process); raises a one-line
+    ConfigError for process flags a run would refuse or ignore: the
     layout of a multi-process run (processes, ids, coordinator, trainer_processes), and flags
     given where they mean nothing (--process_id, --coordinator, --elastic without several
     processes; --num_processes and the rest beside --spawn_local, which sets them itself)."""
@@ -107,11 +108,11 @@ def _check_process_flags(cfg) -> None:
                 f"itself; leave {them(given)} out"
             )
         # The children's settings, checked once here rather than failing in each child.
-        roles.process_spec(cfg, "127.0.0.1:1", _SPAWN_LOCAL.value, 0, elastic=_ELASTIC.value)
+        return roles.process_spec(cfg, "127.0.0.1:1", _SPAWN_LOCAL.value, 0, elastic=_ELASTIC.value)
     elif _NUM_PROCESSES.value > 1:
         if not _COORDINATOR.value:
             raise ConfigError("--num_processes > 1 needs --coordinator=host:port (process 0's)")
-        roles.process_spec(
+        return roles.process_spec(
             cfg, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, elastic=_ELASTIC.value
         )
     elif _NUM_PROCESSES.value < 1:
@@ -211,12 +212,12 @@ def main(argv, overrides):
             from pipelinerl_jax.pipeline.checkpointing import check_own_config
 
             check_own_config(_WORKDIR.value)
-        _check_process_flags(cfg)  # a dry run checks them as the run would
+        spec = _check_process_flags(cfg)  # a dry run checks them as the run would
         if _DRY_RUN.value:
             from pipelinerl_jax.dry_run import dry_run
 
             config_cli.check_workdir(_WORKDIR.value, create=False)
-            dry_run(cfg, gpu=gpu)
+            dry_run(cfg, gpu=gpu, processes=spec)
             return
         config_cli.check_workdir(_WORKDIR.value, create=True)
         if _SPAWN_LOCAL.value:

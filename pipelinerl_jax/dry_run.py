@@ -31,9 +31,12 @@ from pipelinerl_jax.plan.gpu_specs import GpuSpec
 from pipelinerl_jax.rewards.tables import reward_fn_spec
 
 
-def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -> dict:
+def dry_run(
+    cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None, processes=None
+) -> dict:
     """Checks cfg as a run would before building anything; returns what it printed, as a dict.
-    `gpu`: also predict each role on that GPU, at this machine's device split."""
+    `gpu`: also predict each role on that GPU, at this machine's device split. `processes`:
+    a multi-process launch's distributed.runtime.ProcessSpec, whose roles are said."""
     if cfg.data.task:
         make_task(cfg.data.task, **dict(cfg.data.task_options))
     # The files read and mapped as the run reads them: a format that fits none of their
@@ -95,5 +98,14 @@ def dry_run(cfg: config_lib.RunConfig, echo=print, gpu: GpuSpec | None = None) -
             echo(line)
         if report.problem:
             raise ConfigError(report.problem)
+    if processes is not None:  # the devices line above is each process's own
+        trainers = processes.trainer_processes
+        ids = "id 0" if trainers == 1 else f"ids 0..{trainers - 1}"
+        echo(
+            f"processes: {processes.num_processes}: trainer {trainers} ({ids}), sampler "
+            f"{processes.num_processes - trainers}"
+            + (" (elastic: they may leave and join)" if processes.elastic else "")
+            + "; the devices line is one process's"
+        )
     echo("dry run: the config is valid; nothing was loaded or compiled")
     return out

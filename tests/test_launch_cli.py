@@ -457,16 +457,26 @@ def test_dry_run_refuses_what_a_run_would(args, expected, capsys):
 
 
 @pytest.mark.parametrize(
-    "args",
+    "args, roles",
     [
-        ["--spawn_local=3", "--elastic", "--config.devices.trainer_processes=2"],
-        ["--num_processes=3", "--coordinator=10.0.0.1:8476", "--process_id=2", "--elastic"],
-        ["--num_processes=1", "--process_id=0"],  # a script's generic flags for one process
+        (
+            ["--spawn_local=3", "--elastic", "--config.devices.trainer_processes=2"],
+            "processes: 3: trainer 2 (ids 0..1), sampler 1 (elastic: they may leave and join)",
+        ),
+        (
+            ["--num_processes=3", "--coordinator=10.0.0.1:8476", "--process_id=2"],
+            "processes: 3: trainer 1 (id 0), sampler 2; the devices line is one process's",
+        ),
+        (["--num_processes=1", "--process_id=0"], None),  # a script's flags for one process
     ],
 )
-def test_dry_run_accepts_a_valid_process_layout(args, capsys):
+def test_dry_run_accepts_a_valid_process_layout(args, roles, capsys):
     code, out, err = _launch(TINY, "--dry_run", *args, capsys=capsys)
-    assert code == 0 and "dry run: the config is valid" in out, err
+    assert code == 0 and out.endswith(
+        "dry run: the config is valid; nothing was loaded or compiled\n"
+    ), err
+    # The processes' roles, beside the devices line (which is one process's).
+    assert (roles in out) if roles else ("processes: " not in out)
 
 
 def test_third_party_info_logs_are_off_unless_verbosity_asks(capsys):
