@@ -381,10 +381,17 @@ def test_dry_run_prints_config_params_and_memory_and_exits_0(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
 
-def test_dry_run_of_a_reasoning_gym_task(tmp_path, capsys):
-    from tests.tiny_models import save_hf_llama
+def _hf_config(path: Path) -> None:
+    """A model directory as far as a dry run reads it: config.json (no torch needed)."""
+    from pipelinerl_jax.models import config_json
+    from tests.tiny_models import model_config
 
-    save_hf_llama(tmp_path / "hf", seed=0, vocab_size=64)  # a text task needs a model's tokenizer
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config_json.to_hf(model_config(vocab_size=64))))
+
+
+def test_dry_run_of_a_reasoning_gym_task(tmp_path, capsys):
+    _hf_config(tmp_path / "hf")  # a text task needs a model (the dry run reads its config)
     task = [
         "--config.data.task=reasoning_gym",
         '--config.data.task_options={"name": "chain_sum", "config": {"max_terms": 3}}',
@@ -523,9 +530,7 @@ def test_make_run_gets_a_timestamped_workdir_unless_args_name_one():
 
 
 def test_dry_run_reads_the_dataset_files_as_the_run_would(tmp_path, capsys):
-    from tests.tiny_models import save_hf_llama
-
-    save_hf_llama(tmp_path / "hf", seed=0, vocab_size=64)  # text data: a model's tokenizer
+    _hf_config(tmp_path / "hf")  # text data needs a model (the dry run reads its config)
     good = tmp_path / "good.jsonl"
     good.write_text(
         "".join(
