@@ -87,10 +87,8 @@ def test_a_block_that_runs_on_is_ended_with_what_it_started(tmp_path):
         "print(p.pid, flush=True)\n"
         "while True: pass\n"
     )
-    t0 = time.perf_counter()
     r = run_python(code, Limits(timeout_s=1.0))
     assert r.timed_out and r.error == "timed out after 1s"
-    assert time.perf_counter() - t0 < 10
     pid = int(r.output.split()[0])
     for _ in range(50):  # SIGKILL was sent; the kernel reaps it (init adopts it) shortly
         try:
@@ -108,11 +106,9 @@ def test_a_block_that_runs_on_is_ended_with_what_it_started(tmp_path):
 def test_output_is_cut_and_a_flood_stops_at_the_file_limit():
     r = run_python("print('x' * 5000)", Limits(max_output_chars=100))
     assert r.output == "x" * 100 + "...[cut]" and r.error is None
-    t0 = time.perf_counter()
-    r = run_python("while True: print('y' * 1000)", Limits(timeout_s=5.0, file_mb=1))
+    r = run_python("while True: print('y' * 1000)", Limits(timeout_s=30.0, file_mb=1))
     assert r.output.startswith("y" * 100) and r.output.endswith("...[cut]")
-    assert "File too large" in r.error and not r.timed_out
-    assert time.perf_counter() - t0 < 5.0
+    assert "File too large" in r.error and not r.timed_out  # stopped by the size, not the time
 
 
 def test_the_child_inherits_no_environment_and_an_empty_folder(monkeypatch):
@@ -131,11 +127,11 @@ def test_earlier_blocks_give_their_state_silently():
 
 
 def test_an_earlier_block_that_looped_leaves_the_new_one_its_time():
-    # It timed out in its own turn; rerun, it gets half the time and the new block runs.
-    t0 = time.perf_counter()
+    # It timed out in its own turn; rerun, it gets half the time and the new block runs
+    # (without the cut the whole call would time out: no output, a timeout error).
     r = run_python("y * 21", Limits(timeout_s=2.0), ("y = 2", "while True: pass", "y = 3"))
-    assert r.output == "42\n" and r.error is None  # the block after the loop was skipped
-    assert 1.0 <= time.perf_counter() - t0 < 2.0
+    assert r.output == "42\n" and r.error is None and not r.timed_out
+    # The block after the loop was skipped.
 
 
 PROBLEM = Problem(uid="p/0", question="What is 37 times 12?", answer="444", source="p")

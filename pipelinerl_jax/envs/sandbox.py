@@ -39,6 +39,8 @@ for _name, _value in _job["limits"].items():
 _ns = {"__name__": "__main__"}
 
 
+# The earlier blocks' time is up: a BaseException, so a looping block's `except Exception`
+# cannot swallow it. A marker class, nothing to define.
 class _Late(BaseException):
     pass
 
@@ -59,9 +61,9 @@ try:
         except _Late:
             raise
         except BaseException:
-            pass
+            pass  # it failed in its own turn too, where the model saw why: its state is partial
 except _Late:
-    pass
+    pass  # out of time: the blocks after it are skipped, the new block still runs
 finally:
     signal.setitimer(signal.ITIMER_REAL, 0)
 try:
