@@ -18,7 +18,8 @@ researcher can lift a layer and what is above it, and the application stays on t
   2 train       train (TrainerConfig, the Trainer and its jitted step, checkpoints)
   3 run         pipeline (the run config, coordinator, admission and lag, weight
                 publication, metrics, pipeline.run), distributed (several processes)
-  4 app         config_cli, config_schema, presets, evaluate, generate, export, dry_run, plan
+  4 app         config_cli, config_schema, presets, evaluate, evaluate_settings, generate,
+                export, dry_run, plan
                 (the paper's throughput model and GPU predictions); launch.py sits on top
 
 Within layer 1, rewards comes before data, data before envs, and rl before sampler.

@@ -30,18 +30,14 @@ from pathlib import Path
 from absl import flags
 
 from pipelinerl_jax import cli
-from pipelinerl_jax.data.datasets import DatasetSpec, load_dataset
-from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig
-from pipelinerl_jax.data.tasks import held_out_problems, make_task
+from pipelinerl_jax import evaluate_settings as settings
+from pipelinerl_jax.data.prompts import DEFAULT_SYSTEM_PROMPT
 from pipelinerl_jax.envs.codec import EpisodeCodec
 from pipelinerl_jax.envs.runner import EnvironmentPool
 from pipelinerl_jax.errors import ConfigError
-from pipelinerl_jax.export import load_model, read_run_config
-from pipelinerl_jax.models import hf_io
-from pipelinerl_jax.models.tokenizer import Tokenizer
+from pipelinerl_jax.export import read_run_config
 from pipelinerl_jax.pipeline import config as config_lib
 from pipelinerl_jax.pipeline import eval_lib
-from pipelinerl_jax.pipeline.env_spec import EnvSpec
 from pipelinerl_jax.pipeline.episodes import make_driver
 from pipelinerl_jax.rewards.tables import reward_fn_spec
 from pipelinerl_jax.rewards.workers import RewardPool
@@ -189,158 +185,12 @@ def _check_flags(fv) -> None:
             "with no time limit; set --reward_workers or leave --reward_timeout_s out"
         )
     if fv.task_options is not None:
-        _task_options(fv)  # one line for bad JSON, before anything loads
+        settings.task_options(fv)  # one line for bad JSON, before anything loads
     if fv.model_dir and not Path(fv.model_dir).is_dir():
         raise ConfigError(f"--model_dir={fv.model_dir}: model directory does not exist")
     for flag in ("out", "samples_out"):  # before the evaluation, not after it
         if fv[flag].value:
             cli.check_output_file(fv[flag].value, flag, inputs={"dataset": fv.dataset})
-
-
-def _task_options(fv) -> dict:
-    return _json_object(fv, "task_options", '{"difficulty": 1}')
-
-
-def _json_object(fv, name: str, example: str) -> dict:
-    value = fv[name].value
-    try:
-        options = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"--{name}={value!r} is not JSON ({e.msg}); give an object such as '{example}'"
-        ) from None
-    if not isinstance(options, dict):
-        raise ConfigError(f"--{name}={value!r} must be a JSON object")
-    return options
-
-
-def _env_spec(fv, run_config: dict | None) -> EnvSpec | None:
-    """The environment whose episodes are played (--env, else the run's), or None."""
-    run_env = (run_config or {}).get("env") or {}
-    name = (run_env.get("name") or "") if fv.env is None else fv.env
-    if not name:
-        if fv.env_options is not None:
-            raise ConfigError(
-                "--env_options needs an environment: give --env=NAME, or a --workdir of a "
-                "run that has one"
-            )
-        return None
-    runs = name == run_env.get("name")  # the run's own: its options and turn limits
-    # The run's own workers and timeout, unless the flags say otherwise.
-    workers, timeout_s = fv.reward_workers, fv.reward_timeout_s
-    if runs and not fv["reward_workers"].present:
-        workers = run_env.get("workers", 0)
-    if runs and not fv["reward_timeout_s"].present:
-        timeout_s = run_env.get("timeout_s", timeout_s)
-    options = dict(run_env.get("options") or []) if runs else {}
-    if fv.env_options is not None:
-        options = _json_object(fv, "env_options", '{"max_turns": 4}')
-    max_turns = run_env.get("max_turns", 0) if runs and fv.env_options is None else 0
-    turn_tokens = run_env.get("turn_tokens", 0) if runs else 0
-    return EnvSpec(
-        name=name,
-        options=tuple(sorted(options.items())),
-        max_turns=max_turns if fv.env_max_turns is None else fv.env_max_turns,
-        turn_tokens=turn_tokens if fv.env_turn_tokens is None else fv.env_turn_tokens,
-        workers=workers,
-        timeout_s=timeout_s if workers else EnvSpec().timeout_s,
-    )
-
-
-def _problems(fv, run_config: dict | None):
-    """(problems, task or None)."""
-    if fv.task:
-        options = {}
-        data = (run_config or {}).get("data") or {}
-        if data.get("task") == fv.task:
-            options = dict(data.get("task_options") or [])
-        if fv.task_options is not None:
-            options = _task_options(fv)
-
-        task = make_task(fv.task, **options)
-        # Never the problems the run trained on: the in-run eval's held-out problems.
-        return held_out_problems(fv.task, options, fv.num_problems or 200), task
-
-    loaded = load_dataset(
-        DatasetSpec(
-            path=fv.dataset,
-            format=fv.format,
-            question_field=fv.question_field,
-            answer_field=fv.answer_field,
-        )
-    )
-    problems = list(loaded.problems)
-    if fv.num_problems:
-        problems = problems[: fv.num_problems]
-    return problems, None
-
-
-def _model(fv):
-    """(ModelConfig, graphdef, params, checkpoint step or None)."""
-    if fv.model_dir:
-        cfg, graphdef, params = hf_io.load_hf(fv.model_dir, param_dtype=fv.dtype)
-        return cfg, graphdef, params, None
-
-    step, cfg, graphdef, params = load_model(fv.workdir, fv.step)
-    print(f"evaluating checkpoint step {step} of {fv.workdir}", file=sys.stderr)
-    return cfg, graphdef, params, step
-
-
-def _tokenizer(fv, task, run_config):
-    if task is not None and not task.text_task:
-        return task.tokenizer
-
-    candidates = [
-        fv.tokenizer_dir,
-        fv.model_dir,
-        ((run_config or {}).get("model") or {}).get("hf_dir"),
-    ]
-    for path in candidates:
-        if path and (Path(path) / "tokenizer.json").exists():
-            return Tokenizer.from_dir(path)
-    if fv.tokenizer_dir:
-        raise ConfigError(f"--tokenizer_dir={fv.tokenizer_dir}: no tokenizer.json there")
-    raise ConfigError(
-        "no tokenizer found: the model directory / the run's model.hf_dir has no "
-        "tokenizer.json; pass --tokenizer_dir"
-    )
-
-
-def _prompt_config(fv, task, run_config):
-
-    if task is not None and not task.text_task:  # the bare question, as in training
-        return PromptConfig(template="plain", system_prompt=None)
-    if fv.chat is not None:
-        template = "chat" if fv.chat else "plain"
-    else:
-        text = task is not None  # a text task trains with the chat prompt by default
-        template = ((run_config or {}).get("data") or {}).get(
-            "prompt_template", "chat" if text else "plain"
-        )
-    # A run's checkpoint is evaluated with the run's own system prompt and examples, unless
-    # --system_prompt says otherwise (the flag's default is the paper's prompt).
-    data = (run_config or {}).get("data") or {}
-    system_prompt = fv.system_prompt
-    if run_config is not None and not fv["system_prompt"].present:
-        system_prompt = data.get("system_prompt")
-        system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
-    few_shot = tuple(tuple(pair) for pair in data.get("few_shot") or ()) if fv.few_shot else ()
-    return PromptConfig(template=template, system_prompt=system_prompt or None, few_shot=few_shot)
-
-
-GENERATION_FLAGS = ("temperature", "top_p", "top_k", "max_new_tokens")
-
-
-def _generation(fv, run_config) -> dict:
-    """Sampling settings: a flag given on the command line, else the run's (with --workdir),
-    else the flag's default."""
-    out = {}
-    for name in GENERATION_FLAGS:
-        value = getattr(fv, name)
-        if run_config is not None and not fv[name].present and name in run_config:
-            value = run_config[name]
-        out[name] = value
-    return out
 
 
 def evaluate_cli(fv) -> dict:
@@ -358,8 +208,8 @@ def evaluate_cli(fv) -> dict:
                     f"give --dataset or --task: the run in {fv.workdir} trains on files "
                     "(data.datasets), not a task; its held-out files are its eval.datasets"
                 )
-    problems, task = _problems(fv, run_config)
-    env_spec = _env_spec(fv, run_config)  # a bad name or option: one line, before loading
+    problems, task = settings.problems(fv, run_config)
+    env_spec = settings.env_spec(fv, run_config)  # a bad name or option: one line, before loading
     reward = fv.reward or (getattr(task, "reward_fn", "task") if task is not None else "math")
 
     reward_spec = reward_fn_spec(reward)  # one-line error for an unknown callable, early
@@ -369,11 +219,11 @@ def evaluate_cli(fv) -> dict:
                 f"{fv.workdir}: no checkpoints (a run saves one every "
                 "checkpoint_every steps and at its end)"
             )
-    tokenizer = _tokenizer(fv, task, run_config)
-    prompt_config = _prompt_config(fv, task, run_config)
+    tokenizer = settings.tokenizer(fv, task, run_config)
+    prompt_config = settings.prompt_config(fv, task, run_config)
 
     k = 1 if fv.greedy else fv.k
-    gen = _generation(fv, run_config)
+    gen = settings.generation(fv, run_config)
     sampling = SamplingParams(
         temperature=0.0 if fv.greedy else gen["temperature"],
         top_p=gen["top_p"],
@@ -396,7 +246,7 @@ def evaluate_cli(fv) -> dict:
             raise
         except Exception:
             pass  # the problem's error is reported per problem by evaluate_problems
-    cfg, graphdef, params, step = _model(fv)
+    cfg, graphdef, params, step = settings.model(fv)
     sampler = PagedSampler(
         graphdef,
         params,

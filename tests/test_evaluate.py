@@ -20,7 +20,7 @@ import transformers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from pipelinerl_jax import evaluate
+from pipelinerl_jax import evaluate, evaluate_settings
 from pipelinerl_jax.data.formats import Problem
 from pipelinerl_jax.data.prompts import PromptConfig
 from pipelinerl_jax.data.tasks import CharTokenizer, make_task
@@ -331,24 +331,28 @@ def test_a_run_is_evaluated_with_its_own_prompt():
             "few_shot": [["1+2?", "\\boxed{3}"]],
         }
     }
-    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems"), task, run)
+    cfg = evaluate_settings.prompt_config(_flags("--workdir=w", "--task=word_problems"), task, run)
     assert (cfg.template, cfg.system_prompt, cfg.few_shot) == (
         "chat",
         "Box it.",
         (("1+2?", "\\boxed{3}"),),
     )
-    cfg = evaluate._prompt_config(
+    cfg = evaluate_settings.prompt_config(
         _flags("--workdir=w", "--task=word_problems", "--system_prompt=Other."), task, run
     )
     assert cfg.system_prompt == "Other." and cfg.few_shot == (("1+2?", "\\boxed{3}"),)
-    cfg = evaluate._prompt_config(
+    cfg = evaluate_settings.prompt_config(
         _flags("--workdir=w", "--task=word_problems", "--nofew_shot"), task, run
     )
     assert cfg.system_prompt == "Box it." and cfg.few_shot == ()  # the run's, zero-shot
     papers = {"data": {"prompt_template": "chat", "system_prompt": None}}
-    cfg = evaluate._prompt_config(_flags("--workdir=w", "--task=word_problems"), task, papers)
+    cfg = evaluate_settings.prompt_config(
+        _flags("--workdir=w", "--task=word_problems"), task, papers
+    )
     assert cfg.system_prompt == PromptConfig().system_prompt and cfg.few_shot == ()
-    cfg = evaluate._prompt_config(_flags("--model_dir=m", "--task=word_problems"), task, None)
+    cfg = evaluate_settings.prompt_config(
+        _flags("--model_dir=m", "--task=word_problems"), task, None
+    )
     assert (cfg.template, cfg.system_prompt, cfg.few_shot) == (
         "chat",
         PromptConfig().system_prompt,
@@ -399,11 +403,11 @@ def test_bad_inputs(model_dir, tmp_path, capsys):
 def test_a_run_is_evaluated_with_its_own_generation_settings():
     """With --workdir, sampling settings not given as flags come from the run's config."""
     run = {"max_new_tokens": 144, "temperature": 0.8, "top_p": 0.95, "top_k": 7}
-    assert evaluate._generation(_flags(), run) == run
+    assert evaluate_settings.generation(_flags(), run) == run
     given = _flags("--max_new_tokens=32", "--temperature=1.0")
-    assert evaluate._generation(given, run) == dict(run, max_new_tokens=32, temperature=1.0)
+    assert evaluate_settings.generation(given, run) == dict(run, max_new_tokens=32, temperature=1.0)
     # A Hugging Face directory has no run: the flags' defaults.
-    assert evaluate._generation(_flags(), None) == {
+    assert evaluate_settings.generation(_flags(), None) == {
         "max_new_tokens": 512,
         "temperature": 1.0,
         "top_p": 1.0,

@@ -36,6 +36,7 @@ LAYERS = (
             "config_schema",
             "presets",
             "evaluate",
+            "evaluate_settings",
             "generate",
             "export",
             "dry_run",
